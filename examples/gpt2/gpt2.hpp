@@ -1,0 +1,99 @@
+// examples/gpt2/gpt2.hpp - GPT-2, written the way a strata user writes a model: plain
+// composition of strata's layer templates, with its own forward and backward.
+//
+// Architecture as in GPT-2: learned position embeddings; pre-LayerNorm blocks (eps 1e-5);
+// tanh-GELU MLP of width 4C; biases on every linear and LayerNorm; attention scaled by
+// 1/sqrt(head_dim); a final LayerNorm; an LM head tied to the token embedding. Weights start
+// N(0, 0.02), the residual output projections N(0, 0.02/sqrt(2·layers)).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include <strata/strata.hpp>
+
+namespace gpt2 {
+namespace st = strata;
+
+struct dims {
+  std::int64_t vocab = 256, seq = 64, layers = 2, heads = 4, d_model = 64;
+
+  void validate() const {
+    STRATA_CHECK(vocab >= 2, "gpt2: --vocab ", vocab, " must be >= 2");
+    STRATA_CHECK(seq >= 1, "gpt2: --seq ", seq, " must be >= 1");
+    STRATA_CHECK(layers >= 1, "gpt2: --layers ", layers, " must be >= 1");
+    STRATA_CHECK(heads >= 1, "gpt2: --heads ", heads, " must be >= 1");
+    STRATA_CHECK(d_model >= 1 && d_model % heads == 0, "gpt2: --heads ", heads, " does not divide --d-model ",
+                 d_model, " (head_dim must be a whole number)");
+  }
+};
+
+template <class P>
+struct model {
+  using policy = P;
+  using T = typename P::storage;
+
+  static constexpr typename st::embedding<P>::config embed_config(const dims& d) { return {d.vocab, d.seq, d.d_model}; }
+  static constexpr typename st::transformer_block<P>::config block_config(const dims& d) {
+    return {d.d_model, d.heads, 4 * d.d_model, 1e-5, 0.02, 0.02};
+  }
+  // GPT-2 scales the residual projections' init by 1/sqrt(2·layers) (not constexpr: sqrt).
+  static typename st::transformer_block<P>::config block_init(const dims& d) {
+    auto c = block_config(d);
+    c.proj_init_std = 0.02 / std::sqrt(2.0 * double(d.layers));
+    return c;
+  }
+  static constexpr typename st::layernorm<P>::config ln_config(const dims& d) { return {d.d_model, 1e-5}; }
+  static constexpr typename st::lm_head<P>::config head_config(const dims& d) { return {d.vocab, d.d_model}; }
+
+  // Ψ, from the layers' own constexpr costs.
+  static constexpr std::int64_t param_count(const dims& d) {
+    return st::embedding<P>::param_count(embed_config(d)) +
+           st::stack<st::transformer_block<P>>::param_count(block_config(d), d.layers) +
+           st::layernorm<P>::param_count(ln_config(d)) + st::lm_head<P>::param_count(head_config(d), true);
+  }
+
+  model(st::memory_ledger& ledger, const dims& d, st::seed seed) : model(validated(d), ledger, seed) {}
+
+  // Mean next-token loss over the batch; leaves the loss gradient (times grad_scale) in place.
+  double forward(st::tensor_view<const std::int32_t> inputs, st::tensor_view<const std::int32_t> targets,
+                 double grad_scale = 1.0) {
+    return head.forward(hidden(inputs), targets, grad_scale);
+  }
+  void backward() { embed.backward(blocks.backward(ln_f.backward(head.backward()))); }
+
+  // Loss without gradients, and logits for sampling.
+  double evaluate(st::tensor_view<const std::int32_t> inputs, st::tensor_view<const std::int32_t> targets) {
+    return head.evaluate(hidden(inputs), targets);
+  }
+  st::tensor_view<const T> logits(st::tensor_view<const std::int32_t> inputs) { return head.logits(hidden(inputs)); }
+
+  st::parameter_store<T>& parameters() { return ctx.params(); }
+  const dims& shape() const { return d; }
+
+  dims d;
+  st::model_context<P> ctx;
+  st::embedding<P> embed;
+  st::stack<st::transformer_block<P>> blocks;
+  st::layernorm<P> ln_f;
+  st::lm_head<P> head;
+
+ private:
+  static const dims& validated(const dims& d) {
+    d.validate();
+    return d;
+  }
+  model(const dims& dd, st::memory_ledger& ledger, st::seed seed)
+      : d(dd),
+        ctx(ledger, seed),
+        embed(st::module_scope<P>(ctx), embed_config(dd)),
+        blocks(st::module_scope<P>(ctx, "h"), block_init(dd), dd.layers),
+        ln_f(st::module_scope<P>(ctx, "ln_f"), ln_config(dd)),
+        head(st::module_scope<P>(ctx, "lm_head"), head_config(dd), st::tied_to{embed.token_table()}) {
+    ctx.params().materialize();
+  }
+  st::tensor_view<const T> hidden(st::tensor_view<const std::int32_t> inputs) {
+    return ln_f.forward(blocks.forward(embed.forward(inputs)));
+  }
+};
+
+}  // namespace gpt2

@@ -1,0 +1,161 @@
+// gpt2_train - trains the example GPT-2 on the CPU.
+//
+// With no flags: a small model on the generated corpus (byte-level tokens), one progress line
+// per step and a generated sample at the end. --data reads uint16 token shards instead.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "gpt2.hpp"
+
+namespace st = strata;
+
+namespace {
+
+struct run_options {
+  gpt2::dims dims;
+  std::int64_t batch = 16, micro_batch = 0;
+  int steps = 60, warmup = 5;
+  double lr = 3e-3, grad_clip = 1.0;
+  std::uint64_t seed = 1337;
+  std::string precision = "fp32", metrics, data;
+  int sample_tokens = 160;
+};
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
+  else std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
+  return buf;
+}
+
+// Draws a continuation of `prompt` one token at a time (temperature 0.8, seeded).
+template <class Model>
+std::vector<std::int32_t> sample(Model& model, std::vector<std::int32_t> tokens, int count, std::uint64_t seed) {
+  const std::int64_t seq = model.shape().seq, vocab = model.shape().vocab;
+  for (int i = 0; i < count; ++i) {
+    const auto len = std::min<std::int64_t>(static_cast<std::int64_t>(tokens.size()), seq);
+    std::vector<std::int32_t> window(tokens.end() - len, tokens.end());
+    auto logits = model.logits({window.data(), {1, len}});
+    const auto* last = logits.data + (len - 1) * vocab;
+    double max_logit = -1e300;
+    for (std::int64_t v = 0; v < vocab; ++v) max_logit = std::max(max_logit, double(st::convert<float>(last[v])));
+    std::vector<double> p(static_cast<std::size_t>(vocab));
+    double z = 0;
+    for (std::int64_t v = 0; v < vocab; ++v)
+      z += p[std::size_t(v)] = std::exp((double(st::convert<float>(last[v])) - max_logit) / 0.8);
+    double u = st::counter_uniform(seed, 0x5a3b1e, std::uint64_t(i)) * z;
+    std::int32_t next = static_cast<std::int32_t>(vocab - 1);
+    for (std::int64_t v = 0; v < vocab; ++v)
+      if ((u -= p[std::size_t(v)]) <= 0) {
+        next = static_cast<std::int32_t>(v);
+        break;
+      }
+    tokens.push_back(next);
+  }
+  return tokens;
+}
+
+template <class P>
+int train(const run_options& o) {
+  using model_t = gpt2::model<P>;
+  st::memory_ledger ledger;
+  model_t model(ledger, o.dims, st::seed{o.seed});
+  st::adamw<P> opt(model, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+
+  st::token_stream data = o.data.empty()
+                              ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed)
+                              : st::token_stream::from_glob(o.data, o.dims.vocab, o.seed);
+  if (o.data.empty())
+    STRATA_CHECK(o.dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
+                 o.dims.vocab);
+
+  st::trainer_options topt;
+  topt.micro_batch = o.micro_batch;
+  topt.schedule = {o.lr, o.lr / 10, std::min(o.warmup, o.steps), o.steps};
+  topt.grad_clip = o.grad_clip;
+  st::trainer train(model, opt, topt);
+  std::unique_ptr<st::metrics_file> metrics;
+  if (!o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics);
+
+  std::printf("gpt2_train: %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters, %s\n",
+              (long long)o.dims.layers, (long long)o.dims.heads, (long long)o.dims.d_model, (long long)o.dims.seq,
+              (long long)o.dims.vocab, (long long)model.parameters().size(), o.precision.c_str());
+  std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld\n",
+              o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
+              (long long)o.dims.seq, (long long)(o.micro_batch ? o.micro_batch : o.batch));
+  const auto start = std::chrono::steady_clock::now();
+  for (int s = 0; s < o.steps; ++s) {
+    auto r = train.step(data.next_batch(o.batch, o.dims.seq));
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double eta = elapsed / (s + 1) * (o.steps - s - 1);
+    std::printf("step %4d/%d | loss %.4f | %8.0f tok/s | lr %.2e | norm %6.3f | %s elapsed | ETA %s%s\n", s + 1,
+                o.steps, r.loss, double(r.tokens) / r.seconds, r.lr, r.grad_norm, format_duration(elapsed).c_str(),
+                format_duration(eta).c_str(), r.applied ? "" : " | skipped (fp16 overflow)");
+    std::fflush(stdout);
+    if (metrics) metrics->write(r, ledger);
+  }
+
+  if (o.sample_tokens > 0) {
+    const bool bytes = o.dims.vocab <= 256 && o.data.empty();
+    std::vector<std::int32_t> prompt = bytes ? std::vector<std::int32_t>{'T', 'h', 'e', ' '}
+                                             : std::vector<std::int32_t>{0};
+    auto out = sample(model, prompt, o.sample_tokens, o.seed);
+    std::printf("sample:\n");
+    if (bytes) {
+      for (auto t : out) std::putchar(t == '\n' ? '\n' : (t >= 32 && t < 127 ? char(t) : '?'));
+    } else {
+      for (auto t : out) std::printf("%d ", t);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  run_options o;
+  CLI::App app{"gpt2_train: train the example GPT-2 with strata on the CPU"};
+  auto positive = CLI::PositiveNumber;
+  app.add_option("--layers", o.dims.layers, "transformer blocks")->check(positive)->capture_default_str();
+  app.add_option("--heads", o.dims.heads, "attention heads (must divide --d-model)")->check(positive)->capture_default_str();
+  app.add_option("--d-model", o.dims.d_model, "model width")->check(positive)->capture_default_str();
+  app.add_option("--seq", o.dims.seq, "sequence length")->check(positive)->capture_default_str();
+  app.add_option("--vocab", o.dims.vocab, "vocabulary size")->check(CLI::Range(2, 1 << 20))->capture_default_str();
+  app.add_option("--batch", o.batch, "global batch, in sequences")->check(positive)->capture_default_str();
+  app.add_option("--micro-batch", o.micro_batch, "sequences per forward/backward (0: whole batch)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->check(positive)->capture_default_str();
+  app.add_option("--warmup", o.warmup, "warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate")->check(positive)->capture_default_str();
+  app.add_option("--grad-clip", o.grad_clip, "max global gradient norm (0: off)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for initialization and data order")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+  app.add_option("--metrics", o.metrics, "write one JSON line per step to FILE");
+  app.add_option("--data", o.data, "glob of uint16 token shards (llm.c or nanoGPT .bin)");
+  app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate at the end")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    o.dims.validate();
+    if (o.micro_batch > 0)
+      STRATA_CHECK(o.batch % o.micro_batch == 0, "gpt2_train: --batch ", o.batch, " is not a multiple of --micro-batch ",
+                   o.micro_batch);
+    using serial = st::serial;
+    if (o.precision == "fp32") return train<st::policy<st::host, serial, st::fp32>>(o);
+    if (o.precision == "bf16") return train<st::policy<st::host, serial, st::mixed<st::bf16, float>>>(o);
+    return train<st::policy<st::host, serial, st::mixed<st::fp16, float>>>(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt2_train: error: %s\n", e.what());
+    return 1;
+  }
+}

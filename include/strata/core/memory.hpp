@@ -1,0 +1,154 @@
+// strata/core/memory.hpp - the accounted allocator.
+//
+// Every byte strata holds is charged to a category, so a test (and later the planner) can
+// check what a rank really holds against the analytic figures: 4Ψ of fp32 weights, 8Ψ of
+// AdamW moments, and so on. A ledger is passed explicitly to whoever allocates; there is no
+// global one, so two models in one process keep separate books.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string_view>
+#include <utility>
+
+#include "strata/core/error.hpp"
+
+namespace strata {
+
+enum class memory_category : int {
+  parameters,
+  gradients,
+  master_weights,
+  optimizer_state,
+  activations,
+  workspace,
+  communication,
+};
+inline constexpr int memory_category_count = 7;
+
+constexpr std::string_view category_name(memory_category c) {
+  switch (c) {
+    case memory_category::parameters: return "parameters";
+    case memory_category::gradients: return "gradients";
+    case memory_category::master_weights: return "master_weights";
+    case memory_category::optimizer_state: return "optimizer_state";
+    case memory_category::activations: return "activations";
+    case memory_category::workspace: return "workspace";
+    case memory_category::communication: return "communication";
+  }
+  return "unknown";
+}
+
+// Current and peak bytes per category. Not thread-safe: allocation happens on the thread
+// that drives the step, never inside OpenMP regions.
+class memory_ledger {
+ public:
+  void charge(memory_category c, std::size_t bytes) {
+    auto i = index(c);
+    current_[i] += bytes;
+    if (current_[i] > peak_[i]) peak_[i] = current_[i];
+    total_current_ += bytes;
+    if (total_current_ > total_peak_) total_peak_ = total_current_;
+  }
+  void release(memory_category c, std::size_t bytes) {
+    auto i = index(c);
+    STRATA_CHECK(current_[i] >= bytes, "memory_ledger: releasing ", bytes, " bytes of ",
+                 category_name(c), " but only ", current_[i], " are held");
+    current_[i] -= bytes;
+    total_current_ -= bytes;
+  }
+  std::size_t current(memory_category c) const { return current_[index(c)]; }
+  std::size_t peak(memory_category c) const { return peak_[index(c)]; }
+  std::size_t total_current() const { return total_current_; }
+  std::size_t total_peak() const { return total_peak_; }
+  // Starts a new peak window (e.g. per step) from what is held now.
+  void reset_peaks() {
+    peak_ = current_;
+    total_peak_ = total_current_;
+  }
+
+ private:
+  static std::size_t index(memory_category c) { return static_cast<std::size_t>(c); }
+  std::array<std::size_t, memory_category_count> current_{};
+  std::array<std::size_t, memory_category_count> peak_{};
+  std::size_t total_current_ = 0, total_peak_ = 0;
+};
+
+// An owning, accounted, 64-byte aligned host array of T. Moves transfer the charge; the
+// destructor returns it. Zero-initialised so a fresh gradient buffer is a valid sum.
+template <class T>
+class buffer {
+ public:
+  buffer() = default;
+  buffer(memory_ledger& ledger, memory_category category, std::size_t count)
+      : ledger_(&ledger), category_(category), count_(count) {
+    if (count_ == 0) return;
+    std::size_t bytes = ((count_ * sizeof(T) + 63) / 64) * 64;
+    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    if (!data_) throw std::bad_alloc();
+    std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
+    ledger_->charge(category_, count_ * sizeof(T));
+  }
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  buffer(buffer&& o) noexcept { swap(o); }
+  buffer& operator=(buffer&& o) noexcept {
+    if (this != &o) {
+      buffer tmp(std::move(o));
+      swap(tmp);
+    }
+    return *this;
+  }
+  ~buffer() {
+    if (data_) {
+      ledger_->release(category_, count_ * sizeof(T));
+      std::free(data_);
+    }
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return count_; }
+  std::size_t bytes() const { return count_ * sizeof(T); }
+  bool empty() const { return count_ == 0; }
+  memory_category category() const { return category_; }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+  void zero() {
+    if (data_) std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
+  }
+
+ private:
+  void swap(buffer& o) noexcept {
+    std::swap(ledger_, o.ledger_);
+    std::swap(category_, o.category_);
+    std::swap(data_, o.data_);
+    std::swap(count_, o.count_);
+  }
+  memory_ledger* ledger_ = nullptr;
+  memory_category category_ = memory_category::workspace;
+  T* data_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+// Grows on demand and never shrinks: scratch space reused across calls (e.g. the fp32 copies
+// a bf16 GEMM needs). Charged as workspace.
+class workspace {
+ public:
+  explicit workspace(memory_ledger& ledger) : ledger_(&ledger) {}
+  // Returns at least `count` floats; valid until the next call with a larger count.
+  float* floats(std::size_t count, int slot = 0) {
+    auto& b = slots_[static_cast<std::size_t>(slot)];
+    if (b.size() < count) b = buffer<float>(*ledger_, memory_category::workspace, count);
+    return b.data();
+  }
+
+ private:
+  memory_ledger* ledger_;
+  std::array<buffer<float>, 4> slots_{};
+};
+
+}  // namespace strata

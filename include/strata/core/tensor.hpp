@@ -1,0 +1,67 @@
+// strata/core/tensor.hpp - a non-owning view of a dense row-major array with a checked shape.
+//
+// Layers pass views across their boundaries; a mismatch between what one layer produces and
+// the next expects is caught there with both shapes in the message, not as a wrong answer.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+
+#include "strata/core/error.hpp"
+
+namespace strata {
+
+inline constexpr int max_rank = 4;
+
+struct shape {
+  std::array<std::int64_t, max_rank> dims{};
+  int rank = 0;
+
+  shape() = default;
+  shape(std::initializer_list<std::int64_t> d) {
+    STRATA_CHECK(d.size() <= max_rank, "shape: rank ", d.size(), " exceeds ", max_rank);
+    for (auto x : d) dims[static_cast<std::size_t>(rank++)] = x;
+  }
+  std::int64_t operator[](int i) const { return dims[static_cast<std::size_t>(i)]; }
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= dims[static_cast<std::size_t>(i)];
+    return n;
+  }
+  friend bool operator==(const shape& a, const shape& b) {
+    if (a.rank != b.rank) return false;
+    for (int i = 0; i < a.rank; ++i)
+      if (a[i] != b[i]) return false;
+    return true;
+  }
+  std::string str() const {
+    std::ostringstream os;
+    os << '[';
+    for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << dims[static_cast<std::size_t>(i)];
+    os << ']';
+    return os.str();
+  }
+};
+
+template <class T>
+struct tensor_view {
+  T* data = nullptr;
+  strata::shape shape;
+
+  tensor_view() = default;
+  tensor_view(T* d, strata::shape s) : data(d), shape(s) {}
+  std::int64_t numel() const { return shape.numel(); }
+  std::int64_t dim(int i) const { return shape[i]; }
+  operator tensor_view<const T>() const { return {data, shape}; }
+};
+
+// Throws when `v` does not have shape `expected`, naming who expected it.
+template <class T>
+void check_shape(const tensor_view<T>& v, const shape& expected, const char* who) {
+  STRATA_CHECK(v.shape == expected, who, ": expected shape ", expected.str(), ", got ",
+               v.shape.str());
+}
+
+}  // namespace strata

@@ -1,0 +1,50 @@
+// strata/kernels/host/gelu.hpp - GELU, tanh approximation (GPT-2's), elementwise.
+//
+//   out = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)          inp, out [n]
+//   dinp += dout * (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3*0.044715 x^2))
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "strata/core/dtype.hpp"
+#include "strata/core/error.hpp"
+#include "strata/policy/device.hpp"
+
+namespace strata::kernels {
+
+namespace gelu_detail {
+template <class A> inline constexpr A sqrt_2_over_pi = A(0.7978845608028654);
+template <class A> inline constexpr A cubic = A(0.044715);
+}  // namespace gelu_detail
+
+template <class T>
+void gelu_forward(host, T* out, const T* inp, std::int64_t n) {
+  using A = acc_t<T>;
+  using namespace gelu_detail;
+  STRATA_CHECK(n >= 0, "gelu_forward: negative length ", n);
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const A x = convert<A>(inp[i]);
+    const A u = sqrt_2_over_pi<A> * (x + cubic<A> * x * x * x);
+    out[i] = convert<T>(A(0.5) * x * (A(1) + std::tanh(u)));
+  }
+}
+
+// Accumulates (+=) into dinp.
+template <class T>
+void gelu_backward(host, T* dinp, const T* inp, const T* dout, std::int64_t n) {
+  using A = acc_t<T>;
+  using namespace gelu_detail;
+  STRATA_CHECK(n >= 0, "gelu_backward: negative length ", n);
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const A x = convert<A>(inp[i]);
+    const A u = sqrt_2_over_pi<A> * (x + cubic<A> * x * x * x);
+    const A th = std::tanh(u);
+    const A du_dx = sqrt_2_over_pi<A> * (A(1) + A(3) * cubic<A> * x * x);
+    const A local = A(0.5) * (A(1) + th) + A(0.5) * x * (A(1) - th * th) * du_dx;
+    dinp[i] = convert<T>(convert<A>(dinp[i]) + local * convert<A>(dout[i]));
+  }
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,87 @@
+// strata/kernels/host/reduce.hpp - whole-array helpers for the optimizer and loss scaling:
+// the squared norm (for gradient clipping), a finiteness check (for fp16 loss scaling),
+// in-place scaling, and elementwise conversion between storage types.
+//
+//   x, dst, src [n]
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "strata/core/dtype.hpp"
+#include "strata/core/error.hpp"
+#include "strata/policy/device.hpp"
+
+namespace strata::kernels {
+
+namespace reduce_detail {
+// Fixed chunk length: the partial sums are a function of n only, never of the thread count.
+inline constexpr std::int64_t chunk = 8192;
+
+// Exponent bits all ones means inf or NaN; for the 16-bit types this is read off the bits.
+template <class T>
+inline bool is_finite(T x) {
+  if constexpr (std::is_same_v<T, bf16>) return (x.bits & 0x7f80u) != 0x7f80u;
+  else if constexpr (std::is_same_v<T, fp16>) return (x.bits & 0x7c00u) != 0x7c00u;
+  else return std::isfinite(x);
+}
+}  // namespace reduce_detail
+
+// sum_i x[i]^2 in double: per-chunk partials in parallel, then combined in chunk order.
+template <class T>
+double sum_of_squares(host, const T* x, std::int64_t n) {
+  STRATA_CHECK(n >= 0, "sum_of_squares: negative length ", n);
+  const std::int64_t chunks = (n + reduce_detail::chunk - 1) / reduce_detail::chunk;
+  std::vector<double> partial(std::size_t(chunks), 0.0);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (std::int64_t k = 0; k < chunks; ++k) {
+    const std::int64_t lo = k * reduce_detail::chunk;
+    const std::int64_t hi = lo + reduce_detail::chunk < n ? lo + reduce_detail::chunk : n;
+    double s = 0;
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const double d = convert<double>(x[i]);
+      s += d * d;
+    }
+    partial[std::size_t(k)] = s;
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+// True when no element is inf or NaN.
+template <class T>
+bool all_finite(host, const T* x, std::int64_t n) {
+  STRATA_CHECK(n >= 0, "all_finite: negative length ", n);
+  int finite = 1;  // an integer reduction: order cannot change the answer
+#pragma omp parallel for schedule(static) reduction(min : finite) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!reduce_detail::is_finite(x[i])) finite = 0;
+  return finite == 1;
+}
+
+// x *= factor, in acc_t<T> (the factor narrowed to it first).
+template <class T>
+void scale_in_place(host, T* x, std::int64_t n, double factor) {
+  using A = acc_t<T>;
+  STRATA_CHECK(n >= 0, "scale_in_place: negative length ", n);
+  const A f = A(factor);
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) x[i] = convert<T>(convert<A>(x[i]) * f);
+}
+
+// dst[i] = convert<To>(src[i]): rounds to nearest even when narrowing.
+template <class To, class From>
+void convert_array(host, To* dst, const From* src, std::int64_t n) {
+  STRATA_CHECK(n >= 0, "convert_array: negative length ", n);
+  if constexpr (std::is_same_v<To, From>) {
+    if (dst != src && n > 0) std::memcpy(static_cast<void*>(dst), src, std::size_t(n) * sizeof(To));
+  } else {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = convert<To>(src[i]);
+  }
+}
+
+}  // namespace strata::kernels

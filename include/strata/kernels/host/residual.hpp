@@ -1,0 +1,34 @@
+// strata/kernels/host/residual.hpp - the residual connection: out = a + b, elementwise.
+//
+//   a, b, out, da, db, dout [n]
+#pragma once
+#include <cstdint>
+
+#include "strata/core/dtype.hpp"
+#include "strata/core/error.hpp"
+#include "strata/policy/device.hpp"
+
+namespace strata::kernels {
+
+template <class T>
+void residual_forward(host, T* out, const T* a, const T* b, std::int64_t n) {
+  using A = acc_t<T>;
+  STRATA_CHECK(n >= 0, "residual_forward: negative length ", n);
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = convert<T>(convert<A>(a[i]) + convert<A>(b[i]));
+}
+
+// Accumulates (+=) dout into both da and db (either may be null to skip it).
+template <class T>
+void residual_backward(host, T* da /*nullable*/, T* db /*nullable*/, const T* dout, std::int64_t n) {
+  using A = acc_t<T>;
+  STRATA_CHECK(n >= 0, "residual_backward: negative length ", n);
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const A g = convert<A>(dout[i]);
+    if (da) da[i] = convert<T>(convert<A>(da[i]) + g);
+    if (db) db[i] = convert<T>(convert<A>(db[i]) + g);
+  }
+}
+
+}  // namespace strata::kernels

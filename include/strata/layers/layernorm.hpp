@@ -1,0 +1,88 @@
+// strata/layers/layernorm.hpp - LayerNorm over the last dimension, with gain and bias.
+//
+// Shapes: x [rows, C] -> y [rows, C]; keeps y plus each row's mean and 1/std for backward.
+#pragma once
+#include <cstdint>
+
+#include "strata/core/tensor.hpp"
+#include "strata/kernels/host/layernorm.hpp"
+#include "strata/layers/module.hpp"
+
+namespace strata {
+
+template <class P>
+class layernorm {
+ public:
+  using policy = P;
+  using T = typename P::storage;
+  using A = typename P::accumulate;
+
+  struct config {
+    std::int64_t channels = 0;
+    double eps = 1e-5;
+  };
+
+  static constexpr std::int64_t param_count(const config& c) { return 2 * c.channels; }
+  // ~8 flops per element forward (mean, variance, normalise, scale, shift); backward ~2x.
+  static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
+    return 8 * batch * seq * c.channels;
+  }
+  static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
+    return 2 * forward_flops(c, batch, seq);
+  }
+  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
+    const std::int64_t rows = batch * seq;
+    return rows * c.channels * static_cast<std::int64_t>(sizeof(T)) + 2 * rows * static_cast<std::int64_t>(sizeof(A));
+  }
+
+  layernorm(module_scope<P> scope, config c) : scope_(scope), cfg_(c) {
+    STRATA_CHECK(c.channels > 0, scope.qualify("layernorm"), ": channels (", c.channels, ") must be positive");
+    STRATA_CHECK(c.eps > 0, scope.qualify("layernorm"), ": eps (", c.eps, ") must be positive");
+    weight_ = scope_.add_parameter("weight", {c.channels}, init_rule::ones(), false);
+    bias_ = scope_.add_parameter("bias", {c.channels}, init_rule::zeros(), false);
+  }
+
+  tensor_view<const T> forward(tensor_view<const T> x) {
+    STRATA_CHECK(x.shape.rank >= 1 && x.shape[x.shape.rank - 1] == cfg_.channels, scope_.qualify("forward"),
+                 ": expected input [..., ", cfg_.channels, "], got ", x.shape.str());
+    input_ = x;
+    rows_ = x.numel() / cfg_.channels;
+    auto& ledger = scope_.ledger();
+    ensure_size(out_, ledger, memory_category::activations, rows_ * cfg_.channels);
+    ensure_size(mean_, ledger, memory_category::activations, rows_);
+    ensure_size(rstd_, ledger, memory_category::activations, rows_);
+    auto& p = scope_.params();
+    kernels::layernorm_forward(device{}, out_.data(), mean_.data(), rstd_.data(), x.data, p.weights(weight_),
+                               p.weights(bias_), rows_, cfg_.channels, static_cast<A>(cfg_.eps));
+    return {out_.data(), x.shape};
+  }
+
+  buffer<T> backward(const buffer<T>& dout) {
+    STRATA_CHECK(static_cast<std::int64_t>(dout.size()) == rows_ * cfg_.channels, scope_.qualify("backward"),
+                 ": expected ", rows_ * cfg_.channels, " output gradients, got ", dout.size());
+    buffer<T> dinp(scope_.ledger(), memory_category::activations, dout.size());
+    auto& p = scope_.params();
+    kernels::layernorm_backward(device{}, dinp.data(), p.grads(weight_), p.grads(bias_), dout.data(), input_.data,
+                                p.weights(weight_), mean_.data(), rstd_.data(), rows_, cfg_.channels);
+    return dinp;
+  }
+
+  template <class F>
+  void visit_parameters(F&& f) const {
+    f(weight_);
+    f(bias_);
+  }
+  const config& cfg() const { return cfg_; }
+
+ private:
+  using device = typename P::device;
+  module_scope<P> scope_;
+  config cfg_;
+  param_handle weight_, bias_;
+  tensor_view<const T> input_;
+  std::int64_t rows_ = 0;
+  buffer<T> out_;
+  buffer<A> mean_, rstd_;
+};
+
+}  // namespace strata

@@ -1,0 +1,72 @@
+// strata/layers/module.hpp - what a layer is handed when it is built.
+//
+// A model owns one model_context: the parameter store, scratch space and the memory ledger
+// every buffer is charged to. Layers receive a module_scope - the same context plus a dotted
+// name prefix - so each parameter gets a stable name ("blocks.3.mlp.fc.weight") that the
+// initializer, checkpoints and exports all key on.
+#pragma once
+#include <string>
+#include <string_view>
+
+#include "strata/core/memory.hpp"
+#include "strata/layers/parameters.hpp"
+#include "strata/policy/policy.hpp"
+
+namespace strata {
+
+template <class P>
+class model_context {
+ public:
+  using T = typename P::storage;
+
+  model_context(memory_ledger& ledger, strata::seed s) : params_(ledger, s), workspace_(ledger) {}
+  model_context(const model_context&) = delete;
+  model_context& operator=(const model_context&) = delete;
+
+  parameter_store<T>& params() { return params_; }
+  strata::workspace& workspace() { return workspace_; }
+  memory_ledger& ledger() { return params_.ledger(); }
+
+ private:
+  parameter_store<T> params_;
+  strata::workspace workspace_;
+};
+
+template <class P>
+class module_scope {
+ public:
+  using T = typename P::storage;
+
+  module_scope(model_context<P>& ctx, std::string prefix = {}) : ctx_(&ctx), prefix_(std::move(prefix)) {}
+
+  // A child scope: scope / "attn" names its parameters "<prefix>.attn.*".
+  module_scope operator/(std::string_view child) const { return {*ctx_, qualify(child)}; }
+  module_scope operator/(int index) const { return *this / std::string_view(std::to_string(index)); }
+
+  std::string qualify(std::string_view leaf) const {
+    return prefix_.empty() ? std::string(leaf) : prefix_ + "." + std::string(leaf);
+  }
+  param_handle add_parameter(std::string_view leaf, strata::shape shape, init_rule init, bool decay) {
+    return ctx_->params().add(qualify(leaf), shape, init, decay);
+  }
+
+  model_context<P>& context() const { return *ctx_; }
+  parameter_store<T>& params() const { return ctx_->params(); }
+  strata::workspace& workspace() const { return ctx_->workspace(); }
+  memory_ledger& ledger() const { return ctx_->ledger(); }
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  model_context<P>* ctx_;
+  std::string prefix_;
+};
+
+// Makes `buf` hold exactly `count` elements of `category`, reallocating only on a change:
+// activation buffers follow the batch shape without reallocating every step.
+template <class U>
+void ensure_size(buffer<U>& buf, memory_ledger& ledger, memory_category category, std::int64_t count) {
+  if (static_cast<std::int64_t>(buf.size()) != count)
+    buf = buffer<U>(ledger, category, static_cast<std::size_t>(count));
+}
+
+}  // namespace strata

@@ -1,0 +1,105 @@
+// strata/layers/parameters.hpp - every parameter of a model in one flat buffer.
+//
+// Layers register their parameters by name while the model is built; the store then lays
+// them end to end in one flat weight buffer and one flat gradient buffer (what the optimizer,
+// gradient clipping and, later, data-parallel buckets work on) and fills the weights with the
+// sharding-invariant initializer. A layer keeps only a handle and asks the store for pointers.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/core/dtype.hpp"
+#include "strata/core/error.hpp"
+#include "strata/core/init.hpp"
+#include "strata/core/memory.hpp"
+#include "strata/core/tensor.hpp"
+
+namespace strata {
+
+// Index of a registered parameter in its store.
+struct param_handle {
+  int index = -1;
+  bool valid() const { return index >= 0; }
+};
+
+struct param_info {
+  std::string name;        // "blocks.3.attn.qkv.weight": its identity for init and checkpoints
+  strata::shape shape;
+  std::int64_t offset = 0;  // in elements, into the flat buffers
+  std::int64_t numel = 0;
+  init_rule init;
+  bool weight_decay = false;  // AdamW decays matrices, not biases or norm gains
+};
+
+template <class T>
+class parameter_store {
+ public:
+  parameter_store(memory_ledger& ledger, strata::seed s) : ledger_(&ledger), seed_(s) {}
+  parameter_store(const parameter_store&) = delete;
+  parameter_store& operator=(const parameter_store&) = delete;
+
+  param_handle add(std::string name, strata::shape shape, init_rule init, bool weight_decay) {
+    STRATA_CHECK(!materialized(), "parameter_store: cannot add '", name,
+                 "' after the parameters were allocated");
+    for (const auto& e : entries_)
+      STRATA_CHECK(e.name != name, "parameter_store: parameter '", name, "' registered twice");
+    param_info info{std::move(name), shape, total_, shape.numel(), init, weight_decay};
+    STRATA_CHECK(info.numel > 0, "parameter_store: parameter '", info.name, "' has shape ",
+                 shape.str(), " with no elements");
+    total_ += info.numel;
+    entries_.push_back(std::move(info));
+    return {static_cast<int>(entries_.size()) - 1};
+  }
+
+  // Allocates the flat buffers and initialises every weight. Idempotent; called on first use.
+  void materialize() {
+    if (materialized()) return;
+    weights_ = buffer<T>(*ledger_, memory_category::parameters, static_cast<std::size_t>(total_));
+    grads_ = buffer<T>(*ledger_, memory_category::gradients, static_cast<std::size_t>(total_));
+    for (const auto& e : entries_) initialize(e);
+  }
+  bool materialized() const { return total_ > 0 && !weights_.empty(); }
+
+  T* weights(param_handle h) { return weights_data() + info(h).offset; }
+  T* grads(param_handle h) { return grads_data() + info(h).offset; }
+  T* weights_data() {
+    materialize();
+    return weights_.data();
+  }
+  T* grads_data() {
+    materialize();
+    return grads_.data();
+  }
+  void zero_grads() {
+    materialize();
+    grads_.zero();
+  }
+
+  const param_info& info(param_handle h) const {
+    STRATA_CHECK(h.index >= 0 && h.index < static_cast<int>(entries_.size()),
+                 "parameter_store: no parameter with index ", h.index);
+    return entries_[static_cast<std::size_t>(h.index)];
+  }
+  const std::vector<param_info>& entries() const { return entries_; }
+  std::int64_t size() const { return total_; }  // Ψ, the parameter count
+  memory_ledger& ledger() const { return *ledger_; }
+  strata::seed seed() const { return seed_; }
+
+ private:
+  void initialize(const param_info& e) {
+    const std::uint64_t id = parameter_id(e.name);
+    T* w = weights_.data() + e.offset;
+    for (std::int64_t i = 0; i < e.numel; ++i)
+      w[i] = convert<T>(initial_value(e.init, seed_.value, id, static_cast<std::uint64_t>(i)));
+  }
+
+  memory_ledger* ledger_;
+  strata::seed seed_;
+  std::vector<param_info> entries_;
+  std::int64_t total_ = 0;
+  buffer<T> weights_, grads_;
+};
+
+}  // namespace strata

@@ -1,0 +1,72 @@
+// strata/layers/stack.hpp - N copies of one layer applied in sequence ("blocks.0" .. "blocks.N-1").
+//
+// The count may be fixed in the type (repeat<12, Block>) or given at run time (stack<Block>);
+// either way each copy has its own parameters and activations. Pipeline parallelism will split
+// a stack over stages.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "strata/core/error.hpp"
+#include "strata/core/extents.hpp"
+#include "strata/layers/module.hpp"
+
+namespace strata {
+
+template <class Layer, int Count = dynamic>
+class stack {
+ public:
+  static_assert(is_valid_extent(Count), "strata::stack<Layer, Count>: Count must be >= 1 or strata::dynamic");
+  using layer_type = Layer;
+  using policy = typename Layer::policy;
+  using T = typename policy::storage;
+  using config = typename Layer::config;
+
+  static constexpr std::int64_t param_count(const config& c, std::int64_t count) { return count * Layer::param_count(c); }
+  static constexpr std::int64_t forward_flops(const config& c, std::int64_t count, std::int64_t batch, std::int64_t seq) {
+    return count * Layer::forward_flops(c, batch, seq);
+  }
+  static constexpr std::int64_t backward_flops(const config& c, std::int64_t count, std::int64_t batch, std::int64_t seq) {
+    return count * Layer::backward_flops(c, batch, seq);
+  }
+  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t count, std::int64_t batch, std::int64_t seq) {
+    return count * Layer::activation_bytes(c, batch, seq);
+  }
+
+  // Static count.
+  stack(module_scope<policy> scope, config c) requires(Count != dynamic) : stack(scope, c, Count) {}
+  // Run-time count (must equal Count when that is static).
+  stack(module_scope<policy> scope, config c, std::int64_t count) {
+    STRATA_CHECK(count >= 1, scope.qualify("stack"), ": layer count (", count, ") must be >= 1");
+    STRATA_CHECK(Count == dynamic || count == Count, scope.qualify("stack"), ": layer count ", count,
+                 " differs from the static count ", Count);
+    layers_.reserve(static_cast<std::size_t>(count));
+    for (std::int64_t i = 0; i < count; ++i) layers_.emplace_back(scope / static_cast<int>(i), c);
+  }
+
+  tensor_view<const T> forward(tensor_view<const T> x) {
+    for (auto& l : layers_) x = l.forward(x);
+    return x;
+  }
+  buffer<T> backward(const buffer<T>& dout) {
+    buffer<T> d = layers_.back().backward(dout);
+    for (auto i = layers_.size() - 1; i-- > 0;) d = layers_[i].backward(d);
+    return d;
+  }
+
+  template <class F>
+  void visit_parameters(F&& f) const {
+    for (const auto& l : layers_) l.visit_parameters(f);
+  }
+  std::int64_t size() const { return static_cast<std::int64_t>(layers_.size()); }
+  Layer& operator[](std::int64_t i) { return layers_[static_cast<std::size_t>(i)]; }
+
+ private:
+  std::vector<Layer> layers_;
+};
+
+// A count fixed at compile time, as in north-star's repeat<12, block>.
+template <int Count, class Layer>
+using repeat = stack<Layer, Count>;
+
+}  // namespace strata

@@ -1,0 +1,106 @@
+// strata/layers/transformer_block.hpp - a pre-LayerNorm Transformer block (GPT-2's):
+//
+//   r = x + attn(ln_1(x));   y = r + mlp(ln_2(r))        x, r, y: [B, T, C]
+#pragma once
+#include <cstdint>
+
+#include "strata/kernels/host/residual.hpp"
+#include "strata/layers/attention.hpp"
+#include "strata/layers/layernorm.hpp"
+#include "strata/layers/mlp.hpp"
+
+namespace strata {
+
+template <class P>
+class transformer_block {
+ public:
+  using policy = P;
+  using T = typename P::storage;
+
+  struct config {
+    std::int64_t channels = 0, heads = 0, hidden = 0;  // hidden: the MLP width, 4C in GPT-2
+    double eps = 1e-5;
+    double init_std = 0.02;
+    double proj_init_std = 0.02;  // residual projections; GPT-2 uses 0.02/sqrt(2·layers)
+  };
+
+  static constexpr typename layernorm<P>::config ln_config(const config& c) { return {c.channels, c.eps}; }
+  static constexpr typename attention<P>::config attn_config(const config& c) {
+    return {c.channels, c.heads, c.init_std, c.proj_init_std};
+  }
+  static constexpr typename mlp<P>::config mlp_config(const config& c) {
+    return {c.channels, c.hidden, c.init_std, c.proj_init_std};
+  }
+
+  static constexpr std::int64_t param_count(const config& c) {
+    return 2 * layernorm<P>::param_count(ln_config(c)) + attention<P>::param_count(attn_config(c)) +
+           mlp<P>::param_count(mlp_config(c));
+  }
+  static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
+    return 2 * layernorm<P>::forward_flops(ln_config(c), batch, seq) +
+           attention<P>::forward_flops(attn_config(c), batch, seq) + mlp<P>::forward_flops(mlp_config(c), batch, seq) +
+           2 * batch * seq * c.channels;  // two residual adds
+  }
+  static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
+    return 2 * forward_flops(c, batch, seq);
+  }
+  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
+    return 2 * layernorm<P>::activation_bytes(ln_config(c), batch, seq) +
+           attention<P>::activation_bytes(attn_config(c), batch, seq) +
+           mlp<P>::activation_bytes(mlp_config(c), batch, seq) +
+           2 * batch * seq * c.channels * static_cast<std::int64_t>(sizeof(T));  // r and y
+  }
+
+  transformer_block(module_scope<P> scope, config c)
+      : scope_(scope),
+        cfg_(c),
+        ln_1_(scope / "ln_1", ln_config(c)),
+        attn_(scope / "attn", attn_config(c)),
+        ln_2_(scope / "ln_2", ln_config(c)),
+        mlp_(scope / "mlp", mlp_config(c)) {}
+
+  tensor_view<const T> forward(tensor_view<const T> x) {
+    const std::int64_t n = x.numel();
+    auto& ledger = scope_.ledger();
+    ensure_size(resid_, ledger, memory_category::activations, n);
+    ensure_size(out_, ledger, memory_category::activations, n);
+    auto a = attn_.forward(ln_1_.forward(x));
+    kernels::residual_forward(device{}, resid_.data(), x.data, a.data, n);
+    tensor_view<const T> r{resid_.data(), x.shape};
+    auto m = mlp_.forward(ln_2_.forward(r));
+    kernels::residual_forward(device{}, out_.data(), r.data, m.data, n);
+    return {out_.data(), x.shape};
+  }
+
+  buffer<T> backward(const buffer<T>& dout) {
+    const auto n = static_cast<std::int64_t>(dout.size());
+    // y = r + mlp(ln_2(r)): dr = ln_2ᵀ(mlpᵀ(dy)) + dy, the second term from the skip path.
+    buffer<T> dr = ln_2_.backward(mlp_.backward(dout));
+    kernels::residual_forward(device{}, dr.data(), dr.data(), dout.data(), n);
+    // r = x + attn(ln_1(x)): dx = ln_1ᵀ(attnᵀ(dr)) + dr.
+    buffer<T> dx = ln_1_.backward(attn_.backward(dr));
+    kernels::residual_forward(device{}, dx.data(), dx.data(), dr.data(), n);
+    return dx;
+  }
+
+  template <class F>
+  void visit_parameters(F&& f) const {
+    ln_1_.visit_parameters(f);
+    attn_.visit_parameters(f);
+    ln_2_.visit_parameters(f);
+    mlp_.visit_parameters(f);
+  }
+  const config& cfg() const { return cfg_; }
+
+ private:
+  using device = typename P::device;
+  module_scope<P> scope_;
+  config cfg_;
+  layernorm<P> ln_1_;
+  attention<P> attn_;
+  layernorm<P> ln_2_;
+  mlp<P> mlp_;
+  buffer<T> resid_, out_;
+};
+
+}  // namespace strata

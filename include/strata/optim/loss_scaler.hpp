@@ -1,0 +1,53 @@
+// strata/optim/loss_scaler.hpp - dynamic loss scaling for fp16.
+//
+// fp16's range ends at 65504 and its subnormals at 6e-8: small gradients vanish unless the
+// loss is multiplied up first. The scaler starts high; a step whose gradients overflow (inf or
+// NaN anywhere) is skipped and the scale halved; after `growth_interval` clean steps in a row
+// it doubles again. With scaling off, scale() stays 1 and every step is taken.
+#pragma once
+#include <algorithm>
+
+namespace strata {
+
+class loss_scaler {
+ public:
+  struct options {
+    bool enabled = false;
+    double initial_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    int growth_interval = 2000;
+    double min_scale = 1.0;
+  };
+
+  loss_scaler() = default;
+  explicit loss_scaler(options o) : opt_(o), scale_(o.enabled ? o.initial_scale : 1.0) {}
+
+  double scale() const { return scale_; }
+  bool enabled() const { return opt_.enabled; }
+  long skipped_steps() const { return skipped_; }
+
+  // Reports whether this step's gradients were finite; returns whether to apply the step.
+  bool update(bool grads_finite) {
+    if (!opt_.enabled) return true;
+    if (!grads_finite) {
+      scale_ = std::max(opt_.min_scale, scale_ * opt_.backoff_factor);
+      clean_steps_ = 0;
+      ++skipped_;
+      return false;
+    }
+    if (++clean_steps_ >= opt_.growth_interval) {
+      scale_ *= opt_.growth_factor;
+      clean_steps_ = 0;
+    }
+    return true;
+  }
+
+ private:
+  options opt_{};
+  double scale_ = 1.0;
+  int clean_steps_ = 0;
+  long skipped_ = 0;
+};
+
+}  // namespace strata

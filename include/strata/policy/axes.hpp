@@ -1,0 +1,156 @@
+// strata/policy/axes.hpp - the three parallel axes as tags: data, tensor and pipeline.
+//
+// Each axis is an empty template whose arguments are its settings; a layout is a list of them
+// (see parallel.hpp). A degree is a number fixed at compile time or strata::dynamic, read at
+// start-up (see layout.hpp). Bad settings fail to compile: each check sits in a small helper
+// function template, so besides the rule the compiler prints the offending numbers, e.g.
+//   In instantiation of 'constexpr bool strata::detail::check_tensor_degree() [with int Degree = 0]'
+//   error: static assertion failed: strata::tensor: a degree must be >= 1 or strata::dynamic
+#pragma once
+#include <type_traits>
+
+#include "strata/core/extents.hpp"
+#include "strata/policy/schedule.hpp"
+
+namespace strata {
+
+// ---- ZeRO: how much of the optimizer state, gradients and parameters data ranks shard ----
+// 0: nothing sharded (plain DP), 1: optimizer state, 2: + gradients, 3: + parameters.
+template <int Stage>
+struct zero {
+  static_assert(Stage >= 0 && Stage <= 3, "strata::zero: ZeRO stage must be 0, 1, 2 or 3");
+  static constexpr int stage = Stage;
+};
+
+template <class T> struct is_zero : std::false_type {};
+template <int Stage> struct is_zero<zero<Stage>> : std::true_type {};
+template <class T> inline constexpr bool is_zero_v = is_zero<T>::value;
+
+// ---- The option tag for the tensor axis ----
+// Megatron sequence parallelism: the norm/dropout regions are split along the sequence over
+// the tensor group, turning each TP all-reduce into a reduce-scatter / all-gather pair.
+struct sequence_parallel {};
+
+namespace detail {
+
+// One helper per rule; the template arguments carry the numbers into the compiler's message.
+template <int Degree>
+constexpr bool check_data_degree() {
+  static_assert(is_valid_extent(Degree), "strata::data: a degree must be >= 1 or strata::dynamic");
+  return true;
+}
+template <class Zero>
+constexpr bool check_data_zero() {
+  static_assert(is_zero_v<Zero>, "strata::data: the second argument must be strata::zero<0..3>");
+  return true;
+}
+// The stage of a zero<> tag; 0 for anything else, which check_data_zero has already reported.
+template <class Zero>
+constexpr int zero_stage_of() {
+  if constexpr (is_zero_v<Zero>) {
+    return Zero::stage;
+  } else {
+    return 0;
+  }
+}
+
+template <int Degree>
+constexpr bool check_tensor_degree() {
+  static_assert(is_valid_extent(Degree), "strata::tensor: a degree must be >= 1 or strata::dynamic");
+  return true;
+}
+template <class Option>
+constexpr bool check_tensor_option() {
+  static_assert(std::is_same_v<Option, strata::sequence_parallel>,
+                "strata::tensor: unknown option; the only tensor option is strata::sequence_parallel");
+  return true;
+}
+template <int Degree>
+constexpr bool check_pipeline_degree() {
+  static_assert(is_valid_extent(Degree), "strata::pipeline: a degree must be >= 1 or strata::dynamic");
+  return true;
+}
+template <class Schedule>
+constexpr bool check_pipeline_schedule() {
+  static_assert(is_schedule_v<Schedule>,
+                "strata::pipeline: the schedule must be strata::gpipe, strata::one_f_one_b or "
+                "strata::interleaved_1f1b");
+  return true;
+}
+template <int Microbatches>
+constexpr bool check_pipeline_microbatches() {
+  static_assert(is_valid_extent(Microbatches),
+                "strata::pipeline: microbatches must be >= 1 or strata::dynamic");
+  return true;
+}
+template <int Virtual>
+constexpr bool check_pipeline_virtual() {
+  static_assert(Virtual >= 1, "strata::pipeline: virtual chunks per stage must be >= 1");
+  return true;
+}
+template <class Schedule, int Virtual>
+constexpr bool check_virtual_needs_interleaving() {
+  static_assert(Virtual == 1 || is_interleaved_v<Schedule>,
+                "strata::pipeline: virtual chunks > 1 need the strata::interleaved_1f1b schedule");
+  return true;
+}
+// Interleaving hands microbatches to stages in groups of Degree, so the count must divide.
+// Checked here when both numbers are static; resolve_layout checks it at start-up otherwise.
+template <class Schedule, int Microbatches, int Degree>
+constexpr bool check_interleaved_divisible() {
+  if constexpr (is_interleaved_v<Schedule> && !is_dynamic(Microbatches) && !is_dynamic(Degree) &&
+                Degree >= 1) {
+    static_assert(Microbatches % Degree == 0,
+                  "strata::pipeline: interleaved 1F1B needs microbatches divisible by the pipeline degree");
+  }
+  return true;
+}
+
+}  // namespace detail
+
+// ---- data: replicate the model over Degree ranks, each taking a slice of the batch ----
+template <int Degree = dynamic, class Zero = zero<0>>
+struct data {
+  static_assert(detail::check_data_degree<Degree>() && detail::check_data_zero<Zero>());
+  static constexpr int degree = Degree;
+  static constexpr int zero_stage = detail::zero_stage_of<Zero>();
+};
+
+// ---- tensor: split each layer's matrices over Degree ranks (Megatron TP) ----
+template <int Degree = 1, class... Options>
+struct tensor {
+  static_assert(detail::check_tensor_degree<Degree>() && (detail::check_tensor_option<Options>() && ...));
+  static_assert((0 + ... + int(std::is_same_v<Options, strata::sequence_parallel>)) <= 1,
+                "strata::tensor: strata::sequence_parallel is given twice");
+  static constexpr int degree = Degree;
+  static constexpr bool sequence_parallel = (false || ... || std::is_same_v<Options, strata::sequence_parallel>);
+};
+
+// ---- pipeline: split the layer stack into Degree stages, fed Microbatches per step ----
+// Virtual is the number of model chunks per stage; > 1 only with interleaved_1f1b.
+template <int Degree = 1, class Schedule = one_f_one_b, int Microbatches = 1, int Virtual = 1>
+struct pipeline {
+  static_assert(detail::check_pipeline_degree<Degree>() && detail::check_pipeline_schedule<Schedule>() &&
+                detail::check_pipeline_microbatches<Microbatches>() && detail::check_pipeline_virtual<Virtual>() &&
+                detail::check_virtual_needs_interleaving<Schedule, Virtual>() &&
+                detail::check_interleaved_divisible<Schedule, Microbatches, Degree>());
+  static constexpr int degree = Degree;
+  using schedule = Schedule;
+  static constexpr int microbatches = Microbatches;
+  static constexpr int virtual_chunks = Virtual;
+};
+
+// ---- Recognizers, used by the parser in parallel.hpp ----
+template <class T> struct is_data_axis : std::false_type {};
+template <int D, class Z> struct is_data_axis<data<D, Z>> : std::true_type {};
+template <class T> inline constexpr bool is_data_axis_v = is_data_axis<T>::value;
+
+template <class T> struct is_tensor_axis : std::false_type {};
+template <int D, class... O> struct is_tensor_axis<tensor<D, O...>> : std::true_type {};
+template <class T> inline constexpr bool is_tensor_axis_v = is_tensor_axis<T>::value;
+
+template <class T> struct is_pipeline_axis : std::false_type {};
+template <int D, class S, int M, int V> struct is_pipeline_axis<pipeline<D, S, M, V>> : std::true_type {};
+template <class T> inline constexpr bool is_pipeline_axis_v = is_pipeline_axis<T>::value;
+
+}  // namespace strata

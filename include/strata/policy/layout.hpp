@@ -1,0 +1,121 @@
+// strata/policy/layout.hpp - a parallel layout resolved against the launch: all numbers known.
+//
+// A layout type may leave degrees (and the microbatch count) as strata::dynamic. At start-up
+// every rank calls resolve_layout with the world size and the values given at launch; the
+// result is a plain layout_config with every number filled in, or a strata::error whose one
+// line names the numbers that disagree. Every rank sees the same inputs, so every rank fails
+// with the same words.
+//
+//   using L = st::parallel<st::data<st::dynamic, st::zero<1>>, st::tensor<st::dynamic>>;
+//   st::layout_config cfg = st::resolve_layout<L>(world_size, {.tp = 2});  // dp = world / 2
+//
+// Rules:
+//   - a dynamic tp, pp or microbatch count takes the value given; not given is an error;
+//   - a dynamic dp takes the value given, or else what is left of the world: world / (tp * pp);
+//   - a static value may be given again at launch, but only the same number;
+//   - dp * tp * pp must equal the world size;
+//   - interleaved 1F1B needs microbatches divisible by pp (checked here when either was dynamic).
+#pragma once
+#include <string>
+
+#include "strata/core/error.hpp"
+#include "strata/core/extents.hpp"
+#include "strata/policy/parallel.hpp"
+#include "strata/policy/schedule.hpp"
+
+namespace strata {
+
+// A layout with every number known.
+struct layout_config {
+  int dp = 1, tp = 1, pp = 1;
+  int zero_stage = 0;
+  bool sequence_parallel = false;
+  int microbatches = 1;
+  int virtual_chunks = 1;
+  std::string schedule = "one_f_one_b";  // schedule_name of the tag
+
+  int ranks() const { return dp * tp * pp; }
+  bool operator==(const layout_config&) const = default;
+};
+
+// The numbers a launch may supply (from flags or the environment); strata::dynamic = not given.
+// Only these can be dynamic in a layout type; ZeRO stage, sequence parallelism, the schedule and
+// the virtual chunk count are always fixed by the type.
+struct layout_overrides {
+  int dp = dynamic;
+  int tp = dynamic;
+  int pp = dynamic;
+  int microbatches = dynamic;
+};
+
+// The layout type's numbers as written, dynamic where the type leaves them open.
+template <parallel_layout Layout>
+[[nodiscard]] layout_config declared_layout() {
+  layout_config c;
+  c.dp = Layout::dp;
+  c.tp = Layout::tp;
+  c.pp = Layout::pp;
+  c.zero_stage = Layout::zero_stage;
+  c.sequence_parallel = Layout::sequence_parallel;
+  c.microbatches = Layout::microbatches;
+  c.virtual_chunks = Layout::virtual_chunks;
+  c.schedule = std::string(schedule_name<typename Layout::schedule>);
+  return c;
+}
+
+namespace detail {
+
+// One number: the declared value if static (a launch value must agree), else the launch value.
+inline int resolve_one(const char* name, int declared, int given) {
+  if (!is_dynamic(given)) {
+    STRATA_CHECK(given >= 1, "layout ", name, "=", given, " given at launch must be >= 1");
+  }
+  if (!is_dynamic(declared)) {
+    STRATA_CHECK(is_dynamic(given) || given == declared, "the layout fixes ", name, "=", declared, " but ",
+                 name, "=", given, " was given at launch");
+    return declared;
+  }
+  return given;  // may still be dynamic; the caller decides what that means
+}
+
+}  // namespace detail
+
+// Fills in a declared layout (dynamic where open) from the world size and the launch values.
+// The non-template core, usable by tools that read a layout from text.
+[[nodiscard]] inline layout_config resolve_layout(const layout_config& declared, int world_size,
+                                    const layout_overrides& given = {}) {
+  STRATA_CHECK(world_size >= 1, "the world size must be >= 1, got ", world_size);
+  layout_config c = declared;
+  c.tp = detail::resolve_one("tp", declared.tp, given.tp);
+  c.pp = detail::resolve_one("pp", declared.pp, given.pp);
+  c.dp = detail::resolve_one("dp", declared.dp, given.dp);
+  c.microbatches = detail::resolve_one("microbatches", declared.microbatches, given.microbatches);
+  STRATA_CHECK(!is_dynamic(c.tp), "the layout leaves tp as strata::dynamic but no tp was given at launch");
+  STRATA_CHECK(!is_dynamic(c.pp), "the layout leaves pp as strata::dynamic but no pp was given at launch");
+  STRATA_CHECK(!is_dynamic(c.microbatches),
+               "the layout leaves microbatches as strata::dynamic but no count was given at launch");
+
+  if (is_dynamic(c.dp)) {
+    // Data parallelism takes whatever the model-parallel groups leave.
+    const int model_ranks = c.tp * c.pp;
+    STRATA_CHECK(world_size % model_ranks == 0, "layout tp=", c.tp, " x pp=", c.pp, " = ", model_ranks,
+                 " ranks does not divide the world size ", world_size, " (dp is strata::dynamic)");
+    c.dp = world_size / model_ranks;
+  }
+  STRATA_CHECK(c.ranks() == world_size, "layout dp=", c.dp, " x tp=", c.tp, " x pp=", c.pp, " = ", c.ranks(),
+               " ranks does not match the world size ", world_size);
+
+  if (c.schedule == schedule_name<interleaved_1f1b>) {
+    STRATA_CHECK(c.microbatches % c.pp == 0, "interleaved 1F1B needs microbatches (", c.microbatches,
+                 ") divisible by the pipeline degree (", c.pp, ")");
+  }
+  return c;
+}
+
+// Resolves a layout type; see the rules at the top of this file.
+template <parallel_layout Layout>
+[[nodiscard]] layout_config resolve_layout(int world_size, const layout_overrides& given = {}) {
+  return resolve_layout(declared_layout<Layout>(), world_size, given);
+}
+
+}  // namespace strata

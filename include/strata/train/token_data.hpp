@@ -1,0 +1,150 @@
+// strata/train/token_data.hpp - token shards on disk and the batches drawn from them.
+//
+// Two uint16 shard formats are read: llm.c's (a 256 x int32 header - magic 20240520,
+// version 1, token count - then the tokens) and nanoGPT's headerless stream. A shard is
+// recognised by its magic; anything else must be a whole number of uint16 tokens. Every
+// failure names the file and, where it applies, the byte offset and the value.
+#pragma once
+#include <glob.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "strata/core/error.hpp"
+#include "strata/core/init.hpp"
+#include "strata/core/tensor.hpp"
+
+namespace strata {
+
+inline constexpr std::int32_t llmc_shard_magic = 20240520;
+inline constexpr std::int32_t llmc_shard_version = 1;
+inline constexpr std::size_t llmc_header_bytes = 256 * sizeof(std::int32_t);
+
+// Reads one shard, checking every token against the vocabulary.
+inline std::vector<std::uint16_t> read_token_shard(const std::string& path, std::int64_t vocab) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  STRATA_CHECK(in.good(), "cannot open token shard '", path, "': ", std::strerror(errno));
+  const auto file_bytes = static_cast<std::size_t>(in.tellg());
+  in.seekg(0);
+  std::size_t offset = 0, count = 0;
+  std::int32_t header[256] = {};
+  if (file_bytes >= llmc_header_bytes) {
+    in.read(reinterpret_cast<char*>(header), llmc_header_bytes);
+  }
+  if (file_bytes >= llmc_header_bytes && header[0] == llmc_shard_magic) {
+    STRATA_CHECK(header[1] == llmc_shard_version, "token shard '", path, "': header version ", header[1],
+                 " at offset 4, expected ", llmc_shard_version);
+    STRATA_CHECK(header[2] >= 0, "token shard '", path, "': negative token count ", header[2], " at offset 8");
+    count = static_cast<std::size_t>(header[2]);
+    offset = llmc_header_bytes;
+    const std::size_t expected = offset + count * 2;
+    STRATA_CHECK(file_bytes == expected, "token shard '", path, "': header promises ", count, " tokens (",
+                 expected, " bytes) but the file has ", file_bytes, " bytes (truncated or padded)");
+  } else {
+    STRATA_CHECK(file_bytes % 2 == 0, "token shard '", path, "': ", file_bytes,
+                 " bytes is not a whole number of uint16 tokens (no llm.c header either)");
+    count = file_bytes / 2;
+  }
+  STRATA_CHECK(count > 0, "token shard '", path, "' holds no tokens");
+  std::vector<std::uint16_t> tokens(count);
+  in.seekg(static_cast<std::streamoff>(offset));
+  in.read(reinterpret_cast<char*>(tokens.data()), static_cast<std::streamsize>(count * 2));
+  STRATA_CHECK(in.good(), "token shard '", path, "': read failed at offset ", offset);
+  for (std::size_t i = 0; i < count; ++i)
+    STRATA_CHECK(tokens[i] < vocab, "token shard '", path, "': token ", tokens[i], " at byte offset ",
+                 offset + 2 * i, " is out of range for vocab ", vocab);
+  return tokens;
+}
+
+// The files a glob names, sorted; none is an error that repeats the pattern.
+inline std::vector<std::string> expand_glob(const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0)
+    for (std::size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  STRATA_CHECK(!files.empty(), "no token shard matches '", pattern, "'");
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Writes tokens as an llm.c shard (used by tests and by tools that make shards).
+inline void write_token_shard(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+  std::ofstream out(path, std::ios::binary);
+  STRATA_CHECK(out.good(), "cannot create token shard '", path, "'");
+  std::int32_t header[256] = {};
+  header[0] = llmc_shard_magic;
+  header[1] = llmc_shard_version;
+  header[2] = static_cast<std::int32_t>(tokens.size());
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  STRATA_CHECK(out.good(), "writing token shard '", path, "' failed");
+}
+
+// One batch: inputs [B, T] and next-token targets [B, T].
+struct token_batch {
+  std::vector<std::int32_t> inputs, targets;
+  std::int64_t batch = 0, seq = 0;
+  tensor_view<const std::int32_t> input_view(std::int64_t first = 0, std::int64_t rows = -1) const {
+    if (rows < 0) rows = batch;
+    return {inputs.data() + first * seq, {rows, seq}};
+  }
+  tensor_view<const std::int32_t> target_view(std::int64_t first = 0, std::int64_t rows = -1) const {
+    if (rows < 0) rows = batch;
+    return {targets.data() + first * seq, {rows, seq}};
+  }
+};
+
+// A token stream and a deterministic sampler of windows from it: batch k's windows depend
+// only on (seed, k), so a run is reproducible and a resumed run can continue at batch k.
+class token_stream {
+ public:
+  token_stream(std::vector<std::uint16_t> tokens, std::uint64_t seed) : tokens_(std::move(tokens)), seed_(seed) {}
+
+  // All shards a glob names, concatenated in name order.
+  static token_stream from_glob(const std::string& pattern, std::int64_t vocab, std::uint64_t seed) {
+    std::vector<std::uint16_t> all;
+    for (const auto& f : expand_glob(pattern)) {
+      auto t = read_token_shard(f, vocab);
+      all.insert(all.end(), t.begin(), t.end());
+    }
+    return token_stream(std::move(all), seed);
+  }
+
+  token_batch next_batch(std::int64_t batch, std::int64_t seq) {
+    STRATA_CHECK(static_cast<std::int64_t>(tokens_.size()) > seq, "token stream: ", tokens_.size(),
+                 " tokens cannot fill one window of seq + 1 = ", seq + 1);
+    token_batch b;
+    b.batch = batch;
+    b.seq = seq;
+    b.inputs.resize(static_cast<std::size_t>(batch * seq));
+    b.targets.resize(b.inputs.size());
+    const auto starts = static_cast<std::uint64_t>(tokens_.size()) - static_cast<std::uint64_t>(seq);
+    for (std::int64_t r = 0; r < batch; ++r) {
+      const auto start = counter_bits(seed_, 0xba7c4, position_ * 65536 + static_cast<std::uint64_t>(r)) % starts;
+      for (std::int64_t t = 0; t < seq; ++t) {
+        b.inputs[static_cast<std::size_t>(r * seq + t)] = tokens_[start + static_cast<std::uint64_t>(t)];
+        b.targets[static_cast<std::size_t>(r * seq + t)] = tokens_[start + static_cast<std::uint64_t>(t) + 1];
+      }
+    }
+    ++position_;
+    return b;
+  }
+
+  std::size_t size() const { return tokens_.size(); }
+  std::uint64_t position() const { return position_; }
+  const std::vector<std::uint16_t>& tokens() const { return tokens_; }
+
+ private:
+  std::vector<std::uint16_t> tokens_;
+  std::uint64_t seed_;
+  std::uint64_t position_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,108 @@
+// strata/train/trainer.hpp - one optimizer step over a global batch.
+//
+// A step: zero the gradients; for each micro-batch run forward (the loss gradient scaled by
+// loss_scale / micro-batches) and backward, so the gradients sum to those of the mean loss
+// over the global batch; take the global gradient norm; with fp16, skip the step and back the
+// loss scale off if anything overflowed; clip; let the optimizer update with the schedule's
+// learning rate.
+//
+// The model is any type with
+//   double forward(tensor_view<const int32_t> inputs, tensor_view<const int32_t> targets, double grad_scale);
+//   void backward();
+//   parameter_store<T>& parameters();
+#pragma once
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+
+#include "strata/core/error.hpp"
+#include "strata/optim/adamw.hpp"
+#include "strata/optim/grad_clip.hpp"
+#include "strata/optim/loss_scaler.hpp"
+#include "strata/optim/lr_schedule.hpp"
+#include "strata/train/token_data.hpp"
+
+namespace strata {
+
+struct trainer_options {
+  std::int64_t micro_batch = 0;  // sequences per forward/backward; 0: the whole batch at once
+  warmup_cosine schedule{};
+  double grad_clip = 1.0;        // max global norm; <= 0 turns clipping off
+  double initial_loss_scale = 65536.0;
+  int loss_scale_growth_interval = 2000;
+};
+
+struct step_result {
+  int step = 0;
+  double loss = 0, lr = 0, grad_norm = 0, loss_scale = 1;
+  bool applied = true;  // false when an fp16 overflow skipped the update
+  double seconds = 0;
+  std::int64_t tokens = 0;
+};
+
+template <class Model, class Optimizer>
+class trainer {
+ public:
+  trainer(Model& model, Optimizer& opt, trainer_options o)
+      : model_(&model), opt_(&opt), opt_s_(o), scaler_(scaler_options(o)) {
+    o.schedule.validate();
+    STRATA_CHECK(o.micro_batch >= 0, "trainer: micro_batch (", o.micro_batch, ") must be >= 0");
+  }
+
+  step_result step(const token_batch& batch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::int64_t micro = opt_s_.micro_batch > 0 ? opt_s_.micro_batch : batch.batch;
+    STRATA_CHECK(batch.batch % micro == 0, "trainer: global batch ", batch.batch,
+                 " is not a multiple of the micro-batch ", micro);
+    const std::int64_t n_micro = batch.batch / micro;
+    auto& params = model_->parameters();
+    params.zero_grads();
+
+    step_result r;
+    r.step = step_;
+    r.loss_scale = scaler_.scale();
+    double loss_sum = 0;
+    for (std::int64_t m = 0; m < n_micro; ++m) {
+      loss_sum += model_->forward(batch.input_view(m * micro, micro), batch.target_view(m * micro, micro),
+                                  r.loss_scale / static_cast<double>(n_micro));
+      model_->backward();
+    }
+    r.loss = loss_sum / static_cast<double>(n_micro);
+
+    const double scaled_norm = global_grad_norm(device{}, params);
+    const bool finite = std::isfinite(scaled_norm);
+    r.grad_norm = scaled_norm / r.loss_scale;
+    r.lr = opt_s_.schedule(step_);
+    r.applied = scaler_.update(finite);
+    if (r.applied) {
+      STRATA_CHECK(finite, "trainer: step ", step_, " produced a non-finite gradient norm (", r.grad_norm,
+                   ") and no loss scaling is in use to skip it");
+      opt_->step(r.lr, clip_coefficient(r.grad_norm, opt_s_.grad_clip) / r.loss_scale);
+    }
+    ++step_;
+    r.tokens = batch.batch * batch.seq;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+  const loss_scaler& scaler() const { return scaler_; }
+  int steps() const { return step_; }
+
+ private:
+  using device = typename Model::policy::device;
+  static loss_scaler::options scaler_options(const trainer_options& o) {
+    loss_scaler::options s;
+    s.enabled = Model::policy::precision::dynamic_loss_scale;
+    s.initial_scale = o.initial_loss_scale;
+    s.growth_interval = o.loss_scale_growth_interval;
+    return s;
+  }
+
+  Model* model_;
+  Optimizer* opt_;
+  trainer_options opt_s_;
+  loss_scaler scaler_;
+  int step_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,5 @@
+// expect: strata::zero: ZeRO stage must be 0, 1, 2 or 3
+#include "strata/policy/parallel.hpp"
+namespace st = strata;
+using layout = st::parallel<st::data<st::dynamic, st::zero<4>>>;
+static_assert(layout::zero_stage == 4);
