@@ -52,7 +52,8 @@ class lm_head {
   lm_head(module_scope<P> scope, config c, tied_to tie) : scope_(scope), cfg_(c), weight_(tie.table), tied_(true) {
     check_config();
     const auto& shared = scope_.params().info(weight_);
-    STRATA_CHECK(shared.shape == strata::shape({c.vocab, c.channels}), scope_.qualify("lm_head"), ": tied table '",
+    const strata::shape expected{c.vocab, c.channels};
+    STRATA_CHECK(shared.shape == expected, scope_.qualify("lm_head"), ": tied table '",
                  shared.name, "' has shape ", shared.shape.str(), ", expected [", c.vocab, ", ", c.channels, "]");
   }
 
@@ -60,8 +61,9 @@ class lm_head {
   // `loss_scale` multiplies the gradient only (micro-batch averaging, fp16 loss scaling).
   double forward(tensor_view<const T> x, tensor_view<const std::int32_t> targets, double loss_scale = 1.0) {
     compute_logits(x);
-    STRATA_CHECK(targets.shape == strata::shape({batch_, seq_}), scope_.qualify("forward"), ": expected targets ",
-                 strata::shape({batch_, seq_}).str(), ", got ", targets.shape.str());
+    const strata::shape expected{batch_, seq_};
+    STRATA_CHECK(targets.shape == expected, scope_.qualify("forward"), ": expected targets ", expected.str(), ", got ",
+                 targets.shape.str());
     const std::int64_t rows = batch_ * seq_;
     auto& ledger = scope_.ledger();
     ensure_size(losses_, ledger, memory_category::activations, rows);

@@ -44,18 +44,30 @@ inline std::string generate_corpus(std::size_t approx_bytes = 200000, std::uint6
   };
   auto noun_phrase = [&] {
     std::string s = pick(3) == 0 ? "a " : "the ";
-    if (pick(2) == 0) s += std::string(corpus_adjectives[pick(corpus_adjectives.size())]) + " ";
+    if (pick(2) == 0) {
+      s += corpus_adjectives[pick(corpus_adjectives.size())];
+      s += ' ';
+    }
     s += corpus_nouns[pick(corpus_nouns.size())];
     return s;
   };
+  // One append per statement: the order of the draws (and so the text) is fixed by the code,
+  // not by the compiler's choice of evaluation order.
   while (text.size() < approx_bytes) {
-    std::string sentence = std::string(corpus_openers[pick(corpus_openers.size())]) + noun_phrase() + " " +
-                           std::string(corpus_verbs[pick(corpus_verbs.size())]) + " " + noun_phrase();
-    if (pick(2) == 0) sentence += " " + std::string(corpus_places[pick(corpus_places.size())]);
-    sentence += pick(8) == 0 ? "!" : ".";
+    std::string sentence(corpus_openers[pick(corpus_openers.size())]);
+    sentence += noun_phrase();
+    sentence += ' ';
+    sentence += corpus_verbs[pick(corpus_verbs.size())];
+    sentence += ' ';
+    sentence += noun_phrase();
+    if (pick(2) == 0) {
+      sentence += ' ';
+      sentence += corpus_places[pick(corpus_places.size())];
+    }
+    sentence += pick(8) == 0 ? '!' : '.';
     sentence[0] = static_cast<char>(sentence[0] - 'a' + 'A');
     text += sentence;
-    text += pick(6) == 0 ? "\n" : " ";
+    text += pick(6) == 0 ? '\n' : ' ';
   }
   return text;
 }

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ inline constexpr std::size_t llmc_header_bytes = 256 * sizeof(std::int32_t);
 
 // Reads one shard, checking every token against the vocabulary.
 inline std::vector<std::uint16_t> read_token_shard(const std::string& path, std::int64_t vocab) {
+  std::error_code ec;
+  STRATA_CHECK(std::filesystem::is_regular_file(path, ec), "token shard '", path, "' is not a readable file",
+               ec ? ": " + ec.message() : std::string());
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   STRATA_CHECK(in.good(), "cannot open token shard '", path, "': ", std::strerror(errno));
   const auto file_bytes = static_cast<std::size_t>(in.tellg());

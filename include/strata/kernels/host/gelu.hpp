@@ -2,6 +2,11 @@
 //
 //   out = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)          inp, out [n]
 //   dinp += dout * (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3*0.044715 x^2))
+//
+// Evaluated through s = sigmoid(2u) = (1 + tanh u) / 2, which is the same function:
+//   out = x s,  d out / dx = s + 2 x s (1 - s) du/dx.
+// One exp instead of tanh (glibc's tanhf costs ~3x an expf), and no cancellation anywhere:
+// 1 + tanh(u) is never formed by subtraction, and exp overflow gives s = 0 cleanly.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -15,6 +20,17 @@ namespace strata::kernels {
 namespace gelu_detail {
 template <class A> inline constexpr A sqrt_2_over_pi = A(0.7978845608028654);
 template <class A> inline constexpr A cubic = A(0.044715);
+
+// s = sigmoid(2u) = (1 + tanh u) / 2, for the GELU argument u of x.
+template <class A>
+inline A half_one_plus_tanh(A x) {
+  const A u = sqrt_2_over_pi<A> * (x + cubic<A> * x * x * x);
+  return A(1) / (A(1) + std::exp(A(-2) * u));
+}
+template <class A>
+inline A du_dx(A x) {
+  return sqrt_2_over_pi<A> * (A(1) + A(3) * cubic<A> * x * x);
+}
 }  // namespace gelu_detail
 
 template <class T>
@@ -25,8 +41,7 @@ void gelu_forward(host, T* out, const T* inp, std::int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (std::int64_t i = 0; i < n; ++i) {
     const A x = convert<A>(inp[i]);
-    const A u = sqrt_2_over_pi<A> * (x + cubic<A> * x * x * x);
-    out[i] = convert<T>(A(0.5) * x * (A(1) + std::tanh(u)));
+    out[i] = convert<T>(x * half_one_plus_tanh(x));
   }
 }
 
@@ -39,10 +54,8 @@ void gelu_backward(host, T* dinp, const T* inp, const T* dout, std::int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (std::int64_t i = 0; i < n; ++i) {
     const A x = convert<A>(inp[i]);
-    const A u = sqrt_2_over_pi<A> * (x + cubic<A> * x * x * x);
-    const A th = std::tanh(u);
-    const A du_dx = sqrt_2_over_pi<A> * (A(1) + A(3) * cubic<A> * x * x);
-    const A local = A(0.5) * (A(1) + th) + A(0.5) * x * (A(1) - th * th) * du_dx;
+    const A s = half_one_plus_tanh(x);
+    const A local = s + A(2) * x * s * (A(1) - s) * du_dx(x);
     dinp[i] = convert<T>(convert<A>(dinp[i]) + local * convert<A>(dout[i]));
   }
 }

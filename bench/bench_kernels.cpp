@@ -1,0 +1,354 @@
+// Host kernel throughput at GPT-small-ish sizes (rows N = B*T = 1024, C = 768, 12 heads).
+//
+// GEMM-bound ops report "GFLOPS"; memory-bound ops report "GBps", counting each tensor's bytes
+// once (the minimum traffic), so the figure reads as a fraction of the machine's bandwidth.
+// BM_cblas_sgemm runs raw OpenBLAS at exactly the GEMM shapes linear_forward/backward issue,
+// so the overhead of strata's wrapper (and of the bf16 widening copies) shows as a ratio.
+// Each benchmark runs for a short minimum time so the whole suite takes well under a minute.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/core/init.hpp"
+#include "strata/core/memory.hpp"
+#include "strata/kernels/host.hpp"
+
+namespace {
+
+namespace k = strata::kernels;
+using strata::host;
+
+constexpr std::int64_t B = 4, T = 256, N = B * T, C = 768, NH = 12;
+constexpr std::int64_t V = 50257, Vp = 50304, CE_rows = 128;  // GPT-2 vocab, padded to 128
+constexpr double min_time = 0.2;
+
+template <class T_>
+std::vector<T_> random_array(std::int64_t n, std::uint64_t stream, double scale = 1.0) {
+  std::vector<T_> v(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = strata::convert<T_>(float(scale * (2 * strata::counter_uniform(99, stream, i) - 1)));
+  return v;
+}
+
+void set_rate(benchmark::State& state, const char* name, double per_iteration) {
+  state.counters[name] = benchmark::Counter(per_iteration * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+void report_flops(benchmark::State& state, double flops) { set_rate(state, "GFLOPS", flops); }
+void report_bytes(benchmark::State& state, double bytes) { set_rate(state, "GBps", bytes); }
+
+// --- GEMM: strata linear vs raw OpenBLAS at the same shapes ---------------------------------
+
+// Args: {OC}. out[N, OC] = inp[N, C] . weight[OC, C]^T + bias
+template <class T_>
+void BM_linear_forward(benchmark::State& state) {
+  const std::int64_t OC = state.range(0);
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  auto inp = random_array<T_>(N * C, 1), w = random_array<T_>(OC * C, 2, 0.05), b = random_array<T_>(OC, 3);
+  std::vector<T_> out(static_cast<std::size_t>(N * OC));
+  for (auto _ : state) {
+    k::linear_forward(host{}, ws, out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report_flops(state, 2.0 * N * C * OC);
+}
+
+template <class T_>
+void BM_linear_backward(benchmark::State& state) {
+  const std::int64_t OC = state.range(0);
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  auto inp = random_array<T_>(N * C, 1), w = random_array<T_>(OC * C, 2, 0.05), dout = random_array<T_>(N * OC, 4);
+  std::vector<T_> dinp(inp.size()), dw(w.size()), db(static_cast<std::size_t>(OC));
+  for (auto _ : state) {
+    k::linear_backward(host{}, ws, dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+    benchmark::DoNotOptimize(dw.data());
+  }
+  report_flops(state, 4.0 * N * C * OC);  // two GEMMs; the bias sum is negligible
+}
+
+// Args: {M, N, K, trans_a, trans_b, beta}: exactly one cblas_sgemm call, row-major.
+void BM_cblas_sgemm(benchmark::State& state) {
+  const int M = int(state.range(0)), Nn = int(state.range(1)), K = int(state.range(2));
+  const bool ta = state.range(3) != 0, tb = state.range(4) != 0;
+  const float beta = float(state.range(5));
+  auto a = random_array<float>(std::int64_t(M) * K, 5), b = random_array<float>(std::int64_t(K) * Nn, 6);
+  std::vector<float> c(static_cast<std::size_t>(std::int64_t(M) * Nn));
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, Nn, K, 1.0f,
+                a.data(), ta ? M : K, b.data(), tb ? K : Nn, beta, c.data(), Nn);
+    benchmark::DoNotOptimize(c.data());
+  }
+  report_flops(state, 2.0 * M * Nn * K);
+}
+
+// --- Attention: naive causal loops, FLOPs of the causal half --------------------------------
+
+template <class T_>
+void BM_attention_forward(benchmark::State& state) {
+  auto qkv = random_array<T_>(N * 3 * C, 7);
+  std::vector<T_> out(static_cast<std::size_t>(N * C));
+  std::vector<strata::acc_t<T_>> att(static_cast<std::size_t>(B * NH * T * T));
+  for (auto _ : state) {
+    k::attention_forward(host{}, out.data(), att.data(), qkv.data(), B, T, C, NH);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report_flops(state, 2.0 * 2.0 * B * C * (T * (T + 1) / 2));  // q.k and p.v over t2 <= t
+}
+
+template <class T_>
+void BM_attention_backward(benchmark::State& state) {
+  auto qkv = random_array<T_>(N * 3 * C, 7), dout = random_array<T_>(N * C, 8);
+  std::vector<T_> out(static_cast<std::size_t>(N * C)), dqkv(qkv.size());
+  std::vector<strata::acc_t<T_>> att(static_cast<std::size_t>(B * NH * T * T));
+  k::attention_forward(host{}, out.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (auto _ : state) {
+    k::attention_backward(host{}, dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    benchmark::DoNotOptimize(dqkv.data());
+  }
+  report_flops(state, 4.0 * 2.0 * B * C * (T * (T + 1) / 2));  // dP, dV, dQ, dK
+}
+
+// --- Memory-bound ops ----------------------------------------------------------------------
+
+template <class T_>
+void BM_layernorm_forward(benchmark::State& state) {
+  auto inp = random_array<T_>(N * C, 9), w = random_array<T_>(C, 10), b = random_array<T_>(C, 11);
+  std::vector<T_> out(inp.size());
+  std::vector<strata::acc_t<T_>> mean(static_cast<std::size_t>(N)), rstd(mean.size());
+  for (auto _ : state) {
+    k::layernorm_forward(host{}, out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C,
+                         strata::acc_t<T_>(1e-5));
+    benchmark::DoNotOptimize(out.data());
+  }
+  report_bytes(state, 2.0 * N * C * sizeof(T_));
+}
+
+template <class T_>
+void BM_layernorm_backward(benchmark::State& state) {
+  auto inp = random_array<T_>(N * C, 9), w = random_array<T_>(C, 10), b = random_array<T_>(C, 11),
+       dout = random_array<T_>(N * C, 12);
+  std::vector<T_> out(inp.size()), dinp(inp.size()), dw(w.size()), db(b.size());
+  std::vector<strata::acc_t<T_>> mean(static_cast<std::size_t>(N)), rstd(mean.size());
+  k::layernorm_forward(host{}, out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C,
+                       strata::acc_t<T_>(1e-5));
+  for (auto _ : state) {
+    k::layernorm_backward(host{}, dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean.data(),
+                          rstd.data(), N, C);
+    benchmark::DoNotOptimize(dinp.data());
+  }
+  report_bytes(state, 4.0 * N * C * sizeof(T_));  // inp, dout, dinp read and written
+}
+
+// GELU on the MLP's hidden activations [N, 4C].
+template <class T_>
+void BM_gelu_forward(benchmark::State& state) {
+  const std::int64_t n = N * 4 * C;
+  auto inp = random_array<T_>(n, 13, 3.0);
+  std::vector<T_> out(inp.size());
+  for (auto _ : state) {
+    k::gelu_forward(host{}, out.data(), inp.data(), n);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report_bytes(state, 2.0 * n * sizeof(T_));
+}
+
+template <class T_>
+void BM_gelu_backward(benchmark::State& state) {
+  const std::int64_t n = N * 4 * C;
+  auto inp = random_array<T_>(n, 13, 3.0), dout = random_array<T_>(n, 14);
+  std::vector<T_> dinp(inp.size());
+  for (auto _ : state) {
+    k::gelu_backward(host{}, dinp.data(), inp.data(), dout.data(), n);
+    benchmark::DoNotOptimize(dinp.data());
+  }
+  report_bytes(state, 4.0 * n * sizeof(T_));
+}
+
+template <class T_>
+void BM_residual_forward(benchmark::State& state) {
+  const std::int64_t n = N * C;
+  auto a = random_array<T_>(n, 15), b = random_array<T_>(n, 16);
+  std::vector<T_> out(a.size());
+  for (auto _ : state) {
+    k::residual_forward(host{}, out.data(), a.data(), b.data(), n);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report_bytes(state, 3.0 * n * sizeof(T_));
+}
+
+template <class T_>
+void BM_residual_backward(benchmark::State& state) {
+  const std::int64_t n = N * C;
+  auto dout = random_array<T_>(n, 17);
+  std::vector<T_> da(dout.size()), db(dout.size());
+  for (auto _ : state) {
+    k::residual_backward(host{}, da.data(), db.data(), dout.data(), n);
+    benchmark::DoNotOptimize(da.data());
+  }
+  report_bytes(state, 5.0 * n * sizeof(T_));
+}
+
+std::vector<std::int32_t> token_ids(std::int64_t count) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::int32_t(strata::counter_bits(99, 18, i) % V);
+  return ids;
+}
+
+template <class T_>
+void BM_embedding_forward(benchmark::State& state) {
+  auto tokens = token_ids(N);
+  auto wte = random_array<T_>(V * C, 19), wpe = random_array<T_>(T * C, 20);
+  std::vector<T_> out(static_cast<std::size_t>(N * C));
+  for (auto _ : state) {
+    k::embedding_forward(host{}, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report_bytes(state, (2.0 * N * C + double(T * C)) * sizeof(T_));  // rows read, out written, wpe
+}
+
+template <class T_>
+void BM_embedding_backward(benchmark::State& state) {
+  auto tokens = token_ids(N);
+  auto dout = random_array<T_>(N * C, 21);
+  std::vector<T_> dwte(static_cast<std::size_t>(V * C)), dwpe(static_cast<std::size_t>(T * C));
+  for (auto _ : state) {
+    k::embedding_backward(host{}, dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    benchmark::DoNotOptimize(dwte.data());
+  }
+  report_bytes(state, (3.0 * N * C + 2.0 * T * C) * sizeof(T_));  // dout, dwte rows r+w, dwpe r+w
+}
+
+// Fused loss and gradient over a [CE_rows, Vp] logits block (the full vocabulary).
+template <class T_>
+void BM_cross_entropy_forward_backward(benchmark::State& state) {
+  const auto logits0 = random_array<T_>(CE_rows * Vp, 22, 4.0);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(CE_rows));
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = std::int32_t((i * 7919) % V);
+  std::vector<T_> logits = logits0;
+  std::vector<strata::acc_t<T_>> losses(targets.size());
+  for (auto _ : state) {
+    // Overwritten in place: it reads gradients as logits from the second iteration on, which
+    // costs the same (the loss values are not used here).
+    k::cross_entropy_forward_backward(host{}, losses.data(), logits.data(), targets.data(), CE_rows, V, Vp,
+                                      strata::acc_t<T_>(1.0 / CE_rows));
+    benchmark::DoNotOptimize(logits.data());
+  }
+  report_bytes(state, 2.0 * CE_rows * Vp * sizeof(T_));
+}
+
+// One AdamW step over a GPT-small-sized shard (16M parameters); T_ weights, float master.
+template <class T_>
+void BM_adamw_update(benchmark::State& state) {
+  const std::int64_t n = std::int64_t(1) << 24;
+  auto master = random_array<float>(n, 23), grad_f = random_array<float>(n, 24, 1e-2);
+  std::vector<T_> grad(grad_f.size()), weights(grad_f.size());
+  for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = strata::convert<T_>(grad_f[i]);
+  std::vector<float> m(master.size()), v(master.size());
+  const k::adamw_hyper hyper{.lr = 6e-4, .weight_decay = 0.1};
+  int step = 0;
+  for (auto _ : state) {
+    k::adamw_update(host{}, master.data(), weights.data(), grad.data(), m.data(), v.data(), n, hyper, ++step, 1.0);
+    benchmark::DoNotOptimize(master.data());
+  }
+  report_bytes(state, n * (3.0 * 2 * sizeof(float) + 2.0 * sizeof(T_)));  // master, m, v r+w; grad; weights
+}
+
+template <class T_>
+void BM_sum_of_squares(benchmark::State& state) {
+  const std::int64_t n = std::int64_t(1) << 24;
+  auto x = random_array<T_>(n, 25);
+  for (auto _ : state) benchmark::DoNotOptimize(k::sum_of_squares(host{}, x.data(), n));
+  report_bytes(state, double(n) * sizeof(T_));
+}
+
+template <class T_>
+void BM_all_finite(benchmark::State& state) {
+  const std::int64_t n = std::int64_t(1) << 24;
+  auto x = random_array<T_>(n, 26);
+  for (auto _ : state) benchmark::DoNotOptimize(k::all_finite(host{}, x.data(), n));
+  report_bytes(state, double(n) * sizeof(T_));
+}
+
+template <class T_>
+void BM_scale_in_place(benchmark::State& state) {
+  const std::int64_t n = std::int64_t(1) << 24;
+  auto x = random_array<T_>(n, 27);
+  for (auto _ : state) {
+    k::scale_in_place(host{}, x.data(), n, 1.0);
+    benchmark::DoNotOptimize(x.data());
+  }
+  report_bytes(state, 2.0 * n * sizeof(T_));
+}
+
+template <class To, class From>
+void BM_convert_array(benchmark::State& state) {
+  const std::int64_t n = std::int64_t(1) << 24;
+  auto src = random_array<From>(n, 28);
+  std::vector<To> dst(src.size());
+  for (auto _ : state) {
+    k::convert_array(host{}, dst.data(), src.data(), n);
+    benchmark::DoNotOptimize(dst.data());
+  }
+  report_bytes(state, double(n) * (sizeof(To) + sizeof(From)));
+}
+
+using strata::bf16;
+
+// linear at the attention projection (OC = C) and the MLP up-projection (OC = 4C).
+BENCHMARK_TEMPLATE(BM_linear_forward, float)->Arg(C)->Arg(4 * C)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_linear_forward, bf16)->Arg(C)->Arg(4 * C)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_linear_backward, float)->Arg(C)->Arg(4 * C)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_linear_backward, bf16)->Arg(C)->Arg(4 * C)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+// The GEMMs above, raw: forward {N, OC, C, no, trans, beta 1}; backward dinp {N, C, OC, no, no, 1}
+// and dweight {OC, C, N, trans, no, 1}.
+BENCHMARK(BM_cblas_sgemm)
+    ->ArgNames({"M", "N", "K", "ta", "tb", "beta"})
+    ->Args({N, C, C, 0, 1, 1})
+    ->Args({N, C, C, 0, 0, 1})
+    ->Args({C, C, N, 1, 0, 1})
+    ->Args({N, 4 * C, C, 0, 1, 1})
+    ->Args({N, C, 4 * C, 0, 0, 1})
+    ->Args({4 * C, C, N, 1, 0, 1})
+    ->MinTime(min_time)->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK_TEMPLATE(BM_attention_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_attention_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_attention_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_attention_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+BENCHMARK_TEMPLATE(BM_layernorm_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_layernorm_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_layernorm_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_layernorm_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_gelu_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_gelu_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_gelu_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_gelu_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_residual_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_residual_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_residual_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_residual_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_embedding_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_embedding_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_embedding_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_embedding_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_adamw_update, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_adamw_update, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_sum_of_squares, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_sum_of_squares, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_all_finite, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_all_finite, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_scale_in_place, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_scale_in_place, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_convert_array, bf16, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_convert_array, float, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,177 @@
+// core/, optim/ schedules and train/ data: the ledger, shapes, the sharding-invariant
+// initializer, the parameter store, the LR schedule, token shards and metrics lines.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <strata/strata.hpp>
+
+namespace st = strata;
+namespace fs = std::filesystem;
+
+TEST_CASE("memory ledger: current and peak bytes per category") {
+  st::memory_ledger ledger;
+  using mc = st::memory_category;
+  {
+    st::buffer<float> a(ledger, mc::activations, 100);
+    st::buffer<double> b(ledger, mc::optimizer_state, 10);
+    CHECK(ledger.current(mc::activations) == 400);
+    CHECK(ledger.current(mc::optimizer_state) == 80);
+    st::buffer<float> moved = std::move(a);  // moving keeps one charge
+    CHECK(ledger.current(mc::activations) == 400);
+    CHECK(moved[99] == 0.0f);  // zero-initialised
+  }
+  CHECK(ledger.current(mc::activations) == 0);
+  CHECK(ledger.peak(mc::activations) == 400);
+  CHECK(ledger.total_peak() == 480);
+  ledger.reset_peaks();
+  CHECK(ledger.peak(mc::activations) == 0);
+  CHECK_THROWS_WITH_AS(ledger.release(mc::gradients, 8), doctest::Contains("releasing 8 bytes of gradients"), st::error);
+}
+
+TEST_CASE("shapes: equality, numel and the mismatch message") {
+  st::shape s{2, 3, 4};
+  CHECK(s.numel() == 24);
+  CHECK(s.str() == "[2, 3, 4]");
+  std::vector<float> d(24);
+  st::tensor_view<float> v{d.data(), s};
+  CHECK_NOTHROW(st::check_shape(v, {2, 3, 4}, "test"));
+  CHECK_THROWS_WITH_AS(st::check_shape(v, {2, 12}, "layer x"), "layer x: expected shape [2, 12], got [2, 3, 4]",
+                       st::error);
+}
+
+TEST_CASE("initializer: a value depends only on (seed, parameter, global index)") {
+  const auto id = st::parameter_id("h.0.attn.qkv.weight");
+  CHECK(id != st::parameter_id("h.1.attn.qkv.weight"));
+  // A shard [a, b) computed alone equals the same range of the whole tensor.
+  std::vector<double> whole(1000);
+  for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = st::counter_normal(42, id, i);
+  for (std::size_t i = 600; i < 700; ++i) CHECK(st::counter_normal(42, id, i) == whole[i]);
+  // Roughly standard normal.
+  double mean = 0, var = 0;
+  for (double x : whole) mean += x;
+  mean /= double(whole.size());
+  for (double x : whole) var += (x - mean) * (x - mean);
+  var /= double(whole.size());
+  CHECK(std::abs(mean) < 0.1);
+  CHECK(std::abs(var - 1.0) < 0.1);
+  CHECK(st::counter_normal(43, id, 5) != st::counter_normal(42, id, 5));
+}
+
+TEST_CASE("parameter store: flat layout, names, init and errors") {
+  st::memory_ledger ledger;
+  st::parameter_store<float> store(ledger, st::seed{7});
+  auto w = store.add("w", {3, 4}, st::init_rule::normal_with_std(0.02), true);
+  auto b = store.add("b", {4}, st::init_rule::ones(), false);
+  CHECK_THROWS_WITH_AS(store.add("w", {2}, st::init_rule::zeros(), false), doctest::Contains("'w' registered twice"),
+                       st::error);
+  CHECK(store.size() == 16);
+  CHECK(store.info(b).offset == 12);
+  CHECK(store.weights(b)[3] == 1.0f);
+  CHECK(store.weights(w)[5] == float(0.02 * st::counter_normal(7, st::parameter_id("w"), 5)));
+  CHECK(ledger.current(st::memory_category::parameters) == 64);
+  CHECK_THROWS_WITH_AS(store.add("late", {1}, st::init_rule::zeros(), false), doctest::Contains("after the parameters"),
+                       st::error);
+}
+
+TEST_CASE("warm-up + cosine schedule") {
+  st::warmup_cosine s{1.0, 0.1, 10, 110};
+  CHECK(s(0) == doctest::Approx(0.1));
+  CHECK(s(9) == doctest::Approx(1.0));
+  CHECK(s(10) == doctest::Approx(1.0));
+  CHECK(s(60) == doctest::Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 50.0 / 99.0))));
+  CHECK(s(109) == doctest::Approx(0.1));
+  CHECK(s(500) == doctest::Approx(0.1));
+  CHECK_THROWS_WITH_AS((st::warmup_cosine{1.0, 2.0, 0, 10}.validate()), doctest::Contains("min_lr (2)"), st::error);
+  CHECK_THROWS_WITH_AS((st::warmup_cosine{1.0, 0.1, 20, 10}.validate()), doctest::Contains("warmup_steps (20)"),
+                       st::error);
+}
+
+TEST_CASE("gradient clipping coefficient") {
+  CHECK(st::clip_coefficient(0.5, 1.0) == 1.0);
+  CHECK(st::clip_coefficient(4.0, 1.0) == doctest::Approx(0.25));
+  CHECK(st::clip_coefficient(4.0, 0.0) == 1.0);  // off
+}
+
+namespace {
+struct temp_dir {
+  fs::path path = fs::temp_directory_path() / ("strata_core_" + std::to_string(::getpid()));
+  temp_dir() { fs::create_directories(path); }
+  ~temp_dir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+}  // namespace
+
+TEST_CASE("token shards: llm.c and headerless formats, globbing, and every corruption named") {
+  temp_dir dir;
+  std::vector<std::uint16_t> a{1, 2, 3, 4, 5}, b{6, 7, 8};
+  st::write_token_shard(dir.file("train_000.bin"), a);
+  {
+    std::ofstream raw(dir.file("train_001.bin"), std::ios::binary);  // nanoGPT: headerless
+    raw.write(reinterpret_cast<const char*>(b.data()), 6);
+  }
+  CHECK(st::read_token_shard(dir.file("train_000.bin"), 10) == a);
+  CHECK(st::read_token_shard(dir.file("train_001.bin"), 10) == b);
+  auto stream = st::token_stream::from_glob(dir.file("train_*.bin"), 10, 1);
+  CHECK(stream.size() == 8);
+  auto batch = stream.next_batch(2, 3);
+  for (std::size_t i = 0; i < batch.inputs.size(); ++i) CHECK(batch.targets[i] == batch.inputs[i] + 1);
+
+  CHECK_THROWS_WITH_AS(st::read_token_shard(dir.file("train_000.bin"), 5),
+                       doctest::Contains("token 5 at byte offset 1032 is out of range for vocab 5"), st::error);
+  CHECK_THROWS_WITH_AS(st::read_token_shard(dir.file("missing.bin"), 10), doctest::Contains("missing.bin"), st::error);
+  CHECK_THROWS_WITH_AS(st::token_stream::from_glob(dir.file("nothing_*.bin"), 10, 1),
+                       doctest::Contains("no token shard matches"), st::error);
+  fs::resize_file(dir.file("train_000.bin"), 1024 + 7);  // truncated mid-token
+  CHECK_THROWS_WITH_AS(st::read_token_shard(dir.file("train_000.bin"), 10),
+                       doctest::Contains("promises 5 tokens (1034 bytes) but the file has 1031 bytes"), st::error);
+  {
+    std::ofstream odd(dir.file("odd.bin"), std::ios::binary);
+    odd.write("abc", 3);
+  }
+  CHECK_THROWS_WITH_AS(st::read_token_shard(dir.file("odd.bin"), 1000),
+                       doctest::Contains("3 bytes is not a whole number of uint16 tokens"), st::error);
+  {
+    std::vector<std::int32_t> header(256, 0);
+    header[0] = st::llmc_shard_magic;
+    header[1] = 9;
+    std::ofstream bad(dir.file("version.bin"), std::ios::binary);
+    bad.write(reinterpret_cast<const char*>(header.data()), 1024);
+  }
+  CHECK_THROWS_WITH_AS(st::read_token_shard(dir.file("version.bin"), 10),
+                       doctest::Contains("header version 9 at offset 4"), st::error);
+}
+
+TEST_CASE("generated corpus and batches are deterministic") {
+  auto text = st::generate_corpus(5000);
+  CHECK(text == st::generate_corpus(5000));
+  CHECK(text.size() >= 5000);
+  CHECK(text.substr(0, 1) != " ");
+  st::token_stream s1(st::byte_tokens(text), 3), s2(st::byte_tokens(text), 3);
+  CHECK(s1.next_batch(4, 16).inputs == s2.next_batch(4, 16).inputs);
+  CHECK(s1.next_batch(4, 16).inputs != s1.next_batch(4, 16).inputs);
+}
+
+TEST_CASE("metrics line carries step, loss, lr, grad_norm, tokens_per_s and bytes per category") {
+  st::memory_ledger ledger;
+  st::buffer<float> w(ledger, st::memory_category::parameters, 10);
+  st::step_result r;
+  r.step = 3;
+  r.loss = 2.5;
+  r.lr = 1e-3;
+  r.grad_norm = NAN;
+  r.tokens = 100;
+  r.seconds = 0.5;
+  auto line = st::metrics_line(r, ledger);
+  CHECK(line.find("\"step\":3") != std::string::npos);
+  CHECK(line.find("\"loss\":2.5") != std::string::npos);
+  CHECK(line.find("\"grad_norm\":null") != std::string::npos);  // JSON has no NaN
+  CHECK(line.find("\"tokens_per_s\":200") != std::string::npos);
+  CHECK(line.find("\"mem\":{\"parameters\":40,") != std::string::npos);
+}

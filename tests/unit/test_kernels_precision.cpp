@@ -1,0 +1,634 @@
+// Host kernels in reduced precision and at their edges: bf16/fp16 against fp32, the dtype
+// rounding rules they rely on, GEMM against a plain loop, AdamW against a hand computation,
+// run-to-run and thread-count determinism, and the error messages for bad ids.
+#include <doctest/doctest.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "strata/core/init.hpp"
+#include "strata/core/memory.hpp"
+#include "strata/kernels/host.hpp"
+
+namespace {
+
+namespace k = strata::kernels;
+using strata::bf16;
+using strata::convert;
+using strata::fp16;
+using strata::host;
+using fvec = std::vector<float>;
+
+// Sizes are int64 in the kernel API and size_t in std::vector.
+constexpr std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+fvec randn(std::size_t n, std::uint64_t stream, double scale = 1.0, double shift = 0.0) {
+  fvec v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = float(shift + scale * strata::counter_normal(7, stream, i));
+  return v;
+}
+
+template <class T>
+std::vector<T> narrow(const fvec& x) {
+  std::vector<T> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = convert<T>(x[i]);
+  return y;
+}
+template <class T>
+fvec widen(const std::vector<T>& x) {
+  fvec y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = convert<float>(x[i]);
+  return y;
+}
+// x as the 16-bit type sees it: the fp32 reference runs on exactly these values.
+template <class T>
+fvec quantized(const fvec& x) {
+  return widen(narrow<T>(x));
+}
+
+// Unit roundoff of the 16-bit types: rounding to nearest moves a value by at most this
+// fraction of itself (8 and 11 significant bits).
+template <class T> constexpr double unit_roundoff = 0;
+template <> constexpr double unit_roundoff<bf16> = 1.0 / 256;   // 2^-8  ~ 3.9e-3
+template <> constexpr double unit_roundoff<fp16> = 1.0 / 2048;  // 2^-11 ~ 4.9e-4
+// Below fp16's normal range the spacing is absolute: 2^-24, so half of it may be lost.
+template <class T> constexpr double absolute_floor = 0;
+template <> constexpr double absolute_floor<bf16> = 1e-38;
+template <> constexpr double absolute_floor<fp16> = 1.0 / (1 << 25);
+
+// Compares a kernel's 16-bit output with the same kernel in fp32 on the same (quantised)
+// inputs. Every kernel computes in fp32 and rounds each output once, so each element must be
+// within one rounding of the fp32 value: |y16 - y32| <= u |y32| + floor. (A kernel that
+// accumulated in 16 bits, or rounded twice, would fail this.) Also reports
+// max|y16 - y32| / max|y32|, the tensor-relative error, with STRATA_TEST_VERBOSE.
+template <class T>
+void check_one_rounding(const char* what, const std::vector<T>& got16, const fvec& ref32) {
+  REQUIRE(got16.size() == ref32.size());
+  double worst_ratio = 0, max_diff = 0, max_ref = 0;
+  for (std::size_t i = 0; i < ref32.size(); ++i) {
+    const double g = convert<float>(got16[i]), r = ref32[i];
+    const double bound = unit_roundoff<T> * std::fabs(r) + absolute_floor<T>;
+    worst_ratio = std::max(worst_ratio, std::fabs(g - r) / bound);
+    max_diff = std::max(max_diff, std::fabs(g - r));
+    max_ref = std::max(max_ref, std::fabs(r));
+  }
+  if (std::getenv("STRATA_TEST_VERBOSE"))
+    std::printf("  %s %-28s tensor-relative error %.2e (bound used: %.0f%%)\n", strata::dtype_name<T>(),
+                what, max_diff / max_ref, 100 * worst_ratio);
+  INFO(strata::dtype_name<T>(), " ", what, ": worst |y16 - y32| / (u|y32| + floor) = ", worst_ratio);
+  CHECK(worst_ratio <= 1.0);
+  CHECK(max_diff / max_ref <= 2 * unit_roundoff<T>);
+}
+
+template <class T>
+bool bit_identical(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// Message of the strata::error f throws, or "" when it throws nothing.
+template <class F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const strata::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// dtype rounding
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("fp16: every bit pattern widens exactly and narrows back to itself") {
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    const auto h = fp16::from_bits(std::uint16_t(bits));
+    const float f = float(h);
+    const std::uint32_t sign = bits >> 15, exp = (bits >> 10) & 0x1f, man = bits & 0x3ff;
+    if (exp == 0x1f) {
+      if (man == 0) CHECK(f == (sign ? -INFINITY : INFINITY));
+      else CHECK(std::isnan(f));
+      if (man != 0) CHECK(std::isnan(float(fp16(f))));  // NaN stays NaN (quietened)
+      else CHECK(fp16(f).bits == bits);
+      continue;
+    }
+    // Reference value from the definition: subnormal man * 2^-24, normal (1024 + man) 2^(exp-25).
+    const double magnitude = exp == 0 ? std::ldexp(double(man), -24) : std::ldexp(1024.0 + man, int(exp) - 25);
+    const double expected = sign ? -magnitude : magnitude;
+    if (double(f) != expected || fp16(f).bits != bits) {
+      INFO("fp16 bits 0x", std::hex, bits);
+      CHECK(double(f) == expected);
+      CHECK(fp16(f).bits == bits);
+    }
+  }
+}
+
+TEST_CASE("bf16: every bit pattern widens exactly and narrows back to itself") {
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    const auto b = bf16::from_bits(std::uint16_t(bits));
+    const float f = float(b);
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (u != (bits << 16)) CHECK(u == (bits << 16));
+    if (std::isnan(f)) CHECK(std::isnan(float(bf16(f))));
+    else if (bf16(f).bits != bits) CHECK(bf16(f).bits == bits);
+  }
+}
+
+TEST_CASE("bf16 and fp16 round to nearest, ties to even") {
+  // bf16 keeps 7 fraction bits: near 1 the spacing is 2^-7.
+  CHECK(bf16(1.0f + 0x1p-8f).bits == bf16(1.0f).bits);                 // tie, 1.0 is even
+  CHECK(float(bf16(1.0f + 3 * 0x1p-8f)) == 1.0f + 0x1p-6f);            // tie, rounds up to even
+  CHECK(float(bf16(1.0f + 0x1p-8f + 0x1p-20f)) == 1.0f + 0x1p-7f);     // above the tie
+  CHECK(float(bf16(-(1.0f + 0x1p-8f))) == -1.0f);                      // symmetric in sign
+  // fp16 keeps 10 fraction bits: near 1 the spacing is 2^-10.
+  CHECK(fp16(1.0f + 0x1p-11f).bits == 0x3c00);
+  CHECK(float(fp16(1.0f + 3 * 0x1p-11f)) == 1.0f + 0x1p-9f);
+  CHECK(float(fp16(1.0f + 0x1p-11f + 0x1p-22f)) == 1.0f + 0x1p-10f);
+  CHECK(float(fp16(2048.0f + 1.0f)) == 2048.0f);                       // spacing 2 above 2048
+  CHECK(float(fp16(2048.0f + 3.0f)) == 2052.0f);
+}
+
+TEST_CASE("fp16 subnormals, overflow, infinities and NaN") {
+  CHECK(fp16(0x1p-24f).bits == 0x0001);             // smallest subnormal
+  CHECK(fp16(0x1p-25f).bits == 0x0000);             // half of it: tie to even (zero)
+  CHECK(fp16(0x1p-25f * 1.0001f).bits == 0x0001);   // just above the tie
+  CHECK(fp16(3 * 0x1p-25f).bits == 0x0002);         // 1.5 ulp: tie to even (2)
+  CHECK(fp16(-0x1p-24f).bits == 0x8001);
+  CHECK(fp16(1023 * 0x1p-24f).bits == 0x03ff);      // largest subnormal
+  CHECK(fp16(0x1p-14f - 0x1p-25f).bits == 0x0400);  // ties up into the smallest normal
+  CHECK(fp16(0x1p-14f).bits == 0x0400);
+  CHECK(fp16(1e-10f).bits == 0x0000);
+  CHECK(fp16(-0.0f).bits == 0x8000);
+  CHECK(fp16(65504.0f).bits == 0x7bff);             // largest finite
+  CHECK(fp16(65519.0f).bits == 0x7bff);             // below the midpoint to 65536
+  CHECK(fp16(65520.0f).bits == 0x7c00);             // the midpoint overflows (ties to even)
+  CHECK(fp16(1e10f).bits == 0x7c00);
+  CHECK(fp16(-1e10f).bits == 0xfc00);
+  CHECK(fp16(INFINITY).bits == 0x7c00);
+  CHECK(fp16(-INFINITY).bits == 0xfc00);
+  CHECK(std::isnan(float(fp16(NAN))));
+}
+
+TEST_CASE("bf16 subnormals, overflow, infinities and NaN") {
+  const float smallest_sub = std::numeric_limits<float>::denorm_min();
+  CHECK(bf16(65536 * smallest_sub).bits == 0x0001);       // 2^-133: smallest bf16 subnormal
+  CHECK(bf16(32768 * smallest_sub).bits == 0x0000);       // tie to even (zero)
+  CHECK(bf16(3 * 32768 * smallest_sub).bits == 0x0002);   // tie to even (2)
+  CHECK(bf16(std::numeric_limits<float>::max()).bits == 0x7f80);  // rounds past bf16's max
+  CHECK(float(bf16::from_bits(0x7f7f)) == 0x1.fep127f);   // largest finite bf16
+  CHECK(bf16(INFINITY).bits == 0x7f80);
+  CHECK(bf16(-INFINITY).bits == 0xff80);
+  CHECK(std::isnan(float(bf16(NAN))));
+  // A NaN whose payload sits only in the low 16 bits must not truncate to infinity.
+  float low_payload_nan;
+  const std::uint32_t nan_bits = 0x7f800001u;
+  std::memcpy(&low_payload_nan, &nan_bits, 4);
+  CHECK(std::isnan(float(bf16(low_payload_nan))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("gemm matches a plain triple loop for every transpose and padded strides", T, float, double) {
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  const std::int64_t M = 7, N = 5, K = 6, pad = 3;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const std::int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+      const std::int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+      fvec a = randn(sz(a_rows * lda), 100), b = randn(sz(b_rows * ldb), 101),
+           c0 = randn(sz(M * ldc), 102);
+      std::vector<T> A(a.begin(), a.end()), B(b.begin(), b.end()), C(c0.begin(), c0.end());
+      const double alpha = 0.75, beta = -0.5;
+      k::gemm<T>(host{}, ws, ta, tb, M, N, K, T(alpha), A.data(), lda, B.data(), ldb, T(beta), C.data(), ldc);
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = 0; j < N; ++j) {
+          double s = 0;
+          for (std::int64_t p = 0; p < K; ++p)
+            s += double(ta ? A[p * lda + i] : A[i * lda + p]) * double(tb ? B[j * ldb + p] : B[p * ldb + j]);
+          const double expected = alpha * s + beta * double(c0[i * ldc + j]);
+          CHECK(double(C[i * ldc + j]) == doctest::Approx(expected).epsilon(1e-5));
+        }
+      // Padding between rows of C is never written.
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = N; j < ldc; ++j) CHECK(C[i * ldc + j] == T(c0[i * ldc + j]));
+    }
+}
+
+TEST_CASE_TEMPLATE("gemm in 16 bits equals fp32 gemm rounded once", T, bf16, fp16) {
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  const std::int64_t M = 9, N = 11, K = 33;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 1.0f}) {
+        const fvec a = quantized<T>(randn(sz(M * K), 110)), b = quantized<T>(randn(sz(K * N), 111)),
+                   c = quantized<T>(randn(sz(M * N), 112));
+        const std::int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        fvec c32 = c;
+        k::gemm<float>(host{}, ws, ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, beta, c32.data(), N);
+        auto A = narrow<T>(a), B = narrow<T>(b), C = narrow<T>(c);
+        k::gemm<T>(host{}, ws, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, beta, C.data(), N);
+        check_one_rounding("gemm", C, c32);
+      }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every op in bf16 and fp16 against fp32 on the same quantised inputs
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("linear in 16 bits is fp32 rounded once", T, bf16, fp16) {
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  const std::int64_t N = 24, C = 32, OC = 40;
+  const fvec inp = quantized<T>(randn(sz(N * C), 120)), w = quantized<T>(randn(sz(OC * C), 121, 0.2)),
+             bias = quantized<T>(randn(sz(OC), 122)), dout = quantized<T>(randn(sz(N * OC), 123));
+  fvec out32(sz(N * OC)), dinp32(sz(N * C)), dw32(sz(OC * C)), db32(sz(OC));
+  k::linear_forward(host{}, ws, out32.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+  k::linear_backward(host{}, ws, dinp32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+
+  auto inp16 = narrow<T>(inp), w16 = narrow<T>(w), bias16 = narrow<T>(bias), dout16 = narrow<T>(dout);
+  std::vector<T> out16(out32.size()), dinp16(dinp32.size()), dw16(dw32.size()), db16(db32.size());
+  k::linear_forward(host{}, ws, out16.data(), inp16.data(), w16.data(), bias16.data(), N, C, OC);
+  k::linear_backward(host{}, ws, dinp16.data(), dw16.data(), db16.data(), dout16.data(), inp16.data(), w16.data(), N,
+                     C, OC);
+  check_one_rounding("linear out", out16, out32);
+  check_one_rounding("linear dinp", dinp16, dinp32);
+  check_one_rounding("linear dweight", dw16, dw32);
+  check_one_rounding("linear dbias", db16, db32);
+}
+
+TEST_CASE_TEMPLATE("layernorm in 16 bits is fp32 rounded once", T, bf16, fp16) {
+  const std::int64_t N = 16, C = 48;
+  const fvec inp = quantized<T>(randn(sz(N * C), 130, 2.0, 0.5)),
+             w = quantized<T>(randn(sz(C), 131, 0.2, 1.0)), b = quantized<T>(randn(sz(C), 132, 0.1)),
+             dout = quantized<T>(randn(sz(N * C), 133));
+  fvec out32(inp.size()), mean32(sz(N)), rstd32(sz(N)), dinp32(inp.size()), dw32(w.size()),
+      db32(b.size());
+  k::layernorm_forward(host{}, out32.data(), mean32.data(), rstd32.data(), inp.data(), w.data(), b.data(), N, C, 1e-5f);
+  k::layernorm_backward(host{}, dinp32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), w.data(),
+                        mean32.data(), rstd32.data(), N, C);
+
+  auto inp16 = narrow<T>(inp), w16 = narrow<T>(w), b16 = narrow<T>(b), dout16 = narrow<T>(dout);
+  std::vector<T> out16(inp.size()), dinp16(inp.size()), dw16(w.size()), db16(b.size());
+  fvec mean16(sz(N)), rstd16(sz(N));
+  k::layernorm_forward(host{}, out16.data(), mean16.data(), rstd16.data(), inp16.data(), w16.data(), b16.data(), N, C,
+                       1e-5f);
+  k::layernorm_backward(host{}, dinp16.data(), dw16.data(), db16.data(), dout16.data(), inp16.data(), w16.data(),
+                        mean16.data(), rstd16.data(), N, C);
+  CHECK(mean16 == mean32);  // statistics stay in fp32
+  CHECK(rstd16 == rstd32);
+  check_one_rounding("layernorm out", out16, out32);
+  check_one_rounding("layernorm dinp", dinp16, dinp32);
+  check_one_rounding("layernorm dweight", dw16, dw32);
+  check_one_rounding("layernorm dbias", db16, db32);
+}
+
+TEST_CASE_TEMPLATE("gelu and residual in 16 bits are fp32 rounded once", T, bf16, fp16) {
+  const std::int64_t n = 500;
+  const fvec x = quantized<T>(randn(sz(n), 140, 3.0)), y = quantized<T>(randn(sz(n), 141)),
+             dout = quantized<T>(randn(sz(n), 142));
+  fvec gelu32(x.size()), dgelu32(x.size()), sum32(x.size()), da32(x.size()), db32(x.size());
+  k::gelu_forward(host{}, gelu32.data(), x.data(), n);
+  k::gelu_backward(host{}, dgelu32.data(), x.data(), dout.data(), n);
+  k::residual_forward(host{}, sum32.data(), x.data(), y.data(), n);
+  k::residual_backward(host{}, da32.data(), db32.data(), dout.data(), n);
+
+  auto x16 = narrow<T>(x), y16 = narrow<T>(y), dout16 = narrow<T>(dout);
+  std::vector<T> gelu16(x.size()), dgelu16(x.size()), sum16(x.size()), da16(x.size()), db16(x.size());
+  k::gelu_forward(host{}, gelu16.data(), x16.data(), n);
+  k::gelu_backward(host{}, dgelu16.data(), x16.data(), dout16.data(), n);
+  k::residual_forward(host{}, sum16.data(), x16.data(), y16.data(), n);
+  k::residual_backward(host{}, da16.data(), db16.data(), dout16.data(), n);
+  check_one_rounding("gelu out", gelu16, gelu32);
+  check_one_rounding("gelu dinp", dgelu16, dgelu32);
+  check_one_rounding("residual out", sum16, sum32);
+  check_one_rounding("residual da", da16, da32);
+  check_one_rounding("residual db", db16, db32);
+}
+
+TEST_CASE_TEMPLATE("attention in 16 bits is fp32 rounded once", T, bf16, fp16) {
+  const std::int64_t B = 2, T_ = 9, C = 16, NH = 4;
+  const fvec qkv = quantized<T>(randn(sz(B * T_ * 3 * C), 150)),
+             dout = quantized<T>(randn(sz(B * T_ * C), 151));
+  fvec out32(dout.size()), att32(sz(B * NH * T_ * T_)), dqkv32(qkv.size());
+  k::attention_forward(host{}, out32.data(), att32.data(), qkv.data(), B, T_, C, NH);
+  k::attention_backward(host{}, dqkv32.data(), dout.data(), qkv.data(), att32.data(), B, T_, C, NH);
+
+  auto qkv16 = narrow<T>(qkv), dout16 = narrow<T>(dout);
+  std::vector<T> out16(out32.size()), dqkv16(qkv.size());
+  fvec att16(att32.size());
+  k::attention_forward(host{}, out16.data(), att16.data(), qkv16.data(), B, T_, C, NH);
+  k::attention_backward(host{}, dqkv16.data(), dout16.data(), qkv16.data(), att16.data(), B, T_, C, NH);
+  CHECK(att16 == att32);  // probabilities stay in fp32
+  check_one_rounding("attention out", out16, out32);
+  check_one_rounding("attention dqkv", dqkv16, dqkv32);
+}
+
+TEST_CASE_TEMPLATE("embedding in 16 bits is fp32 rounded once, even for repeated tokens", T, bf16, fp16) {
+  const std::int64_t B = 3, T_ = 8, C = 20, V = 6;
+  std::vector<std::int32_t> tokens(sz(B * T_));
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t((i * 7 + i / 5) % V);
+  const fvec wte = quantized<T>(randn(sz(V * C), 160)), wpe = quantized<T>(randn(sz(T_ * C), 161)),
+             dout = quantized<T>(randn(sz(B * T_ * C), 162));
+  fvec out32(dout.size()), dwte32(wte.size()), dwpe32(wpe.size());
+  k::embedding_forward(host{}, out32.data(), tokens.data(), wte.data(), wpe.data(), B, T_, C, V);
+  k::embedding_backward(host{}, dwte32.data(), dwpe32.data(), dout.data(), tokens.data(), B, T_, C);
+
+  auto wte16 = narrow<T>(wte), wpe16 = narrow<T>(wpe), dout16 = narrow<T>(dout);
+  std::vector<T> out16(out32.size()), dwte16(wte.size()), dwpe16(wpe.size());
+  k::embedding_forward(host{}, out16.data(), tokens.data(), wte16.data(), wpe16.data(), B, T_, C, V);
+  k::embedding_backward(host{}, dwte16.data(), dwpe16.data(), dout16.data(), tokens.data(), B, T_, C);
+  check_one_rounding("embedding out", out16, out32);
+  check_one_rounding("embedding dwte", dwte16, dwte32);
+  check_one_rounding("embedding dwpe", dwpe16, dwpe32);
+}
+
+TEST_CASE_TEMPLATE("cross-entropy in 16 bits: fp32 losses, dlogits rounded once", T, bf16, fp16) {
+  const std::int64_t N = 12, V = 50, Vp = 64;
+  std::vector<std::int32_t> targets(sz(N));
+  for (std::int64_t i = 0; i < N; ++i) targets[sz(i)] = std::int32_t((i * 13) % V);
+  const fvec logits = quantized<T>(randn(sz(N * Vp), 170, 3.0));
+  fvec losses32(sz(N)), dlogits32 = logits;
+  k::cross_entropy_forward_backward(host{}, losses32.data(), dlogits32.data(), targets.data(), N, V, Vp, 1.0f / N);
+
+  std::vector<T> dlogits16 = narrow<T>(logits);
+  fvec losses16(sz(N)), forward16(sz(N));
+  k::cross_entropy_forward(host{}, forward16.data(), dlogits16.data(), targets.data(), N, V, Vp);
+  k::cross_entropy_forward_backward(host{}, losses16.data(), dlogits16.data(), targets.data(), N, V, Vp, 1.0f / N);
+  CHECK(losses16 == losses32);
+  CHECK(forward16 == losses32);
+  check_one_rounding("cross_entropy dlogits", dlogits16, dlogits32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+// AdamW as the paper and PyTorch's docs write it, in double, for comparison.
+struct reference_adamw {
+  double p, m = 0, v = 0;
+  void step(double g, const k::adamw_hyper& h, int t) {
+    p *= 1 - h.lr * h.weight_decay;
+    m = h.beta1 * m + (1 - h.beta1) * g;
+    v = h.beta2 * v + (1 - h.beta2) * g * g;
+    const double m_hat = m / (1 - std::pow(h.beta1, t)), v_hat = v / (1 - std::pow(h.beta2, t));
+    p -= h.lr * m_hat / (std::sqrt(v_hat) + h.eps);
+  }
+};
+}  // namespace
+
+TEST_CASE("adamw matches a hand computation over several steps (double master)") {
+  const k::adamw_hyper hyper{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const std::int64_t n = 6;
+  const double grad_scale = 0.5;
+  std::vector<double> p{0.5, -1.0, 2.0, 0.0, 1e-3, -3.0}, m(n), v(n);
+  std::vector<reference_adamw> ref;
+  for (double x : p) ref.push_back({x});
+  for (int step = 1; step <= 5; ++step) {
+    std::vector<double> g(n);
+    for (std::int64_t i = 0; i < n; ++i) g[sz(i)] = std::sin(double(3 * i + step)) * (i == 3 ? 0.0 : 1.0);
+    k::adamw_update(host{}, p.data(), p.data(), g.data(), m.data(), v.data(), n, hyper, step, grad_scale);
+    for (std::int64_t i = 0; i < n; ++i) ref[sz(i)].step(g[sz(i)] * grad_scale, hyper, step);
+    for (std::int64_t i = 0; i < n; ++i) {
+      CHECK(p[sz(i)] == doctest::Approx(ref[sz(i)].p).epsilon(1e-13));
+      CHECK(m[sz(i)] == doctest::Approx(ref[sz(i)].m).epsilon(1e-13));
+      CHECK(v[sz(i)] == doctest::Approx(ref[sz(i)].v).epsilon(1e-13));
+    }
+  }
+  // Element 3 never had a gradient: only weight decay moved it, and 0 stays 0.
+  CHECK(p[3] == 0.0);
+}
+
+TEST_CASE("adamw first step moves each weight by lr * sign(g) after decay") {
+  const k::adamw_hyper hyper{.lr = 1e-3, .weight_decay = 0.1};
+  std::vector<double> p{1.0, -2.0}, g{0.3, -5.0}, m(2), v(2);
+  k::adamw_update(host{}, p.data(), p.data(), g.data(), m.data(), v.data(), 2, hyper, 1, 1.0);
+  // Step 1: m_hat = g, v_hat = g^2, so the update is lr * g / (|g| + eps).
+  CHECK(p[0] == doctest::Approx(1.0 * (1 - 1e-4) - 1e-3 * 0.3 / (0.3 + 1e-8)).epsilon(1e-15));
+  CHECK(p[1] == doctest::Approx(-2.0 * (1 - 1e-4) + 1e-3 * 5.0 / (5.0 + 1e-8)).epsilon(1e-15));
+}
+
+TEST_CASE_TEMPLATE("adamw with fp32 master and 16-bit weights", T, bf16, fp16) {
+  const k::adamw_hyper hyper{.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.05};
+  const std::int64_t n = 100;
+  fvec master = randn(sz(n), 180), m(sz(n)), v(sz(n));
+  std::vector<reference_adamw> ref;
+  for (float x : master) ref.push_back({double(x)});
+  std::vector<T> weights(sz(n));
+  for (int step = 1; step <= 4; ++step) {
+    const std::vector<T> grad = narrow<T>(randn(sz(n), 181 + std::uint64_t(step)));
+    k::adamw_update(host{}, master.data(), weights.data(), grad.data(), m.data(), v.data(), n, hyper, step, 2.0);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto ii = sz(i);
+      ref[ii].step(2.0 * convert<double>(grad[ii]), hyper, step);
+      CHECK(master[ii] == doctest::Approx(ref[ii].p).epsilon(1e-5));
+      CHECK(weights[ii].bits == convert<T>(master[ii]).bits);  // weights are the master rounded
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// reduce.hpp
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("sum_of_squares, all_finite, scale_in_place, convert_array") {
+  const std::int64_t n = 50000;  // several chunks
+  const fvec x = randn(sz(n), 190);
+  long double expected = 0;
+  for (float e : x) expected += (long double)e * e;
+  CHECK(k::sum_of_squares(host{}, x.data(), n) == doctest::Approx(double(expected)).epsilon(1e-13));
+  CHECK(k::sum_of_squares(host{}, x.data(), 0) == 0.0);
+
+  auto xb = narrow<bf16>(x);
+  auto xh = narrow<fp16>(x);
+  CHECK(k::all_finite(host{}, x.data(), n));
+  CHECK(k::all_finite(host{}, xb.data(), n));
+  CHECK(k::all_finite(host{}, xh.data(), n));
+  fvec bad = x;
+  bad[4321] = NAN;
+  CHECK_FALSE(k::all_finite(host{}, bad.data(), n));
+  xb[n - 1] = bf16(INFINITY);
+  CHECK_FALSE(k::all_finite(host{}, xb.data(), n));
+  xh[0] = fp16(70000.0f);  // overflows to inf
+  CHECK_FALSE(k::all_finite(host{}, xh.data(), n));
+
+  fvec y = x;
+  k::scale_in_place(host{}, y.data(), n, 0.25);
+  for (std::int64_t i = 0; i < n; i += 997) CHECK(y[sz(i)] == x[sz(i)] * 0.25f);
+
+  std::vector<fp16> h(sz(n));
+  fvec back(sz(n));
+  k::convert_array(host{}, h.data(), x.data(), n);
+  k::convert_array(host{}, back.data(), h.data(), n);
+  for (std::int64_t i = 0; i < n; i += 997) {
+    CHECK(h[sz(i)].bits == fp16(x[sz(i)]).bits);
+    CHECK(back[sz(i)] == float(h[sz(i)]));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Determinism
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+// Everything the non-GEMM kernels produce, at sizes large enough to take their parallel paths.
+struct all_outputs {
+  fvec ln_out, ln_dinp, ln_dw, ln_db, gelu_d, att_out, att_dqkv, emb_dwte, emb_dwpe, ce_losses, ce_dlogits,
+      linear_dbias;
+  double sumsq = 0;
+  bool operator==(const all_outputs&) const = default;
+};
+
+all_outputs run_all_kernels() {
+  all_outputs r;
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  {
+    const std::int64_t N = 96, C = 384;
+    const fvec x = randn(sz(N * C), 200), w = randn(sz(C), 201), b = randn(sz(C), 202),
+               dy = randn(sz(N * C), 203);
+    fvec mean(sz(N)), rstd(sz(N));
+    r.ln_out.resize(x.size()), r.ln_dinp.resize(x.size()), r.ln_dw.resize(w.size()), r.ln_db.resize(b.size());
+    k::layernorm_forward(host{}, r.ln_out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    k::layernorm_backward(host{}, r.ln_dinp.data(), r.ln_dw.data(), r.ln_db.data(), dy.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), N, C);
+    r.gelu_d.resize(x.size());
+    k::gelu_backward(host{}, r.gelu_d.data(), x.data(), dy.data(), N * C);
+    r.sumsq = k::sum_of_squares(host{}, x.data(), N * C);
+  }
+  {
+    const std::int64_t B = 2, T = 64, C = 128, NH = 4;
+    const fvec qkv = randn(sz(B * T * 3 * C), 210), dy = randn(sz(B * T * C), 211);
+    fvec att(sz(B * NH * T * T));
+    r.att_out.resize(dy.size()), r.att_dqkv.resize(qkv.size());
+    k::attention_forward(host{}, r.att_out.data(), att.data(), qkv.data(), B, T, C, NH);
+    k::attention_backward(host{}, r.att_dqkv.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+  }
+  {
+    const std::int64_t B = 4, T = 64, C = 256, V = 50;
+    std::vector<std::int32_t> tokens(sz(B * T));
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t((i * i + 3 * i) % V);
+    const fvec dy = randn(sz(B * T * C), 220);
+    r.emb_dwte.resize(sz(V * C)), r.emb_dwpe.resize(sz(T * C));
+    k::embedding_backward(host{}, r.emb_dwte.data(), r.emb_dwpe.data(), dy.data(), tokens.data(), B, T, C);
+  }
+  {
+    const std::int64_t N = 128, V = 500, Vp = 512;
+    std::vector<std::int32_t> targets(sz(N));
+    for (std::int64_t i = 0; i < N; ++i) targets[sz(i)] = std::int32_t((i * 37) % V);
+    r.ce_dlogits = randn(sz(N * Vp), 230, 2.0);
+    r.ce_losses.resize(sz(N));
+    k::cross_entropy_forward_backward(host{}, r.ce_losses.data(), r.ce_dlogits.data(), targets.data(), N, V, Vp,
+                                      1.0f / N);
+  }
+  {
+    const std::int64_t N = 256, C = 64, OC = 320;
+    const fvec x = randn(sz(N * C), 240), w = randn(sz(OC * C), 241),
+               dy = randn(sz(N * OC), 242);
+    fvec dw(w.size());
+    r.linear_dbias.resize(sz(OC));
+    k::linear_backward<float>(host{}, ws, nullptr, dw.data(), r.linear_dbias.data(), dy.data(), x.data(), w.data(),
+                              N, C, OC);
+  }
+  return r;
+}
+}  // namespace
+
+TEST_CASE("kernels are bit-identical run to run and for 1, 2 or 3 threads") {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  const all_outputs first = run_all_kernels();
+  const all_outputs second = run_all_kernels();
+  CHECK(first == second);  // float == is exact (and no output here is NaN)
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    INFO("threads = ", threads);
+    CHECK(run_all_kernels() == first);
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST_CASE("linear (OpenBLAS) is bit-identical run to run") {
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  const std::int64_t N = 128, C = 96, OC = 160;
+  const auto x = narrow<bf16>(randn(sz(N * C), 250)), w = narrow<bf16>(randn(sz(OC * C), 251)),
+             b = narrow<bf16>(randn(sz(OC), 252)), dy = narrow<bf16>(randn(sz(N * OC), 253));
+  auto run = [&] {
+    std::vector<bf16> out(sz(N * OC)), dx(x.size()), dw(w.size()), db(b.size());
+    k::linear_forward(host{}, ws, out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    k::linear_backward(host{}, ws, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
+    return std::vector<std::vector<bf16>>{out, dx, dw, db};
+  };
+  const auto first = run(), second = run();
+  for (std::size_t i = 0; i < first.size(); ++i) CHECK(bit_identical(first[i], second[i]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors name the culprit
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("bad token ids and targets throw strata::error naming the value and position") {
+  const std::int64_t B = 2, T = 10, C = 4, V = 256;
+  std::vector<std::int32_t> tokens(sz(B * T), 5);
+  tokens[17] = 300;
+  fvec wte(sz(V * C)), wpe(sz(T * C)), out(sz(B * T * C)), dwte(wte.size()),
+      dwpe(wpe.size());
+  CHECK(error_message([&] {
+          k::embedding_forward(host{}, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+        }) == "embedding: token id 300 at position 17 is out of range for vocab 256");
+  tokens[17] = 5;
+  tokens[3] = -2;
+  CHECK(error_message([&] {
+          k::embedding_forward(host{}, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+        }) == "embedding: token id -2 at position 3 is out of range for vocab 256");
+  CHECK(error_message([&] {
+          k::embedding_backward(host{}, dwte.data(), dwpe.data(), out.data(), tokens.data(), B, T, C);
+        }) == "embedding: token id -2 at position 3 is negative");
+  for (float g : dwte) REQUIRE(g == 0.0f);  // nothing was written before the check
+
+  const std::int64_t N = 4, Vce = 11, Vp = 12;
+  std::vector<std::int32_t> targets{1, 2, 11, 3};
+  fvec logits(sz(N * Vp), 0.5f), losses(sz(N));
+  const fvec logits_before = logits;
+  const std::string expected = "cross_entropy: target 11 at position 2 is out of range for vocab 11";
+  CHECK(error_message([&] {
+          k::cross_entropy_forward_backward(host{}, losses.data(), logits.data(), targets.data(), N, Vce, Vp, 0.25f);
+        }) == expected);
+  CHECK(logits == logits_before);  // validated before anything was overwritten
+  CHECK(error_message([&] {
+          k::cross_entropy_forward(host{}, losses.data(), logits.data(), targets.data(), N, Vce, Vp);
+        }) == expected);
+}
+
+TEST_CASE("bad shapes throw strata::error naming the numbers") {
+  fvec buf(1024);
+  CHECK(error_message([&] {
+          k::attention_forward(host{}, buf.data(), buf.data(), buf.data(), 1, 2, 10, 3);
+        }) == "attention_forward: heads = 3 does not divide channels C = 10");
+  std::vector<std::int32_t> targets{0};
+  CHECK(error_message([&] {
+          k::cross_entropy_forward(host{}, buf.data(), buf.data(), targets.data(), 1, 8, 6);
+        }) == "cross_entropy_forward: padded row length Vp = 6 is less than the vocab V = 8");
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  CHECK(error_message([&] {
+          k::gemm<float>(host{}, ws, false, false, 4, 4, 4, 1.0f, buf.data(), 3, buf.data(), 4, 0.0f, buf.data(), 4);
+        }) == "gemm: lda = 3 is less than A's 4 columns");
+}

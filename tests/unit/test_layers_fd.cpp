@@ -1,0 +1,150 @@
+// Whole-layer gradients against central finite differences, with every template instantiated
+// on double: a transformer block (input and every parameter), and the complete GPT-2 model
+// (every parameter, the tied embedding included, through the fused loss).
+//
+// Error measure: max_i |analytic_i - numeric_i| / max_i |numeric_i| (the largest deviation
+// relative to the largest gradient), required <= 1e-6.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <strata/strata.hpp>
+
+#include "gpt2/gpt2.hpp"
+
+namespace st = strata;
+using P64 = st::policy<st::host, st::serial, st::fp64>;
+
+namespace {
+
+double relative_error(const std::vector<double>& analytic, const std::vector<double>& numeric) {
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < analytic.size(); ++i) {
+    worst = std::max(worst, std::abs(analytic[i] - numeric[i]));
+    scale = std::max(scale, std::abs(numeric[i]));
+  }
+  REQUIRE(scale > 0);
+  return worst / scale;
+}
+
+std::vector<double> random_vector(std::size_t n, std::uint64_t stream) {
+  std::vector<double> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = st::counter_normal(99, stream, i);
+  return v;
+}
+
+constexpr double fd_step = 1e-6;
+
+}  // namespace
+
+TEST_CASE("transformer block: input and parameter gradients match finite differences in double") {
+  st::memory_ledger ledger;
+  st::model_context<P64> ctx(ledger, st::seed{3});
+  st::transformer_block<P64>::config cfg{8, 2, 32, 1e-5, 0.3, 0.2};  // larger init: non-trivial gradients
+  st::transformer_block<P64> block(st::module_scope<P64>(ctx, "block"), cfg);
+  auto& params = ctx.params();
+  params.materialize();
+
+  const std::int64_t B = 2, T = 4, C = 8;
+  std::vector<double> x = random_vector(B * T * C, 1);
+  const std::vector<double> r = random_vector(B * T * C, 2);  // L = sum(r * y)
+  auto loss = [&] {
+    auto y = block.forward({x.data(), {B, T, C}});
+    double s = 0;
+    for (std::int64_t i = 0; i < y.numel(); ++i) s += r[std::size_t(i)] * y.data[i];
+    return s;
+  };
+
+  params.zero_grads();
+  loss();
+  st::buffer<double> dy(ledger, st::memory_category::activations, r.size());
+  std::copy(r.begin(), r.end(), dy.data());
+  st::buffer<double> dx = block.backward(dy);
+
+  // Input gradient.
+  std::vector<double> numeric(x.size()), analytic(dx.data(), dx.data() + dx.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + fd_step;
+    const double up = loss();
+    x[i] = keep - fd_step;
+    const double down = loss();
+    x[i] = keep;
+    numeric[i] = (up - down) / (2 * fd_step);
+  }
+  const double input_err = relative_error(analytic, numeric);
+  CHECK(input_err <= 1e-6);
+
+  // Every parameter, one tensor at a time.
+  for (const auto& e : params.entries()) {
+    double* w = params.weights_data() + e.offset;
+    const double* g = params.grads_data() + e.offset;
+    std::vector<double> num(std::size_t(e.numel)), ana(g, g + e.numel);
+    for (std::int64_t i = 0; i < e.numel; ++i) {
+      const double keep = w[i];
+      w[i] = keep + fd_step;
+      const double up = loss();
+      w[i] = keep - fd_step;
+      const double down = loss();
+      w[i] = keep;
+      num[std::size_t(i)] = (up - down) / (2 * fd_step);
+    }
+    const double err = relative_error(ana, num);
+    INFO("parameter " << e.name << " relative error " << err);
+    CHECK(err <= 1e-6);
+  }
+}
+
+TEST_CASE("GPT-2 model: every parameter's gradient through the fused loss matches finite differences") {
+  st::memory_ledger ledger;
+  gpt2::dims d{.vocab = 11, .seq = 4, .layers = 2, .heads = 2, .d_model = 8};
+  gpt2::model<P64> model(ledger, d, st::seed{5});
+  auto& params = model.parameters();
+  // Widen the initial weights so gradients are far from zero everywhere.
+  for (std::int64_t i = 0; i < params.size(); ++i) params.weights_data()[i] *= 8.0;
+
+  const std::int64_t B = 2, T = 4;
+  std::vector<std::int32_t> inputs(B * T), targets(B * T);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = std::int32_t((i * 7 + 3) % 11);
+    targets[i] = std::int32_t((i * 5 + 1) % 11);
+  }
+  inputs[1] = inputs[5] = 4;  // a repeated token: its embedding gradient sums two positions
+  st::tensor_view<const std::int32_t> in{inputs.data(), {B, T}}, tg{targets.data(), {B, T}};
+
+  params.zero_grads();
+  model.forward(in, tg);
+  model.backward();
+  std::vector<double> analytic(params.grads_data(), params.grads_data() + params.size());
+
+  double worst = 0;
+  for (const auto& e : params.entries()) {
+    double* w = params.weights_data() + e.offset;
+    std::vector<double> num(std::size_t(e.numel)), ana(analytic.begin() + e.offset, analytic.begin() + e.offset + e.numel);
+    for (std::int64_t i = 0; i < e.numel; ++i) {
+      const double keep = w[i];
+      w[i] = keep + fd_step;
+      const double up = model.evaluate(in, tg);
+      w[i] = keep - fd_step;
+      const double down = model.evaluate(in, tg);
+      w[i] = keep;
+      num[std::size_t(i)] = (up - down) / (2 * fd_step);
+    }
+    const double err = relative_error(ana, num);
+    worst = std::max(worst, err);
+    INFO("parameter " << e.name << " relative error " << err);
+    CHECK(err <= 1e-6);
+  }
+  MESSAGE("GPT-2 (double) worst per-tensor relative gradient error: " << worst);
+}
+
+TEST_CASE("layers meet the layer concept") {
+  static_assert(st::hidden_layer<st::linear<P64>>);
+  static_assert(st::hidden_layer<st::layernorm<P64>>);
+  static_assert(st::hidden_layer<st::attention<P64>>);
+  static_assert(st::hidden_layer<st::mlp<P64>>);
+  static_assert(st::hidden_layer<st::transformer_block<P64>>);
+  CHECK(st::transformer_block<P64>::param_count({8, 2, 32}) == 12 * 8 * 8 + 13 * 8);
+}
