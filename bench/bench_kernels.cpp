@@ -1,10 +1,17 @@
 // Host kernel throughput at GPT-small-ish sizes (rows N = B*T = 1024, C = 768, 12 heads).
 //
 // GEMM-bound ops report "GFLOPS"; memory-bound ops report "GBps", counting each tensor's bytes
-// once (the minimum traffic), so the figure reads as a fraction of the machine's bandwidth.
+// once (the minimum traffic). Activation-sized tensors (N*C floats, 3 MB) stay in L3, so their
+// GBps is cache bandwidth; the 16M-element optimizer and reduction arrays go to DRAM.
 // BM_cblas_sgemm runs raw OpenBLAS at exactly the GEMM shapes linear_forward/backward issue,
 // so the overhead of strata's wrapper (and of the bf16 widening copies) shows as a ratio.
 // Each benchmark runs for a short minimum time so the whole suite takes well under a minute.
+// Rates are per wall-clock second (UseRealTime): the kernels run on several threads.
+//
+// Run it as  OMP_WAIT_POLICY=passive ./bench_kernels . The Debian OpenBLAS is the pthreads
+// build, with its own thread pool: by default libgomp's idle threads spin after each parallel
+// region and compete with OpenBLAS's for the same cores, which roughly halves the GEMM rates
+// of linear_* (not of BM_cblas_sgemm, which has no OpenMP region around it).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 

@@ -15,7 +15,7 @@ namespace gpt2 {
 namespace st = strata;
 
 struct dims {
-  std::int64_t vocab = 256, seq = 64, layers = 2, heads = 4, d_model = 64;
+  std::int64_t vocab = 256, seq = 64, layers = 3, heads = 4, d_model = 96;
 
   void validate() const {
     STRATA_CHECK(vocab >= 2, "gpt2: --vocab ", vocab, " must be >= 2");

@@ -28,8 +28,9 @@ function(consumer_step name)
   math(EXPR seconds "${t1} - ${t0}")
   list(JOIN ARGN " " command_line)
   if(NOT rc STREQUAL "0")
-    message(FATAL_ERROR "consumer.${MODE}: ${name} failed (exit ${rc}):\n  ${command_line}\n"
-                        "---- output ----\n${out}---- end of output ----")
+    # The output goes out verbatim first: FATAL_ERROR would re-wrap the compiler's lines.
+    message("---- ${command_line}\n${out}---- end of output (exit ${rc}) ----")
+    message(FATAL_ERROR "consumer.${MODE}: ${name} failed (exit ${rc}); its output is above")
   endif()
   message(STATUS "consumer.${MODE}: ${name} ok (${seconds} s)")
   set(step_output "${out}" PARENT_SCOPE)
@@ -42,8 +43,7 @@ set(build_dir "${WORK_DIR}/build")
 set(configure_args
   -S "${CONSUMER_SOURCE_DIR}" -B "${build_dir}" -G "${GENERATOR}"
   "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
-  "-DCMAKE_BUILD_TYPE=${CONFIG}"
-  -DSTRATA_ENABLE_CUDA=OFF)
+  "-DCMAKE_BUILD_TYPE=${CONFIG}")
 if(GENERATOR_PLATFORM)
   list(APPEND configure_args -A "${GENERATOR_PLATFORM}")
 endif()
@@ -55,7 +55,9 @@ if(MAKE_PROGRAM)
 endif()
 
 if(MODE STREQUAL "add_subdirectory")
-  list(APPEND configure_args -DSTRATA_CONSUME=subdirectory "-DSTRATA_SOURCE_DIR=${STRATA_SOURCE_DIR}")
+  # CUDA off: strata's CUDA detection would only slow the consumer's configure down.
+  list(APPEND configure_args -DSTRATA_CONSUME=subdirectory "-DSTRATA_SOURCE_DIR=${STRATA_SOURCE_DIR}"
+       -DSTRATA_ENABLE_CUDA=OFF)
 
 elseif(MODE STREQUAL "find_package")
   if(NOT STRATA_BINARY_DIR)

@@ -12,7 +12,8 @@ if(CONFIG)
 endif()
 execute_process(COMMAND "${CMAKE_COMMAND}" ${build_args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(NOT rc STREQUAL "0")
-  message(FATAL_ERROR "cuda.compile: building the CUDA compile check failed (exit ${rc}):\n${out}")
+  message("${out}")  # verbatim: FATAL_ERROR would re-wrap the compiler's lines
+  message(FATAL_ERROR "cuda.compile: building ${TARGET} failed (exit ${rc}); nvcc's output is above")
 endif()
 
 string(REPLACE "|" ";" objects "${OBJECTS}")

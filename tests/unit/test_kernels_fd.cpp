@@ -127,13 +127,13 @@ TEST_CASE("linear: gradients of inp, weight, bias match finite differences") {
 
   {  // null dinp and dbias are skipped; dweight is unchanged
     vec dweight3(OC * C);
-    k::linear_backward<double>(host{}, ws, nullptr, dweight3.data(), nullptr, g.data(), inp.data(),
+    k::linear_backward(host{}, ws, nullptr, dweight3.data(), nullptr, g.data(), inp.data(),
                                weight.data(), N, C, OC);
     CHECK(dweight3 == dweight);
   }
   {  // no bias: out is the plain product
     vec out_nb(N * OC);
-    k::linear_forward<double>(host{}, ws, out_nb.data(), inp.data(), weight.data(), nullptr, N, C, OC);
+    k::linear_forward(host{}, ws, out_nb.data(), inp.data(), weight.data(), nullptr, N, C, OC);
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t o = 0; o < OC; ++o) CHECK(out_nb[n * OC + o] == doctest::Approx(out[n * OC + o] - bias[o]));
   }

@@ -394,25 +394,29 @@ struct reference_adamw {
 }  // namespace
 
 TEST_CASE("adamw matches a hand computation over several steps (double master)") {
-  const k::adamw_hyper hyper{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  const std::int64_t n = 6;
-  const double grad_scale = 0.5;
-  std::vector<double> p{0.5, -1.0, 2.0, 0.0, 1e-3, -3.0}, m(n), v(n);
-  std::vector<reference_adamw> ref;
-  for (double x : p) ref.push_back({x});
-  for (int step = 1; step <= 5; ++step) {
-    std::vector<double> g(n);
-    for (std::int64_t i = 0; i < n; ++i) g[sz(i)] = std::sin(double(3 * i + step)) * (i == 3 ? 0.0 : 1.0);
-    k::adamw_update(host{}, p.data(), p.data(), g.data(), m.data(), v.data(), n, hyper, step, grad_scale);
-    for (std::int64_t i = 0; i < n; ++i) ref[sz(i)].step(g[sz(i)] * grad_scale, hyper, step);
-    for (std::int64_t i = 0; i < n; ++i) {
-      CHECK(p[sz(i)] == doctest::Approx(ref[sz(i)].p).epsilon(1e-13));
-      CHECK(m[sz(i)] == doctest::Approx(ref[sz(i)].m).epsilon(1e-13));
-      CHECK(v[sz(i)] == doctest::Approx(ref[sz(i)].v).epsilon(1e-13));
+  // beta1 = 0.3 takes torch.lerp's other formula (weight 1 - beta1 >= 0.5).
+  for (double beta1 : {0.9, 0.3}) {
+    INFO("beta1 = ", beta1);
+    const k::adamw_hyper hyper{.lr = 1e-2, .beta1 = beta1, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    const std::int64_t n = 6;
+    const double grad_scale = 0.5;
+    std::vector<double> p{0.5, -1.0, 2.0, 0.0, 1e-3, -3.0}, m(n), v(n);
+    std::vector<reference_adamw> ref;
+    for (double x : p) ref.push_back({x});
+    for (int step = 1; step <= 5; ++step) {
+      std::vector<double> g(n);
+      for (std::int64_t i = 0; i < n; ++i) g[sz(i)] = std::sin(double(3 * i + step)) * (i == 3 ? 0.0 : 1.0);
+      k::adamw_update(host{}, p.data(), p.data(), g.data(), m.data(), v.data(), n, hyper, step, grad_scale);
+      for (std::int64_t i = 0; i < n; ++i) ref[sz(i)].step(g[sz(i)] * grad_scale, hyper, step);
+      for (std::int64_t i = 0; i < n; ++i) {
+        CHECK(p[sz(i)] == doctest::Approx(ref[sz(i)].p).epsilon(1e-13));
+        CHECK(m[sz(i)] == doctest::Approx(ref[sz(i)].m).epsilon(1e-13));
+        CHECK(v[sz(i)] == doctest::Approx(ref[sz(i)].v).epsilon(1e-13));
+      }
     }
+    // Element 3 never had a gradient: only weight decay moved it, and 0 stays 0.
+    CHECK(p[3] == 0.0);
   }
-  // Element 3 never had a gradient: only weight decay moved it, and 0 stays 0.
-  CHECK(p[3] == 0.0);
 }
 
 TEST_CASE("adamw first step moves each weight by lr * sign(g) after decay") {
@@ -615,6 +619,38 @@ TEST_CASE("bad token ids and targets throw strata::error naming the value and po
   CHECK(error_message([&] {
           k::cross_entropy_forward(host{}, losses.data(), logits.data(), targets.data(), N, Vce, Vp);
         }) == expected);
+}
+
+TEST_CASE("empty sizes are no-ops; gemm with K = 0 scales C by beta") {
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  fvec c{1.0f, 2.0f, 3.0f, 4.0f}, unused(1);
+  k::gemm<float>(host{}, ws, false, false, 2, 2, 0, 1.0f, unused.data(), 1, unused.data(), 2, 0.5f, c.data(), 2);
+  CHECK(c == fvec{0.5f, 1.0f, 1.5f, 2.0f});
+  std::vector<bf16> cb = narrow<bf16>(c), ub(1);
+  k::gemm<bf16>(host{}, ws, true, true, 2, 2, 0, 1.0f, ub.data(), 2, ub.data(), 1, 2.0f, cb.data(), 2);
+  CHECK(widen(cb) == fvec{1.0f, 2.0f, 3.0f, 4.0f});
+
+  std::vector<std::int32_t> no_tokens(1, 0);
+  fvec buf(64);
+  k::linear_forward<float>(host{}, ws, buf.data(), buf.data(), buf.data(), nullptr, 0, 4, 4);
+  k::layernorm_forward<float>(host{}, buf.data(), nullptr, nullptr, buf.data(), buf.data(), buf.data(), 0, 4, 1e-5f);
+  k::attention_forward(host{}, buf.data(), buf.data(), buf.data(), 0, 0, 8, 2);
+  k::attention_backward(host{}, buf.data(), buf.data(), buf.data(), buf.data(), 1, 0, 8, 2);
+  k::embedding_forward(host{}, buf.data(), no_tokens.data(), buf.data(), buf.data(), 1, 0, 4, 3);
+  k::embedding_backward(host{}, buf.data(), buf.data(), buf.data(), no_tokens.data(), 0, 4, 4);
+  k::cross_entropy_forward(host{}, buf.data(), buf.data(), no_tokens.data(), 0, 5, 5);
+  CHECK(k::sum_of_squares(host{}, buf.data(), 0) == 0.0);
+  CHECK(k::all_finite(host{}, buf.data(), 0));
+}
+
+TEST_CASE("residual_forward in place (out aliasing a) is a += b") {
+  fvec a{1, 2, 3}, b{10, 20, 30};
+  k::residual_forward(host{}, a.data(), a.data(), b.data(), 3);
+  CHECK(a == fvec{11, 22, 33});
+  fvec db{1, 1, 1};
+  k::residual_backward(host{}, nullptr, db.data(), b.data(), 3);  // a null gradient is skipped
+  CHECK(db == fvec{11, 21, 31});
 }
 
 TEST_CASE("bad shapes throw strata::error naming the numbers") {

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "strata/core/error.hpp"
 
@@ -54,7 +55,10 @@ struct tensor_view {
   tensor_view(T* d, strata::shape s) : data(d), shape(s) {}
   std::int64_t numel() const { return shape.numel(); }
   std::int64_t dim(int i) const { return shape[i]; }
-  operator tensor_view<const T>() const { return {data, shape}; }
+  // A mutable view converts to a read-only one (and a read-only view needs no conversion).
+  template <class U = T>
+    requires(!std::is_const_v<U>)
+  operator tensor_view<const U>() const { return {data, shape}; }
 };
 
 // Throws when `v` does not have shape `expected`, naming who expected it.

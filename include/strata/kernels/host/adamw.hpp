@@ -47,14 +47,17 @@ void adamw_update(host, M* master, T* weights, const T* grad, M* m, M* v, std::i
   const M bc2_sqrt = M(std::sqrt(bias_correction2));
   const M one_minus_b1 = M(1.0 - h.beta1), b2 = M(h.beta2), one_minus_b2 = M(1.0 - h.beta2);
   const M eps = M(h.eps), scale = M(grad_scale);
+
+  // torch.lerp(m, g, w) picks its formula by the weight w = 1 - beta1, for accuracy near
+  // either end, and forms 1 - w itself (not beta1) in the working precision.
   const bool lerp_from_start = one_minus_b1 < M(0.5);
+  const M one_minus_w = M(1) - one_minus_b1;
 
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (std::int64_t i = 0; i < n; ++i) {
     const M g = convert<M>(grad[i]) * scale;
     M p = master[i] * decay;
-    // torch.lerp picks its formula by the weight, for accuracy near either end.
-    const M mi = lerp_from_start ? m[i] + one_minus_b1 * (g - m[i]) : g - (g - m[i]) * M(h.beta1);
+    const M mi = lerp_from_start ? m[i] + one_minus_b1 * (g - m[i]) : g - (g - m[i]) * one_minus_w;
     const M vi = v[i] * b2 + one_minus_b2 * g * g;
     const M denom = std::sqrt(vi) / bc2_sqrt + eps;
     p = p - step_size * (mi / denom);

@@ -6,7 +6,7 @@
 //   out  [B, T, C]   out[b, t, h*hs + i] = sum_t2 att[b, h, t, t2] * v[b, t2, h, i]
 //
 // Scores are q.k / sqrt(hs); position t attends to t2 <= t only. The forward runs one
-// (b, t, h) row per task; the backward runs one (b, h) per task, because every t writes into
+// (b, h, t) row per task; the backward runs one (b, h) per task, because every t writes into
 // the k and v gradients of all earlier positions of its head. Each task sums in a fixed order,
 // so the result does not depend on the thread count.
 #pragma once
@@ -76,7 +76,8 @@ void attention_forward(host, T* out, acc_t<T>* att, const T* qkv, std::int64_t B
     A* acc = scratch.data() + std::size_t(attention_detail::thread_id()) * std::size_t(hs);
 #pragma omp for schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t h = r % NH, t = (r / NH) % T_, b = r / (NH * T_);
+      // t varies fastest so a thread sweeps one head's k and v while they sit in its cache.
+      const std::int64_t t = r % T_, h = (r / T_) % NH, b = r / (T_ * NH);
       const T* base = qkv + b * T_ * C3;
       const T* q = base + t * C3 + h * hs;
       A* p = att + ((b * NH + h) * T_ + t) * T_;

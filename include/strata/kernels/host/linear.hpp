@@ -5,6 +5,7 @@
 // Both GEMMs go through kernels::gemm (OpenBLAS); the bias gradient is a column sum done here.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
@@ -14,10 +15,13 @@
 
 namespace strata::kernels {
 
+// Nullable pointers are std::type_identity_t<T>* so a plain nullptr needs no template argument.
+
 // out[N, OC] = inp[N, C] . weight[OC, C]^T + bias[OC]
 template <class T>
 void linear_forward(host, workspace& ws, T* out, const T* inp, const T* weight,
-                    const T* bias /*nullable*/, std::int64_t N, std::int64_t C, std::int64_t OC) {
+                    const std::type_identity_t<T>* bias /*nullable*/, std::int64_t N, std::int64_t C,
+                    std::int64_t OC) {
   STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_forward: negative size N = ", N, ", C = ", C,
                ", OC = ", OC);
   if (bias) {
@@ -36,9 +40,9 @@ void linear_forward(host, workspace& ws, T* out, const T* inp, const T* weight,
 //   dweight[OC, C] += dout[N, OC]^T . inp[N, C]
 //   dbias[OC]     += sum over rows of dout             (skipped when dbias is null)
 template <class T>
-void linear_backward(host, workspace& ws, T* dinp /*nullable*/, T* dweight, T* dbias /*nullable*/,
-                     const T* dout, const T* inp, const T* weight, std::int64_t N, std::int64_t C,
-                     std::int64_t OC) {
+void linear_backward(host, workspace& ws, std::type_identity_t<T>* dinp /*nullable*/, T* dweight,
+                     std::type_identity_t<T>* dbias /*nullable*/, const T* dout, const T* inp,
+                     const T* weight, std::int64_t N, std::int64_t C, std::int64_t OC) {
   STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_backward: negative size N = ", N, ", C = ", C,
                ", OC = ", OC);
   STRATA_CHECK(dweight != nullptr, "linear_backward: dweight must not be null");

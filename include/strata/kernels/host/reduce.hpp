@@ -39,12 +39,20 @@ double sum_of_squares(host, const T* x, std::int64_t n) {
   for (std::int64_t k = 0; k < chunks; ++k) {
     const std::int64_t lo = k * reduce_detail::chunk;
     const std::int64_t hi = lo + reduce_detail::chunk < n ? lo + reduce_detail::chunk : n;
-    double s = 0;
-    for (std::int64_t i = lo; i < hi; ++i) {
+    // Eight interleaved partial sums inside the chunk: vectorisable, still a fixed order.
+    constexpr int lanes = 8;
+    double part[lanes] = {};
+    std::int64_t i = lo;
+    for (; i + lanes <= hi; i += lanes)
+      for (int j = 0; j < lanes; ++j) {
+        const double d = convert<double>(x[i + j]);
+        part[j] += d * d;
+      }
+    for (; i < hi; ++i) {
       const double d = convert<double>(x[i]);
-      s += d * d;
+      part[0] += d * d;
     }
-    partial[std::size_t(k)] = s;
+    partial[std::size_t(k)] = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
   }
   double total = 0;
   for (double p : partial) total += p;
@@ -56,9 +64,8 @@ template <class T>
 bool all_finite(host, const T* x, std::int64_t n) {
   STRATA_CHECK(n >= 0, "all_finite: negative length ", n);
   int finite = 1;  // an integer reduction: order cannot change the answer
-#pragma omp parallel for schedule(static) reduction(min : finite) if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i)
-    if (!reduce_detail::is_finite(x[i])) finite = 0;
+#pragma omp parallel for schedule(static) reduction(& : finite) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) finite &= int(reduce_detail::is_finite(x[i]));
   return finite == 1;
 }
 

@@ -1,8 +1,9 @@
 // strata/kernels/host/residual.hpp - the residual connection: out = a + b, elementwise.
 //
-//   a, b, out, da, db, dout [n]
+//   a, b, out, da, db, dout [n]; out may alias a or b (each element is read before written)
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
@@ -20,7 +21,8 @@ void residual_forward(host, T* out, const T* a, const T* b, std::int64_t n) {
 
 // Accumulates (+=) dout into both da and db (either may be null to skip it).
 template <class T>
-void residual_backward(host, T* da /*nullable*/, T* db /*nullable*/, const T* dout, std::int64_t n) {
+void residual_backward(host, std::type_identity_t<T>* da /*nullable*/, std::type_identity_t<T>* db /*nullable*/,
+                       const T* dout, std::int64_t n) {
   using A = acc_t<T>;
   STRATA_CHECK(n >= 0, "residual_backward: negative length ", n);
 #pragma omp parallel for schedule(static) if (n > 65536)
