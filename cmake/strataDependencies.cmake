@@ -1,4 +1,4 @@
-# Finds what strata's host path links: OpenMP and a CBLAS from OpenBLAS. Shared by strata's
+# Finds what strata's host path links: OpenMP, MPI and a CBLAS from OpenBLAS. Shared by strata's
 # own build and by the installed package config, so both resolve the same libraries.
 #
 # OpenBLAS built on OpenMP is preferred: its GEMMs then share strata's OpenMP thread pool.
@@ -6,6 +6,12 @@
 # cores, which halves GEMM speed on a small machine unless OMP_WAIT_POLICY=passive is set.
 include_guard(DIRECTORY)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+# MPI carries the host path's collectives (include/strata/comm). The C++ bindings are long gone
+# from the standard; only the C API is used.
+if(NOT TARGET MPI::MPI_CXX)
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI REQUIRED COMPONENTS CXX)
+endif()
 
 if(NOT TARGET strata::openblas)
   set(_strata_arch_lib /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE})

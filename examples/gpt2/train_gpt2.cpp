@@ -11,6 +11,10 @@
 #include <optional>
 #include <string>
 
+#include <strata/comm/launch.hpp>
+#include <strata/comm/mesh.hpp>
+#include <strata/parallel/data_parallel.hpp>
+
 #include "gpt2.hpp"
 
 namespace st = strata;
@@ -25,6 +29,8 @@ struct run_options {
   std::uint64_t seed = 1337;
   std::string precision = "fp32", metrics, data;
   int sample_tokens = 160;
+  int dp = st::dynamic, zero = 0;
+  std::int64_t bucket_elems = 1 << 20;
 };
 
 std::string format_duration(double s) {
@@ -102,46 +108,60 @@ std::vector<std::int32_t> sample(Model& model, std::vector<std::int32_t> tokens,
 }
 
 template <class P>
-int train(const run_options& o) {
+int train(const run_options& o, st::world& world) {
   using model_t = gpt2::model<P>;
+  // The layout: data parallelism over whatever the launch gives (or --dp, checked against it).
+  using layout = st::parallel<st::data<st::dynamic>>;
+  st::process_mesh mesh(world, st::resolve_layout<layout>(world.size(), {.dp = o.dp}));
+  const bool lead = world.rank() == 0;
+
   st::memory_ledger ledger;
   model_t model(ledger, o.dims, st::seed{o.seed});
-  st::adamw<P> opt(model, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+  st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), mesh.dp(),
+                                                {.zero_stage = o.zero, .bucket_elems = o.bucket_elems});
+  st::adamw<P> opt(model.parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
+                   dp.optimizer_segments(), dp.optimizer_elements());
 
-  st::token_stream data = o.data.empty()
-                              ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed)
-                              : st::token_stream::from_glob(o.data, o.dims.vocab, o.seed);
   if (o.data.empty())
     STRATA_CHECK(o.dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
                  o.dims.vocab);
+  st::token_stream data = o.data.empty()
+                              ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed)
+                              : st::token_stream::from_glob(o.data, o.dims.vocab, o.seed);
 
   st::trainer_options topt;
   topt.micro_batch = o.micro_batch;
   topt.schedule = {o.lr, o.lr / 10, std::min(o.warmup, o.steps), o.steps};
   topt.grad_clip = o.grad_clip;
-  st::trainer train(model, opt, topt);
+  st::trainer train(model, opt, topt, dp);
+  dp.local_rows(o.batch);  // a batch that does not divide over the ranks fails here, on every rank
   std::unique_ptr<st::metrics_file> metrics;
-  if (!o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics);
+  if (lead && !o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics);
 
-  std::printf("gpt2_train: %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters, %s\n",
-              (long long)o.dims.layers, (long long)o.dims.heads, (long long)o.dims.d_model, (long long)o.dims.seq,
-              (long long)o.dims.vocab, (long long)model.parameters().size(), o.precision.c_str());
-  std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld\n",
-              o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
-              (long long)o.dims.seq, (long long)(o.micro_batch ? o.micro_batch : o.batch));
+  if (lead) {
+    std::printf("gpt2_train: %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters, %s\n",
+                (long long)o.dims.layers, (long long)o.dims.heads, (long long)o.dims.d_model, (long long)o.dims.seq,
+                (long long)o.dims.vocab, (long long)model.parameters().size(), o.precision.c_str());
+    std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d\n",
+                o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
+                (long long)o.dims.seq, (long long)(o.micro_batch ? o.micro_batch : o.batch / mesh.layout().dp),
+                mesh.layout().dp, o.zero);
+  }
   const auto start = std::chrono::steady_clock::now();
   for (int s = 0; s < o.steps; ++s) {
+    mesh.reset_counters();
     auto r = train.step(data.next_batch(o.batch, o.dims.seq));
+    if (!lead) continue;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double eta = elapsed / (s + 1) * (o.steps - s - 1);
     std::printf("step %4d/%d | loss %.4f | %8.0f tok/s | lr %.2e | norm %6.3f | %s elapsed | ETA %s%s\n", s + 1,
                 o.steps, r.loss, double(r.tokens) / r.seconds, r.lr, r.grad_norm, format_duration(elapsed).c_str(),
                 format_duration(eta).c_str(), r.applied ? "" : " | skipped (fp16 overflow)");
     std::fflush(stdout);
-    if (metrics) metrics->write(r, ledger);
+    if (metrics) metrics->write(r, ledger, mesh.counters_json());
   }
 
-  if (o.sample_tokens > 0) {
+  if (lead && o.sample_tokens > 0) {
     const bool bytes = o.dims.vocab <= 256 && o.data.empty();
     std::vector<std::int32_t> prompt = bytes ? std::vector<std::int32_t>{'T', 'h', 'e', ' '}
                                              : std::vector<std::int32_t>{0};
@@ -160,6 +180,16 @@ int train(const run_options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // MPI: mpirun -np N gpt2_train ..., or run alone as a world of one. A bad STRATA_COMM_TIMEOUT
+  // is reported before MPI starts.
+  std::optional<st::world> started;
+  try {
+    started.emplace(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt2_train: error: %s\n", e.what());
+    return 1;
+  }
+  st::world& world = *started;
   run_options o;
   CLI::App app{"gpt2_train: train the example GPT-2 with strata on the CPU"};
   const auto positive = integer_at_least(1), non_negative = integer_at_least(0);
@@ -183,19 +213,23 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "glob of uint16 token shards (llm.c or nanoGPT .bin)");
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate at the end")
       ->check(non_negative)->capture_default_str();
+  app.add_option("--dp", o.dp, "data-parallel degree (default: every rank of the launch)")->check(positive);
+  app.add_option("--zero", o.zero, "ZeRO stage: 0 (replicated) or 1 (sharded optimizer state)")
+      ->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
+  app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  try {
-    o.dims.validate();
-    if (o.micro_batch > 0)
-      STRATA_CHECK(o.batch % o.micro_batch == 0, "gpt2_train: --batch ", o.batch, " is not a multiple of --micro-batch ",
-                   o.micro_batch);
-    using serial = st::serial;
-    if (o.precision == "fp32") return train<st::policy<st::host, serial, st::fp32>>(o);
-    if (o.precision == "bf16") return train<st::policy<st::host, serial, st::mixed<st::bf16, float>>>(o);
-    return train<st::policy<st::host, serial, st::mixed<st::fp16, float>>>(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt2_train: error: %s\n", e.what());
-    return 1;
-  }
+  return world.run(
+      [&] {
+        o.dims.validate();
+        if (o.micro_batch > 0)
+          STRATA_CHECK(o.batch % o.micro_batch == 0, "gpt2_train: --batch ", o.batch,
+                       " is not a multiple of --micro-batch ", o.micro_batch);
+        using serial = st::serial;
+        if (o.precision == "fp32") return train<st::policy<st::host, serial, st::fp32>>(o, world);
+        if (o.precision == "bf16") return train<st::policy<st::host, serial, st::mixed<st::bf16, float>>>(o, world);
+        return train<st::policy<st::host, serial, st::mixed<st::fp16, float>>>(o, world);
+      },
+      "gpt2_train");
 }

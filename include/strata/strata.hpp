@@ -17,6 +17,15 @@
 #include "strata/policy/precision.hpp"
 #include "strata/policy/schedule.hpp"
 
+#include "strata/comm/collectives.hpp"
+#include "strata/comm/communicator.hpp"
+#include "strata/comm/counters.hpp"
+#include "strata/comm/launch.hpp"
+#include "strata/comm/mesh.hpp"
+#include "strata/comm/mesh_position.hpp"
+#include "strata/comm/mpi_communicator.hpp"
+#include "strata/comm/timeout.hpp"
+
 #include "strata/kernels/host.hpp"
 
 #include "strata/layers/attention.hpp"
@@ -30,6 +39,9 @@
 #include "strata/layers/parameters.hpp"
 #include "strata/layers/stack.hpp"
 #include "strata/layers/transformer_block.hpp"
+
+#include "strata/parallel/data_parallel.hpp"
+#include "strata/parallel/dp_layout.hpp"
 
 #include "strata/optim/adamw.hpp"
 #include "strata/optim/grad_clip.hpp"

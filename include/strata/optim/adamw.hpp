@@ -6,11 +6,13 @@
 // their own master), so model state is 4Ψ + 4Ψ + 8Ψ = 16Ψ bytes.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "strata/core/memory.hpp"
 #include "strata/kernels/host/adamw.hpp"
 #include "strata/kernels/host/reduce.hpp"
 #include "strata/layers/parameters.hpp"
+#include "strata/parallel/dp_layout.hpp"
 
 namespace strata {
 
@@ -26,20 +28,26 @@ class adamw {
   using T = typename P::storage;
   using M = typename P::master;
 
-  adamw(parameter_store<T>& params, adamw_options o) : params_(&params), opt_(o) {
+  // Every parameter: the serial case, and data parallelism without ZeRO.
+  adamw(parameter_store<T>& params, adamw_options o) : adamw(params, o, whole_model(params), params.size()) {}
+  // Only the given segments of the flat buffer, with optimizer state for `state_elems`
+  // elements: a ZeRO shard (dp_layout::owned_segments()).
+  adamw(parameter_store<T>& params, adamw_options o, std::vector<owned_segment> segments, std::int64_t state_elems)
+      : params_(&params), opt_(o), segments_(std::move(segments)) {
     STRATA_CHECK(o.lr >= 0, "adamw: lr (", o.lr, ") must be >= 0");
     STRATA_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "adamw: betas (", o.beta1, ", ", o.beta2,
                  ") must lie in [0, 1)");
     STRATA_CHECK(o.eps > 0, "adamw: eps (", o.eps, ") must be positive");
     STRATA_CHECK(o.weight_decay >= 0, "adamw: weight_decay (", o.weight_decay, ") must be >= 0");
-    const auto n = static_cast<std::size_t>(params.size());
+    const auto n = static_cast<std::size_t>(state_elems);
     auto& ledger = params.ledger();
     T* w = params.weights_data();
     m_ = buffer<M>(ledger, memory_category::optimizer_state, n);
     v_ = buffer<M>(ledger, memory_category::optimizer_state, n);
     if constexpr (P::precision::keeps_master_copy) {
       master_ = buffer<M>(ledger, memory_category::master_weights, n);
-      kernels::convert_array(device{}, master_.data(), w, static_cast<std::int64_t>(n));
+      for (const auto& s : segments_)
+        kernels::convert_array(device{}, master_.data() + s.state, w + s.flat, s.count);
     }
   }
   // Takes the parameters of any model that exposes them (north-star: adamw<P> opt(model, {...})).
@@ -48,31 +56,41 @@ class adamw {
   adamw(Model& model, adamw_options o) : adamw(model.parameters(), o) {}
 
   // One update with learning rate `lr`; every gradient is first multiplied by `grad_scale`
-  // (gradient clipping's coefficient divided by the loss scale).
-  void step(double lr, double grad_scale = 1.0) {
+  // (gradient clipping's coefficient divided by the loss scale). Gradients are read from the
+  // flat gradient buffer, or from `state_grads` (indexed like the optimizer state) when given:
+  // a ZeRO shard's reduced gradients.
+  void step(double lr, double grad_scale = 1.0, const T* state_grads = nullptr) {
     ++step_;
     T* w = params_->weights_data();
     T* g = params_->grads_data();
-    for (const auto& e : params_->entries()) {
-      kernels::adamw_hyper h{lr, opt_.beta1, opt_.beta2, opt_.eps, e.weight_decay ? opt_.weight_decay : 0.0};
-      M* master = master_data(w) + e.offset;
-      kernels::adamw_update(device{}, master, w + e.offset, g + e.offset, m_.data() + e.offset, v_.data() + e.offset,
-                            e.numel, h, step_, grad_scale);
+    for (const auto& s : segments_) {
+      kernels::adamw_hyper h{lr, opt_.beta1, opt_.beta2, opt_.eps, s.decay ? opt_.weight_decay : 0.0};
+      M* master = master_data(w, s);
+      const T* grad = state_grads ? state_grads + s.state : g + s.flat;
+      kernels::adamw_update(device{}, master, w + s.flat, grad, m_.data() + s.state, v_.data() + s.state, s.count, h,
+                            step_, grad_scale);
     }
   }
 
   int steps_taken() const { return step_; }
   const adamw_options& options() const { return opt_; }
+  const std::vector<owned_segment>& segments() const { return segments_; }
 
  private:
   using device = typename P::device;
-  M* master_data(T* weights) {
-    if constexpr (P::precision::keeps_master_copy) return master_.data();
-    else return weights;  // storage and master agree: the weights are the master copy
+  static std::vector<owned_segment> whole_model(parameter_store<T>& params) {
+    std::vector<owned_segment> s;
+    for (const auto& e : params.entries()) s.push_back({e.offset, e.offset, e.numel, e.weight_decay});
+    return s;
+  }
+  M* master_data(T* weights, const owned_segment& s) {
+    if constexpr (P::precision::keeps_master_copy) return master_.data() + s.state;
+    else return weights + s.flat;  // storage and master agree: the weights are the master copy
   }
 
   parameter_store<T>* params_;
   adamw_options opt_;
+  std::vector<owned_segment> segments_;
   int step_ = 0;
   buffer<M> m_, v_, master_;
 };

@@ -1,11 +1,13 @@
 // strata/train/metrics.hpp - one JSON object per step, one line each, for tools to read.
 //
 //   {"step":3,"loss":4.12,"lr":0.0006,"grad_norm":1.8,"tokens_per_s":5120,"loss_scale":1,
-//    "applied":true,"mem":{"parameters":...,"gradients":...,...},"mem_peak":{...}}
+//    "applied":true,"mem":{"parameters":...,"gradients":...,...},"mem_peak":{...},
+//    "comm":{"world":{...},"dp":{"all_reduce":{"calls":..,"bytes_sent":..,"bytes_received":..}},...}}
 #pragma once
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
@@ -37,7 +39,8 @@ inline void json_bytes_by_category(std::string& out, const memory_ledger& ledger
 }
 }  // namespace detail
 
-inline std::string metrics_line(const step_result& r, const memory_ledger& ledger) {
+// `comm`, when given, is a JSON object of bytes per group (process_mesh::counters_json()).
+inline std::string metrics_line(const step_result& r, const memory_ledger& ledger, std::string_view comm = {}) {
   std::string s = "{\"step\":" + std::to_string(r.step) + ",\"loss\":";
   detail::json_number(s, r.loss);
   s += ",\"lr\":";
@@ -54,6 +57,10 @@ inline std::string metrics_line(const step_result& r, const memory_ledger& ledge
   detail::json_bytes_by_category(s, ledger, false);
   s += ",\"mem_peak\":";
   detail::json_bytes_by_category(s, ledger, true);
+  if (!comm.empty()) {
+    s += ",\"comm\":";
+    s += comm;
+  }
   s += '}';
   return s;
 }
@@ -68,8 +75,8 @@ class metrics_file {
   metrics_file& operator=(const metrics_file&) = delete;
   ~metrics_file() { std::fclose(f_); }
 
-  void write(const step_result& r, const memory_ledger& ledger) {
-    const std::string line = metrics_line(r, ledger) + "\n";
+  void write(const step_result& r, const memory_ledger& ledger, std::string_view comm = {}) {
+    const std::string line = metrics_line(r, ledger, comm) + "\n";
     STRATA_CHECK(std::fputs(line.c_str(), f_) >= 0 && std::fflush(f_) == 0, "writing metrics file '", path_,
                  "' failed");
   }

@@ -6,6 +6,10 @@
 // loss scale off if anything overflowed; clip; let the optimizer update with the schedule's
 // learning rate.
 //
+// Data parallelism plugs in as a gradient synchronizer (parallel/data_parallel.hpp): it picks
+// this rank's rows of the global batch, reduces the gradients after the last backward, gives
+// the global gradient norm, and shares the updated weights. Without one, nothing is shared.
+//
 // The model is any type with
 //   double forward(tensor_view<const int32_t> inputs, tensor_view<const int32_t> targets, double grad_scale);
 //   void backward();
@@ -14,8 +18,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "strata/core/error.hpp"
+#include "strata/kernels/host/reduce.hpp"
 #include "strata/optim/adamw.hpp"
 #include "strata/optim/grad_clip.hpp"
 #include "strata/optim/loss_scaler.hpp"
@@ -40,21 +47,37 @@ struct step_result {
   std::int64_t tokens = 0;
 };
 
-template <class Model, class Optimizer>
+// The synchronizer of a single rank: the whole batch, nothing to reduce or share.
+template <class Model>
+struct no_sync {
+  using T = typename Model::T;
+  Model* model;
+  std::pair<std::int64_t, std::int64_t> local_rows(std::int64_t batch) const { return {0, batch}; }
+  void reduce_gradients() {}
+  double grad_sum_of_squares() {
+    auto& p = model->parameters();
+    return kernels::sum_of_squares(typename Model::policy::device{}, p.grads_data(), p.size());
+  }
+  const T* state_gradients() const { return nullptr; }
+  void share_weights() {}
+  double mean(double v) { return v; }
+};
+
+template <class Model, class Optimizer, class Sync = no_sync<Model>>
 class trainer {
  public:
   trainer(Model& model, Optimizer& opt, trainer_options o)
-      : model_(&model), opt_(&opt), opt_s_(o), scaler_(scaler_options(o)) {
-    o.schedule.validate();
-    STRATA_CHECK(o.micro_batch >= 0, "trainer: micro_batch (", o.micro_batch, ") must be >= 0");
-  }
+    requires std::is_same_v<Sync, no_sync<Model>>
+      : trainer(model, opt, o, own_sync_, true) {}
+  trainer(Model& model, Optimizer& opt, trainer_options o, Sync& sync) : trainer(model, opt, o, sync, false) {}
 
   step_result step(const token_batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::int64_t micro = opt_s_.micro_batch > 0 ? opt_s_.micro_batch : batch.batch;
-    STRATA_CHECK(batch.batch % micro == 0, "trainer: global batch ", batch.batch,
-                 " is not a multiple of the micro-batch ", micro);
-    const std::int64_t n_micro = batch.batch / micro;
+    const auto [first_row, rows] = sync_->local_rows(batch.batch);
+    const std::int64_t micro = opt_s_.micro_batch > 0 ? opt_s_.micro_batch : rows;
+    STRATA_CHECK(rows % micro == 0, "trainer: ", rows, " sequences per rank (global batch ", batch.batch,
+                 ") is not a multiple of the micro-batch ", micro);
+    const std::int64_t n_micro = rows / micro;
     auto& params = model_->parameters();
     params.zero_grads();
 
@@ -63,13 +86,15 @@ class trainer {
     r.loss_scale = scaler_.scale();
     double loss_sum = 0;
     for (std::int64_t m = 0; m < n_micro; ++m) {
-      loss_sum += model_->forward(batch.input_view(m * micro, micro), batch.target_view(m * micro, micro),
+      const std::int64_t at = first_row + m * micro;
+      loss_sum += model_->forward(batch.input_view(at, micro), batch.target_view(at, micro),
                                   r.loss_scale / static_cast<double>(n_micro));
       model_->backward();
     }
-    r.loss = loss_sum / static_cast<double>(n_micro);
+    r.loss = sync_->mean(loss_sum / static_cast<double>(n_micro));
+    sync_->reduce_gradients();
 
-    const double scaled_norm = global_grad_norm(device{}, params);
+    const double scaled_norm = std::sqrt(sync_->grad_sum_of_squares());
     const bool finite = std::isfinite(scaled_norm);
     r.grad_norm = scaled_norm / r.loss_scale;
     r.lr = opt_s_.schedule(step_);
@@ -77,7 +102,8 @@ class trainer {
     if (r.applied) {
       STRATA_CHECK(finite, "trainer: step ", step_, " produced a non-finite gradient norm (", r.grad_norm,
                    ") and no loss scaling is in use to skip it");
-      opt_->step(r.lr, clip_coefficient(r.grad_norm, opt_s_.grad_clip) / r.loss_scale);
+      opt_->step(r.lr, clip_coefficient(r.grad_norm, opt_s_.grad_clip) / r.loss_scale, sync_->state_gradients());
+      sync_->share_weights();
     }
     ++step_;
     r.tokens = batch.batch * batch.seq;
@@ -89,7 +115,12 @@ class trainer {
   int steps() const { return step_; }
 
  private:
-  using device = typename Model::policy::device;
+  trainer(Model& model, Optimizer& opt, trainer_options o, Sync& sync, bool)
+      : model_(&model), opt_(&opt), opt_s_(o), scaler_(scaler_options(o)), sync_(&sync) {
+    if constexpr (std::is_same_v<Sync, no_sync<Model>>) own_sync_.model = &model;
+    o.schedule.validate();
+    STRATA_CHECK(o.micro_batch >= 0, "trainer: micro_batch (", o.micro_batch, ") must be >= 0");
+  }
   static loss_scaler::options scaler_options(const trainer_options& o) {
     loss_scaler::options s;
     s.enabled = Model::policy::precision::dynamic_loss_scale;
@@ -102,6 +133,9 @@ class trainer {
   Optimizer* opt_;
   trainer_options opt_s_;
   loss_scaler scaler_;
+  // The trainer's own no-op synchronizer, when none is given.
+  std::conditional_t<std::is_same_v<Sync, no_sync<Model>>, no_sync<Model>, char> own_sync_{};
+  Sync* sync_;
   int step_ = 0;
 };
 

@@ -1,0 +1,133 @@
+// Collective bandwidth of strata's MPI engine, in the conventions of nccl-tests.
+//
+//   mpirun -np 4 ./bench_collectives [--benchmark_filter=all_reduce] [--benchmark_min_time=0.2]
+//
+// A message-size sweep (1 KiB .. 64 MiB, x4) of all_reduce, all_gather and reduce_scatter on
+// fp32 host buffers over the world communicator, plus a bf16 all_reduce (staged in fp32: see
+// mpi_communicator.hpp) and the same fp32 all-reduce through MPI_Allreduce directly, so the cost
+// of strata's nonblocking call + polling wait shows as a ratio. S ("bytes") is the all-reduce
+// buffer, the all-gather's output and the reduce-scatter's input, as in nccl-tests. Per size:
+//   Time        per call, the slowest rank's (each iteration starts at a barrier, is timed on
+//               every rank and reduced with MPI_MAX; that is also Google Benchmark's manual
+//               time, so every rank runs the same number of iterations)
+//   algbw_GBps  S / time
+//   busbw_GBps  algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and reduce_scatter:
+//               the per-rank link traffic of a ring, comparable across rank counts
+// Only rank 0 reports; the others run the same benchmarks with a reporter that prints nothing.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <strata/comm/launch.hpp>
+#include <strata/comm/mpi_communicator.hpp>
+#include <strata/core/dtype.hpp>
+
+namespace {
+
+strata::world* the_world = nullptr;
+strata::mpi_communicator& comm() { return the_world->comm(); }
+
+class null_reporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+// Times op() as described at the top; fills the bandwidth counters for `bytes` per call.
+template <class Op>
+void timed(benchmark::State& state, double bytes, double bus_factor, Op&& op) {
+  double total = 0;
+  for (auto _ : state) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    op();
+    double dt = MPI_Wtime() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    state.SetIterationTime(dt);
+    total += dt;
+  }
+  const double t = total / static_cast<double>(state.iterations());
+  state.counters["bytes"] = bytes;
+  state.counters["algbw_GBps"] = bytes / t / 1e9;
+  state.counters["busbw_GBps"] = bytes / t / 1e9 * bus_factor;
+}
+
+double ranks() { return static_cast<double>(comm().size()); }
+// Elements per rank so that n ranks' parts make (about) `bytes` of T.
+template <class T>
+std::size_t block_of(std::int64_t bytes) {
+  const std::size_t b = static_cast<std::size_t>(bytes) / (sizeof(T) * static_cast<std::size_t>(comm().size()));
+  return b > 0 ? b : 1;
+}
+
+template <class T>
+void BM_all_reduce(benchmark::State& state) {
+  const std::size_t count = static_cast<std::size_t>(state.range(0)) / sizeof(T);
+  std::vector<T> data(count, T(0.0f));  // zeros: sums stay finite over any number of calls
+  const double n = ranks();
+  timed(state, double(count * sizeof(T)), 2 * (n - 1) / n, [&] { comm().all_reduce(data); });
+}
+
+void BM_mpi_native_all_reduce(benchmark::State& state) {
+  const std::size_t count = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  std::vector<float> data(count, 0.0f);
+  const double n = ranks();
+  timed(state, double(count * sizeof(float)), 2 * (n - 1) / n, [&] {
+    MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  });
+}
+
+void BM_all_gather(benchmark::State& state) {
+  const std::size_t block = block_of<float>(state.range(0));
+  const std::size_t n = static_cast<std::size_t>(comm().size());
+  std::vector<float> in(block, 1.0f), out(block * n);
+  timed(state, double(block * n * sizeof(float)), (ranks() - 1) / ranks(), [&] { comm().all_gather(in, out); });
+}
+
+void BM_reduce_scatter(benchmark::State& state) {
+  const std::size_t block = block_of<float>(state.range(0));
+  const std::size_t n = static_cast<std::size_t>(comm().size());
+  std::vector<float> in(block * n, 0.0f), out(block);
+  timed(state, double(block * n * sizeof(float)), (ranks() - 1) / ranks(),
+        [&] { comm().reduce_scatter(in, out); });
+}
+
+constexpr std::int64_t smallest = 1 << 10, largest = std::int64_t{64} << 20;
+
+void sweep(benchmark::internal::Benchmark* b) {
+  b->RangeMultiplier(4)->Range(smallest, largest)->ArgName("bytes")->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK(BM_all_reduce<float>)->Name("all_reduce/fp32")->Apply(sweep);
+BENCHMARK(BM_mpi_native_all_reduce)->Name("mpi_native_all_reduce/fp32")->Apply(sweep);
+BENCHMARK(BM_all_reduce<strata::bf16>)->Name("all_reduce/bf16")->Apply(sweep);
+BENCHMARK(BM_all_gather)->Name("all_gather/fp32")->Apply(sweep);
+BENCHMARK(BM_reduce_scatter)->Name("reduce_scatter/fp32")->Apply(sweep);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto world = strata::launch(argc, argv);
+  the_world = &world;
+  // Ranks other than 0 drop --benchmark_out*, so they do not write over rank 0's file.
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i)
+    if (world.rank() == 0 || std::strncmp(argv[i], "--benchmark_out", 15) != 0) args.push_back(argv[i]);
+  int nargs = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  benchmark::Initialize(&nargs, args.data());
+  if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
+  benchmark::AddCustomContext("ranks", std::to_string(world.size()));
+  benchmark::AddCustomContext("engine", "strata MPI (host buffers)");
+  if (world.rank() == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    null_reporter quiet;
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  }
+  benchmark::Shutdown();
+  return 0;
+}

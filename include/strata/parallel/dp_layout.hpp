@@ -1,0 +1,94 @@
+// strata/parallel/dp_layout.hpp - how data parallelism cuts the flat parameter buffer.
+//
+// Gradients are reduced bucket by bucket, in backward order (the last parameters' gradients
+// are complete first), so a bucket's reduction can start while backward goes on. A bucket
+// holds whole parameters and at least `bucket_elems` elements (the last one may be smaller).
+// Under ZeRO each bucket is cut into one piece per data-parallel rank: rank r owns elements
+// [r·s, (r+1)·s) of the bucket, s = ceil(bucket / ranks), clipped to the bucket. Uneven pieces
+// instead of padding: the reduce-scatter and all-gather take per-rank counts, and no padding
+// element is ever stored, computed or sent.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "strata/core/error.hpp"
+#include "strata/layers/parameters.hpp"
+
+namespace strata {
+
+struct flat_range {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t size() const { return end - begin; }
+  friend bool operator==(const flat_range&, const flat_range&) = default;
+};
+
+// One optimizer segment: `count` elements at `flat` in the flat buffers and at `state` in
+// this rank's optimizer state, all from one parameter (so one weight-decay setting).
+struct owned_segment {
+  std::int64_t flat = 0, state = 0, count = 0;
+  bool decay = false;
+};
+
+struct dp_bucket {
+  flat_range range;                  // in the flat buffers
+  std::vector<std::size_t> counts;   // elements each rank owns of it
+  std::int64_t piece = 0;            // s: the nominal piece size
+  flat_range owned(int rank) const {
+    const std::int64_t b = std::min(range.end, range.begin + rank * piece);
+    return {b, std::min(range.end, b + piece)};
+  }
+};
+
+class dp_layout {
+ public:
+  dp_layout(const std::vector<param_info>& params, int ranks, int rank, std::int64_t bucket_elems) : ranks_(ranks), rank_(rank) {
+    STRATA_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "dp_layout: rank ", rank, " of ", ranks, " ranks");
+    STRATA_CHECK(bucket_elems >= 1, "dp_layout: bucket size ", bucket_elems, " must be >= 1 element");
+    // Walk parameters last to first; close a bucket once it holds bucket_elems elements.
+    std::int64_t end = -1, begin = -1;
+    for (auto it = params.rbegin(); it != params.rend(); ++it) {
+      if (end < 0) end = it->offset + it->numel;
+      begin = it->offset;
+      if (end - begin >= bucket_elems) {
+        add_bucket({begin, end});
+        end = -1;
+      }
+    }
+    if (end >= 0) add_bucket({begin, end});
+    // This rank's pieces, split at parameter boundaries into optimizer segments.
+    for (const auto& b : buckets_) {
+      const flat_range mine = b.owned(rank_);
+      for (const auto& p : params) {
+        const std::int64_t lo = std::max(mine.begin, p.offset), hi = std::min(mine.end, p.offset + p.numel);
+        if (lo < hi) {
+          segments_.push_back({lo, owned_, hi - lo, p.weight_decay});
+          owned_ += hi - lo;
+        }
+      }
+    }
+  }
+
+  int ranks() const { return ranks_; }
+  int rank() const { return rank_; }
+  const std::vector<dp_bucket>& buckets() const { return buckets_; }
+  // Elements this rank owns under ZeRO (Ψ/N up to the rounding of each bucket).
+  std::int64_t owned_elements() const { return owned_; }
+  const std::vector<owned_segment>& owned_segments() const { return segments_; }
+
+ private:
+  void add_bucket(flat_range r) {
+    dp_bucket b;
+    b.range = r;
+    b.piece = (r.size() + ranks_ - 1) / ranks_;
+    for (int q = 0; q < ranks_; ++q) b.counts.push_back(static_cast<std::size_t>(b.owned(q).size()));
+    buckets_.push_back(std::move(b));
+  }
+
+  int ranks_, rank_;
+  std::vector<dp_bucket> buckets_;
+  std::vector<owned_segment> segments_;
+  std::int64_t owned_ = 0;
+};
+
+}  // namespace strata

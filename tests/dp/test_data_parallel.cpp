@@ -1,0 +1,198 @@
+// Data parallelism under mpiexec: every (dp, ZeRO stage) trains the example GPT-2 to the same
+// per-step losses and final weights as the serial model with the same global batch, which
+// each rank also runs itself as the reference; and the allocator's books and the byte counters
+// equal the ZeRO formulas.
+//
+// Error measure for weights: max_i |dp_i - serial_i| / max_i |serial_i|.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <strata/comm/launch.hpp>
+#include <strata/parallel/data_parallel.hpp>
+#include <strata/strata.hpp>
+
+#include "../mpi/mpi_test.hpp"
+#include "gpt2/gpt2.hpp"
+
+namespace st = strata;
+
+namespace {
+
+using P32 = st::policy<st::host, st::serial, st::fp32>;
+using PBF16 = st::policy<st::host, st::serial, st::mixed<st::bf16, float>>;
+
+const gpt2::dims tiny{.vocab = 256, .seq = 16, .layers = 2, .heads = 2, .d_model = 16};
+constexpr std::int64_t global_batch = 8;
+constexpr int steps = 5;
+
+st::trainer_options options() {
+  st::trainer_options o;
+  o.schedule = {3e-3, 3e-4, 1, steps};
+  o.micro_batch = 0;
+  return o;
+}
+
+struct run_result {
+  std::vector<double> losses;
+  std::vector<double> weights;
+};
+
+template <class P>
+run_result serial_run() {
+  st::memory_ledger ledger;
+  gpt2::model<P> model(ledger, tiny, st::seed{11});
+  st::adamw<P> opt(model, {.lr = 3e-3});
+  st::trainer train(model, opt, options());
+  st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
+  run_result r;
+  for (int s = 0; s < steps; ++s) r.losses.push_back(train.step(data.next_batch(global_batch, tiny.seq)).loss);
+  auto& p = model.parameters();
+  for (std::int64_t i = 0; i < p.size(); ++i) r.weights.push_back(st::convert<double>(p.weights_data()[i]));
+  return r;
+}
+
+template <class P>
+run_result dp_run(st::mpi_communicator& group, int zero, std::int64_t bucket_elems, st::memory_ledger& ledger,
+                  std::int64_t micro = 0) {
+  gpt2::model<P> model(ledger, tiny, st::seed{11});
+  st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), group, {.zero_stage = zero, .bucket_elems = bucket_elems});
+  st::adamw<P> opt(model.parameters(), {.lr = 3e-3}, dp.optimizer_segments(), dp.optimizer_elements());
+  auto o = options();
+  o.micro_batch = micro;
+  st::trainer train(model, opt, o, dp);
+  st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
+  run_result r;
+  for (int s = 0; s < steps; ++s) r.losses.push_back(train.step(data.next_batch(global_batch, tiny.seq)).loss);
+  auto& p = model.parameters();
+  for (std::int64_t i = 0; i < p.size(); ++i) r.weights.push_back(st::convert<double>(p.weights_data()[i]));
+  return r;
+}
+
+double weight_error(const run_result& a, const run_result& ref) {
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < ref.weights.size(); ++i) {
+    worst = std::max(worst, std::abs(a.weights[i] - ref.weights[i]));
+    scale = std::max(scale, std::abs(ref.weights[i]));
+  }
+  return worst / scale;
+}
+
+}  // namespace
+
+TEST_CASE("dp x ZeRO 0/1 in fp32 match the serial run after 5 steps (rel. error <= 1e-5)") {
+  auto& world = strata_test::world().comm();
+  const auto ref = serial_run<P32>();
+  for (int zero : {0, 1}) {
+    for (std::int64_t bucket : {std::int64_t(1000), std::int64_t(1) << 20}) {  // many buckets, and one
+      st::memory_ledger ledger;
+      const auto got = dp_run<P32>(world, zero, bucket, ledger);
+      CAPTURE(zero);
+      CAPTURE(bucket);
+      for (int s = 0; s < steps; ++s)
+        CHECK(std::abs(got.losses[std::size_t(s)] - ref.losses[std::size_t(s)]) <= 1e-5 * ref.losses[std::size_t(s)]);
+      const double err = weight_error(got, ref);
+      if (world.rank() == 0) MESSAGE("dp=" << world.size() << " zero=" << zero << " bucket=" << bucket << ": weight rel. error " << err);
+      CHECK(err <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("micro-batches within each data-parallel rank accumulate to the same step") {
+  auto& world = strata_test::world().comm();
+  if (global_batch / world.size() < 2) return;  // one sequence per rank: nothing to split
+  const auto ref = serial_run<P32>();
+  st::memory_ledger ledger;
+  const auto got = dp_run<P32>(world, 1, 1000, ledger, global_batch / world.size() / 2);
+  CHECK(weight_error(got, ref) <= 1e-5);
+}
+
+TEST_CASE("bf16 compute with fp32 master weights tracks the serial bf16 run") {
+  auto& world = strata_test::world().comm();
+  const auto ref = serial_run<PBF16>();
+  st::memory_ledger ledger;
+  const auto got = dp_run<PBF16>(world, 1, 1000, ledger);
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got.losses[std::size_t(s)] - ref.losses[std::size_t(s)]));
+  if (world.rank() == 0) MESSAGE("bf16 dp=" << world.size() << ": max loss deviation " << worst << ", weights " << weight_error(got, ref));
+  // bf16 rounds each reduced gradient once more than the serial run: 2^-8 relative.
+  CHECK(worst <= 2e-2);
+  CHECK(weight_error(got, ref) <= 2e-2);
+}
+
+TEST_CASE("model-state bytes per rank follow the ZeRO formulas (fp32 AdamW)") {
+  auto& world = strata_test::world().comm();
+  const int n = world.size();
+  using mc = st::memory_category;
+  for (int zero : {0, 1}) {
+    st::memory_ledger ledger;
+    gpt2::model<P32> model(ledger, tiny, st::seed{11});
+    const auto psi = std::size_t(model.parameters().size());
+    st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero, .bucket_elems = 1000});
+    st::adamw<P32> opt(model.parameters(), {}, dp.optimizer_segments(), dp.optimizer_elements());
+    CAPTURE(zero);
+    CHECK(ledger.current(mc::parameters) == 4 * psi);
+    CHECK(ledger.current(mc::gradients) == 4 * psi);
+    CHECK(ledger.current(mc::master_weights) == 0);
+    if (zero == 0) {
+      CHECK(ledger.current(mc::optimizer_state) == 8 * psi);
+    } else {
+      // 8Ψ/N up to each bucket's rounding: a rank owns ceil(bucket/N) or fewer of each bucket.
+      const auto owned = std::size_t(dp.optimizer_elements());
+      CHECK(ledger.current(mc::optimizer_state) == 8 * owned);
+      CHECK(owned >= psi / std::size_t(n) - dp.layout().buckets().size());
+      CHECK(owned <= psi / std::size_t(n) + dp.layout().buckets().size());
+      // Every element is owned by exactly one rank.
+      std::vector<double> mine{double(owned)};
+      world.all_reduce(std::span<double>(mine), st::reduce_op::sum);
+      CHECK(std::size_t(mine[0]) == psi);
+    }
+  }
+}
+
+TEST_CASE("bytes communicated per rank per step equal 2Ψ(N-1)/N elements for ZeRO 0 and 1") {
+  auto& world = strata_test::world().comm();
+  const int n = world.size(), rank = world.rank();
+  for (int zero : {0, 1}) {
+    st::memory_ledger ledger;
+    gpt2::model<P32> model(ledger, tiny, st::seed{11});
+    st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero, .bucket_elems = 1000});
+    st::adamw<P32> opt(model.parameters(), {}, dp.optimizer_segments(), dp.optimizer_elements());
+    st::trainer train(model, opt, options(), dp);
+    st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
+    world.reset_counters();
+    train.step(data.next_batch(global_batch, tiny.seq));
+    // The analytic volume of the gradient reduction, bucket by bucket, plus the scalar all-reduces
+    // of the mean loss (and, under ZeRO-1, of the squared gradient norm).
+    std::uint64_t expected = 0;
+    for (const auto& b : dp.layout().buckets()) {
+      const auto bytes = std::uint64_t(b.range.size()) * 4, own = std::uint64_t(b.counts[std::size_t(rank)]) * 4;
+      if (zero == 0) expected += st::volume::all_reduce(std::uint64_t(b.range.size()), 4, n, rank).sent;
+      else expected += st::volume::reduce_scatter(bytes, own, n).sent + st::volume::all_gather(bytes, own, n).sent;
+    }
+    const std::uint64_t scalars = st::volume::all_reduce(1, 8, n, rank).sent * (zero == 0 ? 1 : 2);
+    const auto& c = world.counters();
+    const std::uint64_t sent = c.total().bytes_sent;
+    CAPTURE(zero);
+    CHECK(sent == expected + scalars);
+    // And that is 2Ψ(N-1)/N elements up to each bucket's uneven split (< 2 elements per bucket).
+    const double psi = double(model.parameters().size());
+    const double analytic = 2.0 * psi * double(n - 1) / double(n) * 4.0;
+    CHECK(std::abs(double(expected) - analytic) <= 8.0 * double(dp.layout().buckets().size()));
+    if (rank == 0) MESSAGE("zero=" << zero << " dp=" << n << ": " << expected << " gradient bytes sent per rank, analytic 2Ψ(N-1)/N·4 = " << analytic);
+  }
+}
+
+TEST_CASE("a global batch that does not divide over the ranks is refused with the numbers") {
+  auto& world = strata_test::world().comm();
+  if (world.size() == 1) return;
+  st::memory_ledger ledger;
+  gpt2::model<P32> model(ledger, tiny, st::seed{11});
+  st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {});
+  const std::int64_t bad = world.size() + 1;
+  const std::string expected = "global batch " + std::to_string(bad) + " does not divide over dp = " +
+                               std::to_string(world.size()) + " ranks";
+  CHECK_THROWS_WITH_AS(dp.local_rows(bad), doctest::Contains(expected.c_str()), st::error);
+}
