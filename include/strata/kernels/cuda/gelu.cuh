@@ -1,0 +1,84 @@
+// strata/kernels/cuda/gelu.cuh - GELU, tanh approximation (GPT-2's), element-wise, on the GPU.
+//
+//   out = x s,  s = sigmoid(2u) = (1 + tanh u) / 2,  u = sqrt(2/pi) (x + 0.044715 x^3)    [n]
+//   dinp += dout * (s + 2 x s (1 - s) du/dx)
+//
+// The same formulas as kernels/host/gelu.hpp, in fp32 (expf, not the fast __expf). Each thread
+// handles one 16-byte pack (8 bf16 / 4 float) when every pointer is 16-byte aligned.
+#pragma once
+#include <cstdint>
+
+#include "strata/core/error.hpp"
+#include "strata/kernels/cuda/common.cuh"
+#include "strata/policy/device.hpp"
+
+namespace strata::kernels {
+
+namespace cuda_detail {
+__device__ __forceinline__ float gelu_s(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 1.0f / (1.0f + expf(-2.0f * u));
+}
+__device__ __forceinline__ float gelu_du_dx(float x) { return 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x); }
+
+// inp, out [n]
+template <class T, int P>
+__global__ void gelu_forward_kernel(T* out, const T* inp, std::int64_t n) {
+  for (std::int64_t k = thread_index(); k * P < n; k += grid_stride()) {
+    float x[P], y[P];
+    load_pack(x, inp, k * P, n);
+#pragma unroll
+    for (int j = 0; j < P; ++j) y[j] = x[j] * gelu_s(x[j]);
+    store_pack(out, k * P, n, y);
+  }
+}
+
+// dinp, inp, dout [n]; dinp += dout * gelu'(inp)
+template <class T, int P>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, std::int64_t n) {
+  for (std::int64_t k = thread_index(); k * P < n; k += grid_stride()) {
+    float x[P], g[P], d[P];
+    load_pack(x, inp, k * P, n);
+    load_pack(g, dout, k * P, n);
+    load_pack(d, dinp, k * P, n);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const float s = gelu_s(x[j]);
+      const float local = s + 2.0f * x[j] * s * (1.0f - s) * gelu_du_dx(x[j]);
+      d[j] = d[j] + local * g[j];
+    }
+    store_pack(dinp, k * P, n, d);
+  }
+}
+}  // namespace cuda_detail
+
+template <class T>
+void gelu_forward(cuda, T* out, const T* inp, std::int64_t n) {
+  static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
+  STRATA_CHECK(n >= 0, "gelu_forward: negative length ", n);
+  if (n == 0) return;
+  const cudaStream_t stream = gpu::current_stream();
+  cuda_detail::with_pack<T>(gpu::all_aligned16(out, inp), [&](auto w) {
+    constexpr int P = decltype(w)::value;
+    const auto d = gpu::elementwise_launch(n, P);
+    cuda_detail::gelu_forward_kernel<T, P><<<d.grid, d.block, 0, stream>>>(out, inp, n);
+  });
+  STRATA_CUDA_CHECK_LAUNCH("gelu_forward");
+}
+
+// Accumulates (+=) into dinp.
+template <class T>
+void gelu_backward(cuda, T* dinp, const T* inp, const T* dout, std::int64_t n) {
+  static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
+  STRATA_CHECK(n >= 0, "gelu_backward: negative length ", n);
+  if (n == 0) return;
+  const cudaStream_t stream = gpu::current_stream();
+  cuda_detail::with_pack<T>(gpu::all_aligned16(dinp, inp, dout), [&](auto w) {
+    constexpr int P = decltype(w)::value;
+    const auto d = gpu::elementwise_launch(n, P);
+    cuda_detail::gelu_backward_kernel<T, P><<<d.grid, d.block, 0, stream>>>(dinp, inp, dout, n);
+  });
+  STRATA_CUDA_CHECK_LAUNCH("gelu_backward");
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,403 @@
+// strata/kernels/cuda/runtime.cuh - what every CUDA kernel file needs around the kernels:
+// checked calls, the per-thread context (current stream, cuBLASLt handle and workspace),
+// streams and events, NVTX ranges, device memory, and the device-side error record.
+//
+// Streams. strata's device tag strata::cuda is an empty type (layers pass `device{}`), so a
+// kernel cannot be handed a stream through it. Every CUDA kernel is enqueued on the calling
+// thread's *current stream*: gpu::current_stream(). By default that is a non-blocking stream
+// the context creates for the thread on first use; a gpu::stream_scope sets another for its
+// lifetime (and restores the previous one):
+//
+//   gpu::stream compute, comm;                         // non-blocking streams
+//   { gpu::stream_scope on(compute);                   // kernels below go to `compute`
+//     kernels::layernorm_forward(cuda{}, ...);
+//     gpu::event grads_ready; grads_ready.record(compute);
+//     grads_ready.wait(comm); /* NCCL on comm */ }
+//
+// Kernels never synchronize, except the few whose host signature returns a value
+// (sum_of_squares, all_finite): they synchronize the current stream to return it.
+//
+// Errors. STRATA_CUDA_CHECK(call) throws strata::error naming the call, the CUDA error, the
+// file and line. Every launch is followed by STRATA_CUDA_CHECK_LAUNCH(name); with the
+// environment variable STRATA_CUDA_SYNC=1 that also synchronizes, so an asynchronous fault is
+// reported at the kernel that caused it. Bad data a kernel finds (a token id out of range) is
+// written to a device error record; gpu::check_device_errors() (also run by every synchronizing
+// call) throws it on the host.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/core/error.hpp"
+#include "strata/core/memory.hpp"
+#include "strata/kernels/cuda/launch_config.hpp"
+
+// Throws strata::error when a CUDA runtime call fails: "CUDA error cudaErrorX (text) in
+// `call` at file:line".
+#define STRATA_CUDA_CHECK(call)                                                                     \
+  do {                                                                                              \
+    const cudaError_t strata_cuda_err_ = (call);                                                    \
+    if (strata_cuda_err_ != cudaSuccess) ::strata::gpu::detail::cuda_fail(strata_cuda_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// Same for cuBLAS / cuBLASLt status codes.
+#define STRATA_CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                              \
+    const cublasStatus_t strata_cublas_st_ = (call);                                                \
+    if (strata_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                                 \
+      ::strata::gpu::detail::cublas_fail(strata_cublas_st_, #call, __FILE__, __LINE__);             \
+  } while (0)
+
+// After every <<<...>>>: the launch error (bad configuration, missing kernel image), and with
+// STRATA_CUDA_SYNC=1 the kernel's own execution error.
+#define STRATA_CUDA_CHECK_LAUNCH(name) ::strata::gpu::detail::check_launch(name, __FILE__, __LINE__)
+
+namespace strata::gpu {
+
+namespace detail {
+[[noreturn]] inline void cuda_fail(cudaError_t e, const char* call, const char* file, int line) {
+  fail("CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") in `", call, "` at ", file, ":", line);
+}
+[[noreturn]] inline void cublas_fail(cublasStatus_t s, const char* call, const char* file, int line) {
+  fail("cuBLAS error ", int(s), " (", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s), ") in `", call,
+       "` at ", file, ":", line);
+}
+inline bool sync_after_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("STRATA_CUDA_SYNC");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return on;
+}
+inline void check_launch(const char* name, const char* file, int line) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && sync_after_launch()) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess)
+    fail("CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") launching ", name, " at ", file, ":",
+         line);
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Device-side error record: the first bad value a kernel met. Kernels write it with atomicCAS
+// on `code` (an integer: which kernel wins is irrelevant, the record is for the message).
+enum class device_error_code : int { none = 0, token_out_of_range = 1, target_out_of_range = 2, negative_token = 3 };
+struct device_error_record {
+  int code = 0;
+  int pad = 0;
+  long long position = 0;
+  long long value = 0;
+  long long limit = 0;
+};
+
+#if defined(__CUDACC__)
+__device__ inline void record_device_error(device_error_record* rec, device_error_code code, long long position,
+                                           long long value, long long limit) {
+  if (rec == nullptr) return;
+  if (atomicCAS(&rec->code, 0, int(code)) == 0) {
+    rec->position = position;
+    rec->value = value;
+    rec->limit = limit;
+  }
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// RAII streams and events.
+class stream {
+ public:
+  // A non-blocking stream (no implicit synchronisation with the legacy default stream).
+  explicit stream(int priority = 0) {
+    STRATA_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
+  }
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  ~stream() {
+    if (s_) cudaStreamDestroy(s_);
+  }
+  cudaStream_t get() const { return s_; }
+  operator cudaStream_t() const { return s_; }
+  void synchronize() const { STRATA_CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class event {
+ public:
+  // timing = false: a pure ordering event (cheaper).
+  explicit event(bool timing = false) {
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  ~event() {
+    if (e_) cudaEventDestroy(e_);
+  }
+  void record(cudaStream_t s) { STRATA_CUDA_CHECK(cudaEventRecord(e_, s)); }
+  // Work enqueued on `s` after this call waits for the recorded point.
+  void wait(cudaStream_t s) const { STRATA_CUDA_CHECK(cudaStreamWaitEvent(s, e_, 0)); }
+  void synchronize() const { STRATA_CUDA_CHECK(cudaEventSynchronize(e_)); }
+  // Milliseconds between two timing events.
+  float since(const event& start) const {
+    float ms = 0;
+    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, e_));
+    return ms;
+  }
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// What identifies a GEMM for the algorithm cache (types, shapes, leading dimensions, epilogue,
+// operand alignments), as plain numbers.
+struct gemm_key {
+  std::array<std::int64_t, 16> v;
+  bool operator<(const gemm_key& o) const { return v < o.v; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The per-thread, per-device context: current stream, cuBLASLt handle, one GEMM workspace per
+// stream it has run on (a workspace must not be shared by GEMMs running concurrently), the
+// device error record, and device properties the launchers need.
+class context {
+ public:
+  explicit context(int device) : device_(device) {
+    STRATA_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
+    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
+    STRATA_CUBLAS_CHECK(cublasLtCreate(&lt_));
+    STRATA_CUDA_CHECK(cudaMalloc(&errors_, sizeof(device_error_record)));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(errors_, 0, sizeof(device_error_record), own_stream_));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(own_stream_));
+    // Keep freed stream-ordered scratch in the pool instead of returning it to the driver
+    // every synchronisation: scratch (gpu::scratch) then costs no cudaMalloc after warm-up.
+    cudaMemPool_t pool;
+    STRATA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    std::uint64_t threshold = UINT64_MAX;
+    STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  context(const context&) = delete;
+  context& operator=(const context&) = delete;
+  ~context() {
+    for (auto& w : workspaces_) cudaFree(w.second);
+    if (errors_) cudaFree(errors_);
+    if (lt_) cublasLtDestroy(lt_);
+    if (own_stream_) cudaStreamDestroy(own_stream_);
+  }
+
+  int device() const { return device_; }
+  const cudaDeviceProp& properties() const { return props_; }
+  cudaStream_t stream() const { return current_ ? current_ : own_stream_; }
+  cublasLtHandle_t lt() const { return lt_; }
+  device_error_record* errors() const { return errors_; }
+  // fp32 GEMMs on TF32 tensor cores (faster, ~1e-3 relative error). Off by default.
+  bool allow_tf32 = false;
+
+  std::size_t gemm_workspace_bytes() const { return gpu::gemm_workspace_bytes(props_.major); }
+  void* gemm_workspace(cudaStream_t s) {
+    for (auto& w : workspaces_)
+      if (w.first == s) return w.second;
+    void* p = nullptr;
+    STRATA_CUDA_CHECK(cudaMalloc(&p, gemm_workspace_bytes()));
+    workspaces_.emplace_back(s, p);
+    return p;
+  }
+  // Opt-in shared memory per block (227 KiB on sm_90).
+  std::size_t smem_optin() const { return props_.sharedMemPerBlockOptin; }
+
+  // cuBLASLt algorithms already chosen by its heuristic, per GEMM (kernels/cuda/gemm.cuh).
+  const cublasLtMatmulAlgo_t* find_gemm_algo(const gemm_key& k) const {
+    const auto it = gemm_algos_.find(k);
+    return it == gemm_algos_.end() ? nullptr : &it->second;
+  }
+  const cublasLtMatmulAlgo_t* add_gemm_algo(const gemm_key& k, const cublasLtMatmulAlgo_t& a) {
+    return &gemm_algos_.emplace(k, a).first->second;
+  }
+
+ private:
+  friend class stream_scope;
+  int device_;
+  cudaDeviceProp props_{};
+  cudaStream_t own_stream_ = nullptr;
+  cudaStream_t current_ = nullptr;  // set by stream_scope
+  cublasLtHandle_t lt_ = nullptr;
+  device_error_record* errors_ = nullptr;
+  std::vector<std::pair<cudaStream_t, void*>> workspaces_;
+  std::map<gemm_key, cublasLtMatmulAlgo_t> gemm_algos_;
+};
+
+// The calling thread's context for its current CUDA device (created on first use).
+inline context& this_context() {
+  thread_local std::vector<std::unique_ptr<context>> contexts;
+  int device = 0;
+  STRATA_CUDA_CHECK(cudaGetDevice(&device));
+  for (auto& c : contexts)
+    if (c->device() == device) return *c;
+  contexts.push_back(std::make_unique<context>(device));
+  return *contexts.back();
+}
+
+inline cudaStream_t current_stream() { return this_context().stream(); }
+
+// Sets the calling thread's current stream for this scope; restores the previous one after.
+class stream_scope {
+ public:
+  explicit stream_scope(cudaStream_t s) : ctx_(&this_context()), previous_(ctx_->current_) { ctx_->current_ = s; }
+  stream_scope(const stream_scope&) = delete;
+  stream_scope& operator=(const stream_scope&) = delete;
+  ~stream_scope() { ctx_->current_ = previous_; }
+
+ private:
+  context* ctx_;
+  cudaStream_t previous_;
+};
+
+// Throws the first error a kernel recorded since the last check (and clears it). Synchronizes
+// the current stream.
+inline void check_device_errors() {
+  context& ctx = this_context();
+  device_error_record rec;
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(&rec, ctx.errors(), sizeof rec, cudaMemcpyDeviceToHost, ctx.stream()));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+  if (rec.code == int(device_error_code::none)) return;
+  STRATA_CUDA_CHECK(cudaMemsetAsync(ctx.errors(), 0, sizeof rec, ctx.stream()));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+  switch (device_error_code(rec.code)) {
+    case device_error_code::token_out_of_range:
+      fail("embedding: token id ", rec.value, " at position ", rec.position, " is out of range for vocab ", rec.limit);
+    case device_error_code::negative_token:
+      fail("embedding: token id ", rec.value, " at position ", rec.position, " is negative");
+    case device_error_code::target_out_of_range:
+      fail("cross_entropy: target ", rec.value, " at position ", rec.position, " is out of range for vocab ",
+           rec.limit);
+    default: fail("CUDA kernel reported error code ", rec.code);
+  }
+}
+
+// Waits for the current stream, then reports recorded kernel errors.
+inline void synchronize() { check_device_errors(); }
+
+// ---------------------------------------------------------------------------------------------
+// NVTX: a named range a profiler (nsys) shows on the timeline: { gpu::nvtx_range r("forward"); ... }
+class nvtx_range {
+ public:
+  explicit nvtx_range(const char* name) { nvtxRangePushA(name); }
+  nvtx_range(const nvtx_range&) = delete;
+  nvtx_range& operator=(const nvtx_range&) = delete;
+  ~nvtx_range() { nvtxRangePop(); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Device memory.
+
+// An owning device array of T, zero-initialised, charged to a memory_ledger like buffer<T>
+// (the ledger is optional: nullptr charges nothing).
+template <class T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  device_buffer(memory_ledger* ledger, memory_category category, std::size_t count)
+      : ledger_(ledger), category_(category), count_(count) {
+    if (count_ == 0) return;
+    STRATA_CUDA_CHECK(cudaMalloc(&data_, count_ * sizeof(T)));
+    // Zeroed and complete before the constructor returns, whatever stream uses it next.
+    const cudaStream_t s = current_stream();
+    STRATA_CUDA_CHECK(cudaMemsetAsync(data_, 0, count_ * sizeof(T), s));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (ledger_) ledger_->charge(category_, count_ * sizeof(T));
+  }
+  explicit device_buffer(std::size_t count) : device_buffer(nullptr, memory_category::workspace, count) {}
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  device_buffer(device_buffer&& o) noexcept { swap(o); }
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      device_buffer tmp(std::move(o));
+      swap(tmp);
+    }
+    return *this;
+  }
+  ~device_buffer() {
+    if (data_) {
+      if (ledger_) ledger_->release(category_, count_ * sizeof(T));
+      cudaFree(data_);
+    }
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return count_; }
+  std::size_t bytes() const { return count_ * sizeof(T); }
+  // Stream-ordered on the current stream.
+  void zero() {
+    if (data_) STRATA_CUDA_CHECK(cudaMemsetAsync(data_, 0, bytes(), current_stream()));
+  }
+  // Blocking copies, ordered after everything enqueued on the current stream (plain
+  // cudaMemcpy would use the legacy stream, which does not wait for non-blocking streams).
+  void upload(const T* host, std::size_t count) {
+    STRATA_CHECK(count <= count_, "device_buffer::upload: ", count, " elements into ", count_);
+    const cudaStream_t s = current_stream();
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(data_, host, count * sizeof(T), cudaMemcpyHostToDevice, s));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  void download(T* host, std::size_t count) const {
+    STRATA_CHECK(count <= count_, "device_buffer::download: ", count, " elements from ", count_);
+    const cudaStream_t s = current_stream();
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(host, data_, count * sizeof(T), cudaMemcpyDeviceToHost, s));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+ private:
+  void swap(device_buffer& o) noexcept {
+    std::swap(ledger_, o.ledger_);
+    std::swap(category_, o.category_);
+    std::swap(data_, o.data_);
+    std::swap(count_, o.count_);
+  }
+  memory_ledger* ledger_ = nullptr;
+  memory_category category_ = memory_category::workspace;
+  T* data_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+// Stream-ordered scratch for one launcher: allocated on the current stream, freed on it at
+// scope exit (cudaMallocAsync / cudaFreeAsync from the device's pool), so it is safe however
+// the kernels that use it are ordered on that stream.
+template <class T>
+class scratch {
+ public:
+  explicit scratch(std::size_t count) : stream_(current_stream()) {
+    if (count > 0) STRATA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&data_), count * sizeof(T), stream_));
+  }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  ~scratch() {
+    if (data_) cudaFreeAsync(data_, stream_);
+  }
+  T* get() const { return data_; }
+
+ private:
+  cudaStream_t stream_;
+  T* data_ = nullptr;
+};
+
+// Enables `bytes` of dynamic shared memory for `kernel` when it needs more than the 48 KiB
+// default. (A host-side driver call of about a microsecond; made before each such launch, so
+// it is right for every device and thread.)
+template <class Kernel>
+inline void allow_dynamic_smem(Kernel* kernel, std::size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+}  // namespace strata::gpu

@@ -1,0 +1,748 @@
+// tests/cuda/gpu_tests.cu - every strata CUDA kernel against its host reference, on a GPU.
+//
+//   strata_cuda_gpu_tests [--bench] [--tsv FILE]
+//
+// Correctness: each kernel's output against kernels/host (the same op on the CPU, same inputs),
+// as ||out - ref|| / ||ref||: fp32 within 1e-5, bf16/fp16 within 1e-2; NaN never passes. Outputs
+// that accumulate (+=) start from random values on both sides. Determinism: the reductions
+// (attention and LayerNorm backward, embedding backward, sum of squares) run twice and must agree
+// bit for bit. Linear layers are checked against a naive double-precision GEMM compiled in here,
+// so this program needs nothing but the CUDA toolkit (no BLAS, no doctest).
+//
+// --bench adds, at GPT-2 124M shapes (B = 16, T = 1024, bf16), each kernel's time as GB/s or
+// TFLOP/s against two measured ceilings: a 1 GiB device-to-device copy and an 8192^3 bf16
+// cuBLASLt GEMM. --tsv writes the rows for scripts/gpu-check. Exit status 0 when every check
+// passes, 1 otherwise, 2 when there is no GPU.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "gpu_harness.cuh"
+#include "strata/kernels/cuda/all.cuh"
+#include "strata/kernels/host/adamw.hpp"
+#include "strata/kernels/host/attention.hpp"
+#include "strata/kernels/host/cross_entropy.hpp"
+#include "strata/kernels/host/embedding.hpp"
+#include "strata/kernels/host/gelu.hpp"
+#include "strata/kernels/host/layernorm.hpp"
+#include "strata/kernels/host/reduce.hpp"
+#include "strata/kernels/host/residual.hpp"
+
+using namespace strata_gpu_test;
+namespace st = strata;
+namespace k = strata::kernels;
+using st::bf16;
+using st::fp16;
+
+namespace {
+
+const st::host H{};
+const st::cuda D{};
+std::vector<result_row> rows;
+
+template <class T>
+double tol_for() {
+  return std::is_same_v<T, float> ? 1e-5 : 1e-2;
+}
+
+std::string shape_str(std::initializer_list<std::int64_t> dims) {
+  std::string s;
+  for (auto d : dims) {
+    if (!s.empty()) s += 'x';
+    s += std::to_string(d);
+  }
+  return s;
+}
+
+void check(const std::string& name, const std::string& dtype, const std::string& shape, double rel, double tol,
+           const std::string& note = "") {
+  result_row r;
+  r.section = "check";
+  r.name = name;
+  r.dtype = dtype;
+  r.shape = shape;
+  r.rel = rel;
+  r.tol = tol;
+  r.pass = rel <= tol;  // false for NaN
+  r.note = note;
+  rows.push_back(r);
+}
+
+void check_true(const std::string& name, const std::string& dtype, const std::string& shape, bool ok,
+                const std::string& note) {
+  result_row r;
+  r.section = "check";
+  r.name = name;
+  r.dtype = dtype;
+  r.shape = shape;
+  r.pass = ok;
+  r.note = note;
+  rows.push_back(r);
+}
+
+template <class T>
+std::vector<float> widen_all(const std::vector<T>& v) {
+  std::vector<float> w(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) w[i] = st::convert<float>(v[i]);
+  return w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Naive references for the GEMM-based kernels (double accumulation, one rounding).
+template <class T>
+void ref_gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, double alpha, const T* A,
+              std::int64_t lda, const T* B, std::int64_t ldb, double beta, T* C, std::int64_t ldc) {
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (std::int64_t p = 0; p < K; ++p) {
+        const double a = st::convert<double>(ta ? A[p * lda + i] : A[i * lda + p]);
+        const double b = st::convert<double>(tb ? B[j * ldb + p] : B[p * ldb + j]);
+        s += a * b;
+      }
+      const double c = beta == 0 ? 0.0 : beta * st::convert<double>(C[i * ldc + j]);
+      C[i * ldc + j] = st::convert<T>(float(alpha * s + c));
+    }
+}
+
+template <class T>
+void ref_linear_forward(T* out, const T* inp, const T* w, const T* bias, std::int64_t N, std::int64_t C,
+                        std::int64_t OC) {
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t o = 0; o < OC; ++o) {
+      double s = 0;
+      for (std::int64_t c = 0; c < C; ++c) s += st::convert<double>(inp[n * C + c]) * st::convert<double>(w[o * C + c]);
+      out[n * OC + o] = st::convert<T>(float(s + (bias ? st::convert<double>(bias[o]) : 0.0)));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+template <class T>
+void test_elementwise(std::int64_t n) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({n});
+  const auto x = random_vec<T>(std::size_t(n), -4, 4, 1), g = random_vec<T>(std::size_t(n), -1, 1, 2);
+  const auto d0 = random_vec<T>(std::size_t(n), -1, 1, 3);
+  {  // gelu
+    std::vector<T> ref(static_cast<std::size_t>(n));
+    k::gelu_forward(H, ref.data(), x.data(), n);
+    dvec<T> dx(x), dout(static_cast<std::size_t>(n));
+    k::gelu_forward(D, dout.get(), dx.get(), n);
+    check("gelu_forward", dt, sh, rel_error(dout.host(), ref), tol_for<T>());
+    std::vector<T> dref = d0;
+    k::gelu_backward(H, dref.data(), x.data(), g.data(), n);
+    dvec<T> dd(d0), dg(g);
+    k::gelu_backward(D, dd.get(), dx.get(), dg.get(), n);
+    check("gelu_backward", dt, sh, rel_error(dd.host(), dref), tol_for<T>());
+  }
+  {  // residual, aligned and (offset by one element) scalar paths
+    for (int off : {0, 1}) {
+      const std::int64_t m = n - off;
+      std::vector<T> ref(static_cast<std::size_t>(m));
+      k::residual_forward(H, ref.data(), x.data() + off, g.data() + off, m);
+      dvec<T> da(x), db(g), dout(static_cast<std::size_t>(n));
+      k::residual_forward(D, dout.get() + off, da.get() + off, db.get() + off, m);
+      auto got = dout.host();
+      got.erase(got.begin(), got.begin() + off);
+      check(off ? "residual_forward (unaligned)" : "residual_forward", dt, shape_str({m}), rel_error(got, ref),
+            tol_for<T>());
+    }
+    std::vector<T> ra = d0, rb = x;
+    k::residual_backward<T>(H, ra.data(), rb.data(), g.data(), n);
+    dvec<T> da(d0), db(x), dg(g);
+    k::residual_backward<T>(D, da.get(), db.get(), dg.get(), n);
+    check("residual_backward", dt, sh, std::max(rel_error(da.host(), ra), rel_error(db.host(), rb)), tol_for<T>());
+  }
+  {  // scale_in_place, convert_array
+    std::vector<T> ref = x;
+    k::scale_in_place(H, ref.data(), n, 0.37);
+    dvec<T> dx(x);
+    k::scale_in_place(D, dx.get(), n, 0.37);
+    check("scale_in_place", dt, sh, rel_error(dx.host(), ref), tol_for<T>());
+    const auto f = random_vec<float>(std::size_t(n), -70000, 70000, 4);  // fp16 overflows to inf: both sides
+    std::vector<T> narrowed(static_cast<std::size_t>(n));
+    k::convert_array(H, narrowed.data(), f.data(), n);
+    dvec<float> df(f);
+    dvec<T> dn(static_cast<std::size_t>(n));
+    k::convert_array(D, dn.get(), df.get(), n);
+    check_true("convert_array (fp32 -> T)", dt, sh, bitwise_equal(dn.host(), narrowed), "bitwise equal to the host");
+    std::vector<float> wide(static_cast<std::size_t>(n));
+    k::convert_array(H, wide.data(), x.data(), n);
+    dvec<float> dw(static_cast<std::size_t>(n));
+    k::convert_array(D, dw.get(), dx.get(), n);  // dx was scaled: widen the host's scaled copy
+    std::vector<float> wide_scaled(static_cast<std::size_t>(n));
+    k::convert_array(H, wide_scaled.data(), ref.data(), n);
+    check_true("convert_array (T -> fp32)", dt, sh, bitwise_equal(dw.host(), wide_scaled), "bitwise equal to the host");
+  }
+  {  // reductions
+    const double ref = k::sum_of_squares(H, x.data(), n);
+    dvec<T> dx(x);
+    const double got = k::sum_of_squares(D, dx.get(), n);
+    const double again = k::sum_of_squares(D, dx.get(), n);
+    check("sum_of_squares", dt, sh, std::abs(got - ref) / ref, 1e-10);
+    check_true("sum_of_squares (deterministic)", dt, sh, got == again, "two runs bitwise equal");
+    bool ok = k::all_finite(D, dx.get(), n);
+    std::vector<T> bad = x;
+    bad[std::size_t(n / 2)] = st::convert<T>(NAN);
+    dvec<T> dbad(bad);
+    const bool caught = !k::all_finite(D, dbad.get(), n);
+    bad[std::size_t(n / 2)] = st::convert<T>(INFINITY);
+    dvec<T> dinf(bad);
+    const bool caught_inf = !k::all_finite(D, dinf.get(), n);
+    check_true("all_finite", dt, sh, ok && caught && caught_inf, "finite / NaN / inf");
+  }
+}
+
+template <class T>
+void test_layernorm(std::int64_t N, std::int64_t C) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({N, C});
+  const auto x = random_vec<T>(std::size_t(N * C), -2, 2, 10), a = random_vec<T>(std::size_t(N * C), -1, 1, 11);
+  const auto w = random_vec<T>(std::size_t(C), 0.5f, 1.5f, 12), b = random_vec<T>(std::size_t(C), -0.5f, 0.5f, 13);
+  const float eps = 1e-5f;
+  std::vector<T> out(std::size_t(N * C));
+  std::vector<float> mean(static_cast<std::size_t>(N)), rstd(static_cast<std::size_t>(N));
+  k::layernorm_forward(H, out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
+  dvec<T> dx(x), dw(w), db(b), dout(std::size_t(N * C));
+  dvec<float> dmean(static_cast<std::size_t>(N)), drstd(static_cast<std::size_t>(N));
+  k::layernorm_forward(D, dout.get(), dmean.get(), drstd.get(), dx.get(), dw.get(), db.get(), N, C, eps);
+  check("layernorm_forward", dt, sh, rel_error(dout.host(), out), tol_for<T>());
+  check("layernorm_forward (mean, rstd)", "fp32", sh,
+        std::max(rel_error(dmean.host(), mean), rel_error(drstd.host(), rstd)), 1e-5);
+
+  // backward: dinp, dweight, dbias accumulate into random starting values
+  const auto g = random_vec<T>(std::size_t(N * C), -1, 1, 14);
+  auto dinp = random_vec<T>(std::size_t(N * C), -1, 1, 15);
+  auto dweight = random_vec<T>(std::size_t(C), -1, 1, 16), dbias = random_vec<T>(std::size_t(C), -1, 1, 17);
+  dvec<T> ddinp(dinp), ddw(dweight), ddb(dbias), dg(g);
+  k::layernorm_backward(H, dinp.data(), dweight.data(), dbias.data(), g.data(), x.data(), w.data(), mean.data(),
+                        rstd.data(), N, C);
+  k::layernorm_backward(D, ddinp.get(), ddw.get(), ddb.get(), dg.get(), dx.get(), dw.get(), dmean.get(), drstd.get(), N, C);
+  check("layernorm_backward (dinp)", dt, sh, rel_error(ddinp.host(), dinp), tol_for<T>());
+  check("layernorm_backward (dweight)", dt, sh, rel_error(ddw.host(), dweight), tol_for<T>());
+  check("layernorm_backward (dbias)", dt, sh, rel_error(ddb.host(), dbias), tol_for<T>());
+  {  // determinism: the same backward again from the same start
+    dvec<T> e1(random_vec<T>(std::size_t(N * C), -1, 1, 15)), w1(random_vec<T>(std::size_t(C), -1, 1, 16)),
+        b1(random_vec<T>(std::size_t(C), -1, 1, 17));
+    k::layernorm_backward(D, e1.get(), w1.get(), b1.get(), dg.get(), dx.get(), dw.get(), dmean.get(), drstd.get(), N, C);
+    check_true("layernorm_backward (deterministic)", dt, sh,
+               bitwise_equal(e1.host(), ddinp.host()) && bitwise_equal(w1.host(), ddw.host()) &&
+                   bitwise_equal(b1.host(), ddb.host()),
+               "two runs bitwise equal");
+  }
+  {  // fused residual + layernorm against residual_forward then layernorm_forward
+    std::vector<T> resid(std::size_t(N * C)), ln(std::size_t(N * C));
+    std::vector<float> m2(static_cast<std::size_t>(N)), r2(static_cast<std::size_t>(N));
+    k::residual_forward(H, resid.data(), x.data(), a.data(), N * C);
+    k::layernorm_forward(H, ln.data(), m2.data(), r2.data(), resid.data(), w.data(), b.data(), N, C, eps);
+    dvec<T> da(a), dresid(std::size_t(N * C)), dln(std::size_t(N * C));
+    k::residual_layernorm_forward(D, dresid.get(), dln.get(), dmean.get(), drstd.get(), dx.get(), da.get(), dw.get(),
+                                  db.get(), N, C, eps);
+    check("residual_layernorm_forward", dt, sh,
+          std::max(rel_error(dresid.host(), resid), rel_error(dln.host(), ln)), tol_for<T>());
+  }
+}
+
+template <class T>
+void test_linear(std::int64_t N, std::int64_t C, std::int64_t OC) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({N, C, OC});
+  st::memory_ledger ledger;
+  st::workspace ws(ledger);
+  const auto x = random_vec<T>(std::size_t(N * C), -1, 1, 20), w = random_vec<T>(std::size_t(OC * C), -0.1f, 0.1f, 21);
+  const auto bias = random_vec<T>(std::size_t(OC), -0.5f, 0.5f, 22);
+  dvec<T> dx(x), dw(w), dbias(bias);
+  for (bool with_bias : {true, false}) {
+    std::vector<T> ref(std::size_t(N * OC));
+    ref_linear_forward(ref.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, N, C, OC);
+    dvec<T> dout(std::size_t(N * OC));
+    k::linear_forward<T>(D, ws, dout.get(), dx.get(), dw.get(), with_bias ? dbias.get() : nullptr, N, C, OC);
+    check(with_bias ? "linear_forward (bias epilogue)" : "linear_forward", dt, sh, rel_error(dout.host(), ref),
+          tol_for<T>());
+  }
+  if constexpr (!std::is_same_v<T, float>) {
+    if (OC % 8 == 0) {  // GELU epilogue: out = gelu(pre), pre = linear
+      std::vector<T> pre(std::size_t(N * OC)), act(std::size_t(N * OC));
+      ref_linear_forward(pre.data(), x.data(), w.data(), bias.data(), N, C, OC);
+      k::gelu_forward(H, act.data(), pre.data(), N * OC);
+      dvec<T> dpre(std::size_t(N * OC)), dact(std::size_t(N * OC));
+      k::linear_gelu_forward<T>(D, ws, dact.get(), dpre.get(), dx.get(), dw.get(), dbias.get(), N, C, OC);
+      check("linear_gelu_forward (pre)", dt, sh, rel_error(dpre.host(), pre), tol_for<T>());
+      check("linear_gelu_forward (gelu)", dt, sh, rel_error(dact.host(), act), tol_for<T>());
+    }
+  }
+  // backward: everything accumulates
+  const auto g = random_vec<T>(std::size_t(N * OC), -1, 1, 23);
+  auto dinp = random_vec<T>(std::size_t(N * C), -1, 1, 24), dweight = random_vec<T>(std::size_t(OC * C), -1, 1, 25);
+  auto dbias_ref = random_vec<T>(std::size_t(OC), -1, 1, 26);
+  dvec<T> ddinp(dinp), ddw(dweight), ddb(dbias_ref), dg(g);
+  ref_gemm<T>(false, false, N, C, OC, 1.0, g.data(), OC, w.data(), C, 1.0, dinp.data(), C);
+  ref_gemm<T>(true, false, OC, C, N, 1.0, g.data(), OC, x.data(), C, 1.0, dweight.data(), C);
+  for (std::int64_t o = 0; o < OC; ++o) {
+    double s = st::convert<double>(dbias_ref[std::size_t(o)]);
+    for (std::int64_t n = 0; n < N; ++n) s += st::convert<double>(g[std::size_t(n * OC + o)]);
+    dbias_ref[std::size_t(o)] = st::convert<T>(float(s));
+  }
+  k::linear_backward<T>(D, ws, ddinp.get(), ddw.get(), ddb.get(), dg.get(), dx.get(), dw.get(), N, C, OC);
+  check("linear_backward (dinp)", dt, sh, rel_error(ddinp.host(), dinp), tol_for<T>());
+  check("linear_backward (dweight)", dt, sh, rel_error(ddw.host(), dweight), tol_for<T>());
+  check("linear_backward (dbias)", dt, sh, rel_error(ddb.host(), dbias_ref), tol_for<T>());
+}
+
+// Every (trans_a, trans_b) with padded leading dimensions, alpha and beta: the row-major to
+// column-major mapping end to end.
+template <class T>
+void test_gemm() {
+  const std::string dt = st::dtype_name<T>();
+  st::memory_ledger ledger;
+  st::workspace ws(ledger);
+  const std::int64_t M = 67, N = 45, K = 33;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const std::int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+      const std::int64_t lda = a_cols + 3, ldb = b_cols + 5, ldc = N + 2;
+      const auto A = random_vec<T>(std::size_t(a_rows * lda), -1, 1, 30), B = random_vec<T>(std::size_t(b_rows * ldb), -1, 1, 31);
+      auto Cref = random_vec<T>(std::size_t(M * ldc), -1, 1, 32);
+      dvec<T> dA(A), dB(B), dC(Cref);
+      ref_gemm<T>(ta, tb, M, N, K, 0.5, A.data(), lda, B.data(), ldb, 0.25, Cref.data(), ldc);
+      k::gemm<T>(D, ws, ta, tb, M, N, K, 0.5f, dA.get(), lda, dB.get(), ldb, 0.25f, dC.get(), ldc);
+      check(std::string("gemm (") + (ta ? "T" : "N") + (tb ? "T" : "N") + ", padded ld)", dt, shape_str({M, N, K}),
+            rel_error(dC.host(), Cref), tol_for<T>());
+    }
+}
+
+template <class T>
+void test_attention(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t NH) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({B, T_, C, NH});
+  const std::int64_t hs = C / NH;
+  const auto plan = gpu::plan_attention(hs, sizeof(T), gpu::tensor_core_storage_v<T>, 227 * 1024);
+  const std::string path = plan.tensor_cores ? "tensor cores" : "scalar";
+  const auto qkv = random_vec<T>(std::size_t(B * T_ * 3 * C), -1.5f, 1.5f, 40);
+  std::vector<T> out(std::size_t(B * T_ * C));
+  std::vector<float> att(std::size_t(B * NH * T_ * T_));
+  k::attention_forward(H, out.data(), att.data(), qkv.data(), B, T_, C, NH);
+  dvec<T> dqkv_in(qkv), dout_(std::size_t(B * T_ * C));
+  dvec<float> dlse(std::size_t(B * NH * T_));
+  k::attention_forward(D, dout_.get(), dlse.get(), dqkv_in.get(), B, T_, C, NH);
+  check("attention_forward", dt, sh, rel_error(dout_.host(), out), tol_for<T>(), path);
+  {  // logsumexp against a direct double computation
+    std::vector<float> lse_ref(std::size_t(B * NH * T_));
+    const double scale = 1.0 / std::sqrt(double(hs));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < NH; ++h)
+        for (std::int64_t t = 0; t < T_; ++t) {
+          std::vector<double> s(std::size_t(t + 1));
+          double mx = -INFINITY;
+          for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+            double d = 0;
+            for (std::int64_t i = 0; i < hs; ++i)
+              d += st::convert<double>(qkv[std::size_t((b * T_ + t) * 3 * C + h * hs + i)]) *
+                   st::convert<double>(qkv[std::size_t((b * T_ + t2) * 3 * C + C + h * hs + i)]);
+            s[std::size_t(t2)] = d * scale;
+            mx = std::max(mx, s[std::size_t(t2)]);
+          }
+          double sum = 0;
+          for (double v : s) sum += std::exp(v - mx);
+          lse_ref[std::size_t((b * NH + h) * T_ + t)] = float(mx + std::log(sum));
+        }
+    check("attention_forward (logsumexp)", "fp32", sh, rel_error(dlse.host(), lse_ref), 1e-5, path);
+  }
+  // backward, accumulating into random dqkv
+  const auto g = random_vec<T>(std::size_t(B * T_ * C), -1, 1, 41);
+  auto dqkv = random_vec<T>(std::size_t(B * T_ * 3 * C), -1, 1, 42);
+  const auto dqkv0 = dqkv;
+  k::attention_backward(H, dqkv.data(), g.data(), qkv.data(), att.data(), B, T_, C, NH);
+  dvec<T> dg(g), dd1(dqkv0), dd2(dqkv0), dd3(dqkv0);
+  k::attention_backward(D, dd1.get(), dg.get(), dqkv_in.get(), dlse.get(), B, T_, C, NH, dout_.get());
+  check("attention_backward", dt, sh, rel_error(dd1.host(), dqkv), tol_for<T>(), path + ", out given");
+  k::attention_backward(D, dd2.get(), dg.get(), dqkv_in.get(), dlse.get(), B, T_, C, NH);
+  check("attention_backward (recompute out)", dt, sh, rel_error(dd2.host(), dqkv), tol_for<T>(), path);
+  k::attention_backward(D, dd3.get(), dg.get(), dqkv_in.get(), dlse.get(), B, T_, C, NH, dout_.get());
+  check_true("attention_backward (deterministic)", dt, sh, bitwise_equal(dd1.host(), dd3.host()), "two runs bitwise equal");
+}
+
+template <class T>
+void test_embedding(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t V) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({B, T_, C, V});
+  rng r(50);
+  std::vector<std::int32_t> tokens(std::size_t(B * T_));
+  for (auto& t : tokens) t = std::int32_t(r.next() % 37);  // few distinct ids: long runs
+  tokens[3] = std::int32_t(V - 1);
+  const auto wte = random_vec<T>(std::size_t(V * C), -1, 1, 51), wpe = random_vec<T>(std::size_t(T_ * C), -1, 1, 52);
+  std::vector<T> out(std::size_t(B * T_ * C));
+  k::embedding_forward(H, out.data(), tokens.data(), wte.data(), wpe.data(), B, T_, C, V);
+  dvec<std::int32_t> dtok(tokens);
+  dvec<T> dwte(wte), dwpe(wpe), dout(std::size_t(B * T_ * C));
+  k::embedding_forward(D, dout.get(), dtok.get(), dwte.get(), dwpe.get(), B, T_, C, V);
+  check("embedding_forward", dt, sh, rel_error(dout.host(), out), tol_for<T>());
+
+  const auto g = random_vec<T>(std::size_t(B * T_ * C), -1, 1, 53);
+  auto gwte = random_vec<T>(std::size_t(V * C), -1, 1, 54), gwpe = random_vec<T>(std::size_t(T_ * C), -1, 1, 55);
+  dvec<T> dgwte(gwte), dgwpe(gwpe), dgwte2(gwte), dg(g);
+  k::embedding_backward(H, gwte.data(), gwpe.data(), g.data(), tokens.data(), B, T_, C);
+  k::embedding_backward(D, dgwte.get(), dgwpe.get(), dg.get(), dtok.get(), B, T_, C);
+  const auto got_wte = dgwte.host();
+  // fp32: the same per-token order as the host, so bitwise equal is expected; the check stays relative.
+  check("embedding_backward (dwte)", dt, sh, rel_error(got_wte, gwte), tol_for<T>(),
+        bitwise_equal(got_wte, gwte) ? "bitwise equal to the host" : "");
+  check("embedding_backward (dwpe)", dt, sh, rel_error(dgwpe.host(), gwpe), tol_for<T>());
+  dvec<T> dgwpe2(random_vec<T>(std::size_t(T_ * C), -1, 1, 55));
+  k::embedding_backward(D, dgwte2.get(), dgwpe2.get(), dg.get(), dtok.get(), B, T_, C);
+  check_true("embedding_backward (deterministic)", dt, sh, bitwise_equal(dgwte2.host(), got_wte), "two runs bitwise equal");
+
+  // A token out of range is reported by the next check, naming it.
+  std::vector<std::int32_t> badtok = tokens;
+  badtok[5] = std::int32_t(V + 7);
+  dvec<std::int32_t> dbad(badtok);
+  k::embedding_forward(D, dout.get(), dbad.get(), dwte.get(), dwpe.get(), B, T_, C, V);
+  std::string msg;
+  try {
+    gpu::check_device_errors();
+  } catch (const st::error& e) {
+    msg = e.what();
+  }
+  check_true("embedding_forward (bad token reported)", dt, sh,
+             msg.find("token id " + std::to_string(V + 7)) != std::string::npos &&
+                 msg.find("position 5") != std::string::npos,
+             msg.empty() ? "no error raised" : msg);
+}
+
+template <class T>
+void test_cross_entropy(std::int64_t N, std::int64_t V, std::int64_t Vp) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({N, V, Vp});
+  const auto logits = random_vec<T>(std::size_t(N * Vp), -4, 4, 60);
+  rng r(61);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+  for (auto& t : targets) t = std::int32_t(r.next() % std::uint64_t(V));
+  targets[0] = std::int32_t(V - 1);
+  std::vector<float> losses(static_cast<std::size_t>(N));
+  k::cross_entropy_forward(H, losses.data(), logits.data(), targets.data(), N, V, Vp);
+  dvec<T> dl(logits);
+  dvec<std::int32_t> dt_(targets);
+  dvec<float> dloss(static_cast<std::size_t>(N));
+  k::cross_entropy_forward(D, dloss.get(), dl.get(), dt_.get(), N, V, Vp);
+  check("cross_entropy_forward", dt, sh, rel_error(dloss.host(), losses), tol_for<T>() < 1e-4 ? 1e-5 : 1e-3);
+
+  auto grad = logits;
+  const float scale = 1.0f / float(N);
+  k::cross_entropy_forward_backward(H, losses.data(), grad.data(), targets.data(), N, V, Vp, scale);
+  k::cross_entropy_forward_backward(D, dloss.get(), dl.get(), dt_.get(), N, V, Vp, scale);
+  check("cross_entropy_forward_backward (loss)", dt, sh, rel_error(dloss.host(), losses), tol_for<T>() < 1e-4 ? 1e-5 : 1e-3);
+  check("cross_entropy_forward_backward (dlogits)", dt, sh, rel_error(dl.host(), grad), tol_for<T>());
+
+  // With the loss scale read from a device amp_state.
+  gpu::amp amp(gpu::amp_options{.dynamic = true}, 8.0);
+  auto grad8 = logits;
+  k::cross_entropy_forward_backward(H, losses.data(), grad8.data(), targets.data(), N, V, Vp, scale * 8.0f);
+  dvec<T> dl8(logits);
+  k::cross_entropy_forward_backward(D, dloss.get(), dl8.get(), dt_.get(), N, V, Vp, scale, amp.state());
+  check("cross_entropy_forward_backward (amp scale)", dt, sh, rel_error(dl8.host(), grad8), tol_for<T>());
+}
+
+template <class T, class M>
+void test_adamw(std::int64_t n) {
+  const std::string dt = std::string(st::dtype_name<T>()) + "/" + st::dtype_name<M>();
+  const std::string sh = shape_str({n});
+  const auto master0 = random_vec<M>(std::size_t(n), -1, 1, 70);
+  const auto grad = random_vec<T>(std::size_t(n), -1, 1, 71);
+  const auto m0 = random_vec<M>(std::size_t(n), -0.1f, 0.1f, 72), v0 = random_vec<M>(std::size_t(n), 0.0f, 0.01f, 73);
+  std::vector<T> w0(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < w0.size(); ++i) w0[i] = st::convert<T>(master0[i]);
+  const k::adamw_hyper h{1e-3, 0.9, 0.95, 1e-8, 0.1};
+  auto master = master0, m = m0, v = v0;
+  auto w = w0;
+  k::adamw_update(H, master.data(), w.data(), grad.data(), m.data(), v.data(), n, h, 3, 0.5);
+  dvec<M> dmaster(master0), dm(m0), dv(v0);
+  dvec<T> dw(w0), dg(grad);
+  k::adamw_update(D, dmaster.get(), dw.get(), dg.get(), dm.get(), dv.get(), n, h, 3, 0.5);
+  const double rel = std::max({rel_error(dmaster.host(), master), rel_error(dm.host(), m), rel_error(dv.host(), v)});
+  check("adamw_update (master, m, v)", dt, sh, rel, 1e-5);
+  check("adamw_update (weights)", dt, sh, rel_error(dw.host(), w), tol_for<T>());
+}
+
+// The device-driven step: grad norm -> amp_step on the GPU -> AdamW reading the state; the host
+// runs gpu::amp_step (the same function) and the host AdamW with the resulting scalars.
+template <class T>
+void test_amp(std::int64_t n) {
+  const std::string dt = std::string(st::dtype_name<T>()) + "/fp32", sh = shape_str({n});
+  const double loss_scale = 1024.0;
+  gpu::amp_options opt;
+  opt.dynamic = true;
+  opt.max_norm = 1.0;
+  opt.growth_interval = 2;
+  const auto master0 = random_vec<float>(std::size_t(n), -1, 1, 80);
+  auto grad = random_vec<T>(std::size_t(n), -0.5f, 0.5f, 81);
+  const auto m0 = random_vec<float>(std::size_t(n), -0.1f, 0.1f, 82), v0 = random_vec<float>(std::size_t(n), 0, 0.01f, 83);
+  std::vector<T> w0(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < w0.size(); ++i) w0[i] = st::convert<T>(master0[i]);
+  const k::adamw_hyper h{6e-4, opt.beta1, opt.beta2, 1e-8, 0.1};
+
+  for (bool overflow : {false, true}) {
+    if (overflow) grad[std::size_t(n / 3)] = st::convert<T>(INFINITY);
+    gpu::amp amp(opt, loss_scale);
+    dvec<float> dmaster(master0), dm(m0), dv(v0);
+    dvec<T> dw(w0), dg(grad);
+    k::grad_norm_squared(D, dg.get(), n, amp.state());
+    k::amp_advance(D, amp.state(), amp.options());
+    k::adamw_update(D, dmaster.get(), dw.get(), dg.get(), dm.get(), dv.get(), n, h, amp.state());
+    const gpu::amp_state got = amp.read();
+
+    gpu::amp_state ref;
+    ref.scale = loss_scale;
+    ref.sumsq = k::sum_of_squares(H, grad.data(), n);
+    gpu::amp_step(ref, opt);
+    auto master = master0, m = m0, v = v0;
+    auto w = w0;
+    if (ref.apply) k::adamw_update(H, master.data(), w.data(), grad.data(), m.data(), v.data(), n, h, ref.step, ref.grad_mult);
+    const bool state_ok = got.apply == ref.apply && got.step == ref.step && got.scale == ref.scale &&
+                          got.skipped == ref.skipped && got.found_inf == ref.found_inf &&
+                          (overflow || std::abs(got.norm - ref.norm) <= 1e-10 * ref.norm);
+    check_true(overflow ? "amp step (overflow: skipped, scale halved)" : "amp step (state)", dt, sh, state_ok,
+               "scale " + std::to_string(got.scale) + ", step " + std::to_string(got.step) + ", apply " +
+                   std::to_string(got.apply));
+    if (!overflow) {
+      check("amp step + adamw_update (master)", dt, sh, rel_error(dmaster.host(), master), 1e-5);
+      check("amp step + adamw_update (weights)", dt, sh, rel_error(dw.host(), w), tol_for<T>());
+    } else {
+      check_true("amp step + adamw_update (skipped)", dt, sh,
+                 bitwise_equal(dmaster.host(), master0) && bitwise_equal(dw.host(), w0), "weights unchanged");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmarks at GPT-2 124M shapes (bf16).
+struct ceilings {
+  double copy_gbs = 0, gemm_tflops = 0;
+};
+
+ceilings measure_ceilings() {
+  ceilings c;
+  const std::size_t bytes = std::size_t(1) << 30;
+  dvec<unsigned char> a(bytes), b(bytes);
+  const cudaStream_t s = gpu::current_stream();
+  const double ms = time_ms([&] { STRATA_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s)); }, 10);
+  c.copy_gbs = 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
+  const std::int64_t n = 8192;
+  dvec<bf16> A(std::size_t(n * n)), B(std::size_t(n * n)), C(std::size_t(n * n));
+  const double gms = time_ms([&] {
+    k::cuda_detail::lt_matmul<bf16>("gemm ceiling", false, true, n, n, n, 1.0f, A.get(), n, B.get(), n, 0.0f, C.get(), n);
+  }, 10);
+  c.gemm_tflops = 2.0 * double(n) * n * n / (gms * 1e-3) / 1e12;
+  result_row r1;
+  r1.section = "ceiling";
+  r1.name = "ceiling: device-to-device copy";
+  r1.dtype = "-";
+  r1.shape = "1 GiB";
+  r1.perf = c.copy_gbs;
+  r1.unit = "GB/s";
+  r1.of_ceiling = 1.0;
+  r1.note = "read + write bytes / time";
+  rows.push_back(r1);
+  result_row r2 = r1;
+  r2.name = "ceiling: cuBLASLt bf16 GEMM";
+  r2.dtype = "bf16";
+  r2.shape = "8192^3";
+  r2.perf = c.gemm_tflops;
+  r2.unit = "TFLOP/s";
+  r2.note = "fp32 accumulate";
+  rows.push_back(r2);
+  return c;
+}
+
+void bench_row(const std::string& name, const std::string& shape, double ms, double amount, bool flops,
+               const ceilings& c, const std::string& note = "") {
+  result_row r;
+  r.section = "bench";
+  r.name = name;
+  r.dtype = "bf16";
+  r.shape = shape;
+  if (flops) {
+    r.perf = amount / (ms * 1e-3) / 1e12;
+    r.unit = "TFLOP/s";
+    r.of_ceiling = r.perf / c.gemm_tflops;
+  } else {
+    r.perf = amount / (ms * 1e-3) / 1e9;
+    r.unit = "GB/s";
+    r.of_ceiling = r.perf / c.copy_gbs;
+  }
+  char t[32];
+  std::snprintf(t, sizeof t, "%.3f ms", ms);
+  r.note = std::string(t) + (note.empty() ? "" : "; " + note);
+  rows.push_back(r);
+}
+
+void run_benchmarks() {
+  const ceilings c = measure_ceilings();
+  using T = bf16;
+  const std::int64_t B = 16, T_ = 1024, C = 768, NH = 12, V = 50257, Vp = 50304, N = B * T_;
+  const double e = 2;  // bytes per bf16
+  st::memory_ledger ledger;
+  st::workspace ws(ledger);
+  dvec<T> x(random_vec<T>(std::size_t(N * C), -1, 1, 90)), y(std::size_t(N * C)), z(std::size_t(N * C));
+  dvec<T> big(random_vec<T>(std::size_t(N * 4 * C), -1, 1, 91)), big2(std::size_t(N * 4 * C)), big3(std::size_t(N * 4 * C));
+  dvec<T> w(random_vec<T>(std::size_t(4 * C * C), -0.05f, 0.05f, 92)), bias(std::size_t(4 * C)), dwt(std::size_t(4 * C * C));
+  dvec<T> lnw(random_vec<T>(std::size_t(C), 0.5f, 1.5f, 93)), lnb(static_cast<std::size_t>(C)), dlnw(static_cast<std::size_t>(C)), dlnb(static_cast<std::size_t>(C));
+  dvec<float> mean(static_cast<std::size_t>(N)), rstd(static_cast<std::size_t>(N));
+  const std::string nc = shape_str({N, C});
+
+  // GEMMs (linear layers of one GPT-2 block, and the LM head)
+  auto lin = [&](const char* name, std::int64_t OC, const T* b) {
+    const double ms = time_ms([&] { k::linear_forward<T>(D, ws, big2.get(), x.get(), w.get(), b, N, C, OC); });
+    bench_row(name, shape_str({N, C, OC}), ms, 2.0 * N * C * OC, true, c);
+  };
+  lin("linear_forward (qkv, bias)", 3 * C, bias.get());
+  lin("linear_forward (fc, bias)", 4 * C, bias.get());
+  {
+    const double ms = time_ms([&] { k::linear_gelu_forward<T>(D, ws, big2.get(), big3.get(), x.get(), w.get(), bias.get(), N, C, 4 * C); });
+    bench_row("linear_gelu_forward (fc)", shape_str({N, C, 4 * C}), ms, 2.0 * N * C * 4 * C, true, c);
+    const double ms2 = time_ms([&] { k::linear_forward<T>(D, ws, y.get(), big.get(), w.get(), bias.get(), N, 4 * C, C); });
+    bench_row("linear_forward (proj, bias)", shape_str({N, 4 * C, C}), ms2, 2.0 * N * C * 4 * C, true, c);
+    const double ms3 = time_ms([&] {
+      k::linear_backward<T>(D, ws, big2.get(), dwt.get(), bias.get(), x.get(), big.get(), w.get(), N, 4 * C, C);
+    });
+    bench_row("linear_backward (proj: dinp, dw, db)", shape_str({N, 4 * C, C}), ms3, 4.0 * N * C * 4 * C, true, c);
+  }
+  {
+    dvec<T> wte(random_vec<T>(std::size_t(Vp * C), -0.05f, 0.05f, 94)), logits(std::size_t(N * Vp));
+    const double ms = time_ms([&] { k::linear_forward<T>(D, ws, logits.get(), x.get(), wte.get(), nullptr, N, C, Vp); }, 5);
+    bench_row("linear_forward (lm head)", shape_str({N, C, Vp}), ms, 2.0 * N * C * Vp, true, c);
+    dvec<std::int32_t> targets(std::vector<std::int32_t>(std::size_t(N), 11));
+    dvec<float> losses(static_cast<std::size_t>(N));
+    const double ms2 = time_ms([&] {
+      k::cross_entropy_forward_backward(D, losses.get(), logits.get(), targets.get(), N, V, Vp, 1.0f / float(N));
+    }, 5);
+    bench_row("cross_entropy_forward_backward", shape_str({N, Vp}), ms2, 2.0 * N * Vp * e, false, c,
+              "bytes: logits read + written once");
+  }
+  // attention
+  {
+    dvec<T> qkv(random_vec<T>(std::size_t(N * 3 * C), -1, 1, 95)), dqkv(std::size_t(N * 3 * C));
+    dvec<float> lse(std::size_t(B * NH * T_));
+    const double hs = double(C / NH);
+    const double fwd_flops = 2.0 * B * NH * double(T_) * T_ * hs;  // 2 GEMMs x 2 flops x T^2/2 (causal)
+    const double ms = time_ms([&] { k::attention_forward(D, y.get(), lse.get(), qkv.get(), B, T_, C, NH); });
+    bench_row("attention_forward", shape_str({B, T_, C, NH}), ms, fwd_flops, true, c, "causal flops");
+    const double ms2 = time_ms([&] {
+      k::attention_backward(D, dqkv.get(), x.get(), qkv.get(), lse.get(), B, T_, C, NH, y.get());
+    });
+    bench_row("attention_backward", shape_str({B, T_, C, NH}), ms2, 2.5 * fwd_flops, true, c, "causal flops (5 GEMMs)");
+  }
+  // memory-bound kernels
+  {
+    double ms = time_ms([&] { k::layernorm_forward(D, y.get(), mean.get(), rstd.get(), x.get(), lnw.get(), lnb.get(), N, C, 1e-5f); });
+    bench_row("layernorm_forward", nc, ms, 2.0 * N * C * e, false, c);
+    ms = time_ms([&] {
+      k::residual_layernorm_forward(D, z.get(), y.get(), mean.get(), rstd.get(), x.get(), y.get(), lnw.get(), lnb.get(), N, C, 1e-5f);
+    });
+    bench_row("residual_layernorm_forward", nc, ms, 4.0 * N * C * e, false, c);
+    ms = time_ms([&] {
+      k::layernorm_backward(D, z.get(), dlnw.get(), dlnb.get(), y.get(), x.get(), lnw.get(), mean.get(), rstd.get(), N, C);
+    });
+    bench_row("layernorm_backward", nc, ms, 4.0 * N * C * e, false, c, "bytes: dout, inp, dinp read + dinp written");
+    const std::int64_t n4 = N * 4 * C;
+    ms = time_ms([&] { k::gelu_forward(D, big2.get(), big.get(), n4); });
+    bench_row("gelu_forward", shape_str({N, 4 * C}), ms, 2.0 * n4 * e, false, c);
+    ms = time_ms([&] { k::gelu_backward(D, big2.get(), big.get(), big3.get(), n4); });
+    bench_row("gelu_backward", shape_str({N, 4 * C}), ms, 4.0 * n4 * e, false, c);
+    ms = time_ms([&] { k::residual_forward(D, z.get(), x.get(), y.get(), N * C); });
+    bench_row("residual_forward", nc, ms, 3.0 * N * C * e, false, c);
+  }
+  {
+    dvec<T> wte(random_vec<T>(std::size_t(V * C), -1, 1, 96)), wpe(random_vec<T>(std::size_t(T_ * C), -1, 1, 97));
+    dvec<T> dwte(std::size_t(V * C)), dwpe(std::size_t(T_ * C));
+    rng r(98);
+    std::vector<std::int32_t> tok(static_cast<std::size_t>(N));
+    for (auto& t : tok) t = std::int32_t(r.next() % std::uint64_t(V));
+    dvec<std::int32_t> dtok(tok);
+    double ms = time_ms([&] { k::embedding_forward(D, y.get(), dtok.get(), wte.get(), wpe.get(), B, T_, C, V); });
+    bench_row("embedding_forward", shape_str({B, T_, C}), ms, 3.0 * N * C * e, false, c);
+    ms = time_ms([&] { k::embedding_backward(D, dwte.get(), dwpe.get(), x.get(), dtok.get(), B, T_, C); });
+    bench_row("embedding_backward", shape_str({B, T_, C}), ms, 4.0 * N * C * e, false, c,
+              "bytes: dout read twice, dwte rows read + written");
+  }
+  {
+    const std::int64_t P = 124475904;  // GPT-2 124M with the vocabulary padded to 50304
+    dvec<float> master(static_cast<std::size_t>(P)), m(static_cast<std::size_t>(P)), v(static_cast<std::size_t>(P));
+    dvec<T> wts(static_cast<std::size_t>(P)), g(static_cast<std::size_t>(P));
+    const k::adamw_hyper h{6e-4, 0.9, 0.95, 1e-8, 0.1};
+    double ms = time_ms([&] { k::adamw_update(D, master.get(), wts.get(), g.get(), m.get(), v.get(), P, h, 1, 1.0); });
+    bench_row("adamw_update", shape_str({P}), ms, 28.0 * double(P), false, c, "bytes: 3 fp32 rw + bf16 grad r + bf16 w");
+    gpu::amp amp(gpu::amp_options{}, 1.0);
+    ms = time_ms([&] { k::grad_norm_squared(D, g.get(), P, amp.state()); });
+    bench_row("grad_norm_squared (sum_of_squares)", shape_str({P}), ms, 2.0 * double(P), false, c);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool bench = false;
+  const char* tsv = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--bench") bench = true;
+    else if (a == "--tsv" && i + 1 < argc) tsv = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--bench] [--tsv FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("strata GPU tests: no CUDA device found; nothing to run\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("strata GPU tests on %s (sm_%d%d, %d SMs, %.0f GiB)\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, double(prop.totalGlobalMem) / (1 << 30));
+  try {
+    test_elementwise<float>((1 << 20) + 3);
+    test_elementwise<bf16>((1 << 20) + 3);
+    test_elementwise<fp16>((1 << 16) + 5);
+    test_layernorm<float>(1000, 768);
+    test_layernorm<bf16>(1000, 768);
+    test_layernorm<bf16>(333, 100);  // C not a multiple of the pack: the scalar path
+    test_layernorm<fp16>(257, 256);
+    test_gemm<float>();
+    test_gemm<bf16>();
+    test_gemm<fp16>();
+    test_linear<float>(256, 384, 1152);
+    test_linear<bf16>(256, 384, 1152);
+    test_linear<bf16>(100, 72, 30);  // odd sizes, OC not a multiple of 8
+    test_linear<fp16>(128, 256, 512);
+    test_attention<float>(2, 200, 256, 4);  // scalar path, ragged last tile
+    test_attention<bf16>(2, 256, 256, 4);   // tensor cores, hs = 64
+    test_attention<bf16>(2, 200, 384, 4);   // tensor cores, hs = 96, ragged
+    test_attention<bf16>(2, 77, 160, 4);    // hs = 40: scalar path for bf16
+    test_attention<fp16>(1, 130, 512, 4);   // tensor cores, hs = 128
+    test_embedding<float>(4, 64, 768, 1000);
+    test_embedding<bf16>(4, 64, 768, 1000);
+    test_embedding<bf16>(3, 50, 100, 77);  // C not a multiple of the pack
+    test_cross_entropy<float>(64, 50257, 50304);
+    test_cross_entropy<bf16>(64, 50257, 50304);
+    test_cross_entropy<bf16>(33, 1001, 1003);  // Vp not a multiple of the pack: the scalar path
+    test_cross_entropy<fp16>(16, 5000, 5008);
+    test_adamw<float, float>(100003);
+    test_adamw<bf16, float>(100003);
+    test_adamw<fp16, float>(4099);
+    test_amp<bf16>(200000);
+    test_amp<float>(50000);
+    if (bench) run_benchmarks();
+  } catch (const std::exception& e) {
+    std::printf("strata GPU tests: aborted: %s\n", e.what());
+    print_table(rows);
+    if (tsv) write_tsv(rows, tsv);
+    return 1;
+  }
+  print_table(rows);
+  if (tsv) write_tsv(rows, tsv);
+  int failed = 0;
+  for (const auto& r : rows) failed += r.pass ? 0 : 1;
+  std::printf("%d checks, %d failed\n", int(rows.size()), failed);
+  return failed == 0 ? 0 : 1;
+}
