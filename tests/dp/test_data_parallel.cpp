@@ -196,3 +196,24 @@ TEST_CASE("a global batch that does not divide over the ranks is refused with th
                                std::to_string(world.size()) + " ranks";
   CHECK_THROWS_WITH_AS(dp.local_rows(bad), doctest::Contains(expected.c_str()), st::error);
 }
+
+TEST_CASE("bucket reductions start during backward, as each bucket's gradients become final") {
+  auto& world = strata_test::world().comm();
+  for (int zero : {0, 1}) {
+    st::memory_ledger ledger;
+    gpt2::model<P32> model(ledger, tiny, st::seed{11});
+    st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero, .bucket_elems = 1000});
+    st::adamw<P32> opt(model.parameters(), {}, dp.optimizer_segments(), dp.optimizer_elements());
+    st::trainer train(model, opt, options(), dp);
+    st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
+    train.step(data.next_batch(global_batch, tiny.seq));
+    const int buckets = int(dp.layout().buckets().size());
+    REQUIRE(buckets >= 4);
+    // Every bucket but the one holding the tied embedding (final only after the embedding's
+    // backward, the very last) is posted before backward returns.
+    CAPTURE(zero);
+    CHECK(dp.buckets_posted_during_backward() >= buckets - 1);
+    CHECK(dp.hidden_share() >= 0.0);
+    CHECK(dp.hidden_share() <= 1.0);
+  }
+}

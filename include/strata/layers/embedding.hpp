@@ -65,6 +65,8 @@ class embedding {
     auto& p = scope_.params();
     kernels::embedding_backward(device{}, p.grads(wte_), p.grads(wpe_), dout.data(), tokens_.data(), batch_, seq_,
                                 cfg_.channels);
+    p.grad_written(wte_);
+    p.grad_written(wpe_);
   }
 
   template <class F>

@@ -4,7 +4,9 @@
 // it owns, backward takes the output gradient and returns the input gradient (accumulating
 // into its parameters' gradients), visit_parameters names its parameters, and constexpr
 // costs let the planner add it up without running it. RMSNorm, SwiGLU or a RoPE attention
-// written outside strata fit the same slot as ours.
+// written outside strata fit the same slot as ours. A layer that adds to a parameter's
+// gradient calls parameters().grad_written(handle) afterwards, so data parallelism can start
+// reducing that gradient while backward goes on.
 #pragma once
 #include <concepts>
 #include <cstdint>

@@ -64,6 +64,8 @@ class layernorm {
     auto& p = scope_.params();
     kernels::layernorm_backward(device{}, dinp.data(), p.grads(weight_), p.grads(bias_), dout.data(), input_.data,
                                 p.weights(weight_), mean_.data(), rstd_.data(), rows_, cfg_.channels);
+    p.grad_written(weight_);
+    p.grad_written(bias_);
     return dinp;
   }
 

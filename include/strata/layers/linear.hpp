@@ -67,6 +67,8 @@ class linear {
     kernels::linear_backward(device{}, scope_.workspace(), dinp.data(), p.grads(weight_),
                              cfg_.bias ? p.grads(bias_) : nullptr, dout.data(), input_.data,
                              p.weights(weight_), rows_, cfg_.in, cfg_.out);
+    p.grad_written(weight_);
+    if (cfg_.bias) p.grad_written(bias_);
     return dinp;
   }
 

@@ -51,6 +51,7 @@ class lm_head {
   }
   lm_head(module_scope<P> scope, config c, tied_to tie) : scope_(scope), cfg_(c), weight_(tie.table), tied_(true) {
     check_config();
+    scope_.params().add_writer(weight_);  // its gradient is final only after both backwards
     const auto& shared = scope_.params().info(weight_);
     const strata::shape expected{c.vocab, c.channels};
     STRATA_CHECK(shared.shape == expected, scope_.qualify("lm_head"), ": tied table '",
@@ -99,6 +100,7 @@ class lm_head {
     auto& p = scope_.params();
     kernels::linear_backward(device{}, scope_.workspace(), dx.data(), p.grads(weight_), static_cast<T*>(nullptr),
                              logits_.data(), input_.data, p.weights(weight_), rows, cfg_.channels, cfg_.vocab);
+    p.grad_written(weight_);
     return dx;
   }
 

@@ -6,6 +6,7 @@
 // sharding-invariant initializer. A layer keeps only a handle and asks the store for pointers.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,7 @@ struct param_info {
   std::int64_t numel = 0;
   init_rule init;
   bool weight_decay = false;  // AdamW decays matrices, not biases or norm gains
+  int writers = 1;            // layers whose backward adds to its gradient (2 for a tied table)
 };
 
 template <class T>
@@ -52,6 +54,28 @@ class parameter_store {
     entries_.push_back(std::move(info));
     return {static_cast<int>(entries_.size()) - 1};
   }
+
+  // Another layer's backward also adds to this parameter's gradient (a tied table).
+  void add_writer(param_handle h) {
+    info(h);  // checks the handle
+    entries_[static_cast<std::size_t>(h.index)].writers++;
+  }
+
+  // Gradient-ready notifications, so data parallelism can reduce a bucket as soon as backward
+  // has finished with it. Layers call grad_written(h) after adding to h's gradient; once every
+  // writer has, the hook (when armed for this backward) runs with h.
+  void set_grad_ready_hook(std::function<void(param_handle)> hook) { hook_ = std::move(hook); }
+  void arm_grad_ready_hook() {
+    pending_writers_.resize(entries_.size());
+    for (std::size_t i = 0; i < entries_.size(); ++i) pending_writers_[i] = entries_[i].writers;
+    armed_ = static_cast<bool>(hook_);
+  }
+  void grad_written(param_handle h) {
+    if (!armed_) return;
+    auto& left = pending_writers_[static_cast<std::size_t>(h.index)];
+    if (--left == 0) hook_(h);
+  }
+  void disarm_grad_ready_hook() { armed_ = false; }
 
   // Allocates the flat buffers and initialises every weight. Idempotent; called on first use.
   void materialize() {
@@ -100,6 +124,9 @@ class parameter_store {
   std::vector<param_info> entries_;
   std::int64_t total_ = 0;
   buffer<T> weights_, grads_;
+  std::function<void(param_handle)> hook_;
+  std::vector<int> pending_writers_;
+  bool armed_ = false;
 };
 
 }  // namespace strata

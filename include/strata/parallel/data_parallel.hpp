@@ -8,7 +8,15 @@
 //            for that piece; after the update each bucket's weights are all-gathered.
 // Both move 2Ψ(n-1)/n elements per rank per step. Buckets follow backward order (dp_layout).
 // Gradient norms are global: squares summed over the owned pieces, then over the group.
+//
+// Overlap: during the last micro-batch's backward the parameter store reports each parameter
+// whose gradient is final (layers call grad_written); the bucket whose last parameter that was
+// is posted at once, asynchronously, and pending buckets are nudged along each time another
+// parameter finishes, so the reduction runs while backward computes the layers below. Each
+// bucket's post and completion times are kept for the hidden-communication figure.
 #pragma once
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -38,7 +46,29 @@ class data_parallel {
     if (o.zero_stage == 1)
       reduced_ = buffer<T>(params.ledger(), memory_category::communication,
                            static_cast<std::size_t>(layout_.owned_elements()));
+    // Which bucket each parameter falls in, and each bucket's parameter count.
+    const auto& buckets = layout_.buckets();
+    bucket_of_.resize(params.entries().size());
+    bucket_params_.assign(buckets.size(), 0);
+    for (std::size_t i = 0; i < params.entries().size(); ++i) {
+      const auto off = params.entries()[i].offset;
+      for (std::size_t b = 0; b < buckets.size(); ++b)
+        if (off >= buckets[b].range.begin && off < buckets[b].range.end) {
+          bucket_of_[i] = b;
+          ++bucket_params_[b];
+        }
+    }
+    state_offset_.resize(buckets.size());
+    std::int64_t state = 0;
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      state_offset_[b] = state;
+      state += static_cast<std::int64_t>(buckets[b].owned(layout_.rank()).size());
+    }
+    params.set_grad_ready_hook([this](param_handle h) { on_grad_ready(h); });
   }
+  ~data_parallel() { params_->set_grad_ready_hook({}); }
+  data_parallel(const data_parallel&) = delete;
+  data_parallel& operator=(const data_parallel&) = delete;
 
   int zero_stage() const { return opt_.zero_stage; }
   const dp_layout& layout() const { return layout_; }
@@ -64,26 +94,52 @@ class data_parallel {
     return opt_.zero_stage == 0 ? params_->size() : layout_.owned_elements();
   }
 
-  // After the last micro-batch's backward: reduce every bucket (all posted, then all waited).
+  // Before the last micro-batch's backward: post each bucket as soon as its gradients are final.
+  void before_last_backward() {
+    pending_.clear();
+    pending_.resize(layout_.buckets().size());
+    posted_.assign(layout_.buckets().size(), false);
+    left_ = bucket_params_;
+    timing_.assign(layout_.buckets().size(), {});
+    params_->arm_grad_ready_hook();
+  }
+
+  // After the last backward: post what is left (all of it when nothing was armed), wait for all.
   void reduce_gradients() {
-    T* g = params_->grads_data();
-    std::vector<comm_handle> pending;
-    pending.reserve(layout_.buckets().size());
-    std::int64_t state = 0;
-    for (const auto& b : layout_.buckets()) {
-      std::span<T> grads(g + b.range.begin, static_cast<std::size_t>(b.range.size()));
-      if (opt_.zero_stage == 0) {
-        pending.push_back(group_->all_reduce_async(grads, reduce_op::avg));
-      } else {
-        const auto mine = static_cast<std::size_t>(b.owned(layout_.rank()).size());
-        std::span<T> out(reduced_.data() + state, mine);
-        pending.push_back(
-            group_->reduce_scatter_async(std::span<const T>(grads), out, std::span<const std::size_t>(b.counts),
-                                         reduce_op::avg));
-        state += static_cast<std::int64_t>(mine);
-      }
+    backward_end_ = clock::now();
+    params_->disarm_grad_ready_hook();
+    if (posted_.size() != layout_.buckets().size()) {  // no armed backward this step
+      pending_.clear();
+      pending_.resize(layout_.buckets().size());
+      posted_.assign(layout_.buckets().size(), false);
+      timing_.assign(layout_.buckets().size(), {});
     }
-    for (auto& h : pending) h.wait();
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
+      if (!posted_[b]) post(b);
+    for (std::size_t b = 0; b < pending_.size(); ++b) {
+      pending_[b].wait();
+      if (timing_[b].done == clock::time_point{}) timing_[b].done = clock::now();
+    }
+    posted_.clear();
+  }
+
+  // Of the time the gradient reductions were in flight, the share that passed while backward
+  // was still running (from the last step's per-bucket post and completion times).
+  double hidden_share() const {
+    double total = 0, hidden = 0;
+    for (const auto& t : timing_) {
+      const double span = std::chrono::duration<double>(t.done - t.posted).count();
+      const auto overlap_end = std::min(t.done, backward_end_);
+      total += span;
+      if (overlap_end > t.posted) hidden += std::chrono::duration<double>(overlap_end - t.posted).count();
+    }
+    return total > 0 ? hidden / total : 0.0;
+  }
+  // Buckets posted before backward ended in the last step.
+  int buckets_posted_during_backward() const {
+    int n = 0;
+    for (const auto& t : timing_) n += t.posted != clock::time_point{} && t.posted < backward_end_;
+    return n;
   }
 
   // Σ g² over the whole model's (reduced) gradients, the same on every rank.
@@ -120,11 +176,47 @@ class data_parallel {
 
  private:
   using device = typename P::device;
+  using clock = std::chrono::steady_clock;
+  struct bucket_timing {
+    clock::time_point posted, done;
+  };
+
+  void on_grad_ready(param_handle h) {
+    const std::size_t b = bucket_of_[static_cast<std::size_t>(h.index)];
+    if (--left_[b] == 0) post(b);
+    // Nudge the reductions in flight: nonblocking MPI progresses only inside MPI calls.
+    for (std::size_t q = 0; q < pending_.size(); ++q)
+      if (posted_[q] && pending_[q].pending() && pending_[q].test()) timing_[q].done = clock::now();
+  }
+
+  void post(std::size_t b) {
+    const auto& bucket = layout_.buckets()[b];
+    T* g = params_->grads_data();
+    std::span<T> grads(g + bucket.range.begin, static_cast<std::size_t>(bucket.range.size()));
+    timing_[b].posted = clock::now();
+    if (opt_.zero_stage == 0) {
+      pending_[b] = group_->all_reduce_async(grads, reduce_op::avg);
+    } else {
+      const auto mine = static_cast<std::size_t>(bucket.owned(layout_.rank()).size());
+      std::span<T> out(reduced_.data() + state_offset_[b], mine);
+      pending_[b] = group_->reduce_scatter_async(std::span<const T>(grads), out,
+                                                 std::span<const std::size_t>(bucket.counts), reduce_op::avg);
+    }
+    posted_[b] = true;
+  }
+
   parameter_store<T>* params_;
   Comm* group_;
   data_parallel_options opt_;
   dp_layout layout_;
   buffer<T> reduced_;  // ZeRO-1: this rank's reduced gradient pieces
+  std::vector<std::size_t> bucket_of_;        // per parameter
+  std::vector<int> bucket_params_, left_;     // parameters per bucket; not yet final this step
+  std::vector<std::int64_t> state_offset_;    // where each bucket's owned piece sits in reduced_
+  std::vector<comm_handle> pending_;
+  std::vector<bool> posted_;
+  std::vector<bucket_timing> timing_;
+  clock::time_point backward_end_;
 };
 
 }  // namespace strata

@@ -53,6 +53,7 @@ struct no_sync {
   using T = typename Model::T;
   Model* model;
   std::pair<std::int64_t, std::int64_t> local_rows(std::int64_t batch) const { return {0, batch}; }
+  void before_last_backward() {}
   void reduce_gradients() {}
   double grad_sum_of_squares() {
     auto& p = model->parameters();
@@ -89,6 +90,7 @@ class trainer {
       const std::int64_t at = first_row + m * micro;
       loss_sum += model_->forward(batch.input_view(at, micro), batch.target_view(at, micro),
                                   r.loss_scale / static_cast<double>(n_micro));
+      if (m == n_micro - 1) sync_->before_last_backward();  // only the last backward communicates
       model_->backward();
     }
     r.loss = sync_->mean(loss_sum / static_cast<double>(n_micro));

@@ -1,0 +1,89 @@
+// Data-parallel training steps of the example GPT-2 on the host, under mpirun:
+//
+//   mpirun -np 1 build/bench/bench_data_parallel      # the baseline
+//   mpirun -np 2 build/bench/bench_data_parallel      # the same global batch over two ranks
+//
+// Reports steps/s (strong scaling: the global batch is fixed, so the ideal 2-rank figure is twice
+// the 1-rank one) and `hidden`, the share of the gradient reduction's time that passed while
+// backward was still running, from the per-bucket post and completion times. Every rank runs
+// every iteration (the collectives must match); rank 0 reports. The iteration count is fixed
+// so all ranks agree on it.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <strata/strata.hpp>
+
+#include "gpt2/gpt2.hpp"
+
+namespace st = strata;
+
+namespace {
+
+st::world* the_world = nullptr;
+
+class null_reporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+void BM_dp_step(benchmark::State& state) {
+  using P = st::policy<st::host, st::serial, st::fp32>;
+  const int zero = static_cast<int>(state.range(0));
+  const gpt2::dims d{.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .d_model = 128};
+  const std::int64_t global_batch = 16;
+  auto& world = the_world->comm();
+  st::memory_ledger ledger;
+  gpt2::model<P> model(ledger, d, st::seed{1});
+  st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero, .bucket_elems = 1 << 16});
+  st::adamw<P> opt(model.parameters(), {.lr = 1e-3}, dp.optimizer_segments(), dp.optimizer_elements());
+  st::trainer_options o;
+  o.schedule = {1e-3, 1e-4, 0, 1000000};
+  st::trainer train(model, opt, o, dp);
+  st::token_stream data(st::byte_tokens(st::generate_corpus(100000)), 1);
+  auto batch = data.next_batch(global_batch, d.seq);
+  train.step(batch);  // warm-up: activations allocated
+  double hidden = 0;
+  for (auto _ : state) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    train.step(batch);
+    double dt = MPI_Wtime() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    state.SetIterationTime(dt);
+    hidden += dp.hidden_share();
+  }
+  state.counters["steps_per_s"] = benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(double(state.iterations() * global_batch * d.seq), benchmark::Counter::kIsRate);
+  state.counters["hidden"] = hidden / double(state.iterations());
+  state.counters["ranks"] = world.size();
+  state.counters["buckets"] = double(dp.layout().buckets().size());
+}
+BENCHMARK(BM_dp_step)->Name("dp_step/zero")->Arg(0)->Arg(1)->Iterations(10)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto world = st::launch(argc, argv);
+  the_world = &world;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i)
+    if (world.rank() == 0 || std::strncmp(argv[i], "--benchmark_out", 15) != 0) args.push_back(argv[i]);
+  int nargs = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  benchmark::Initialize(&nargs, args.data());
+  if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
+  benchmark::AddCustomContext("ranks", std::to_string(world.size()));
+  if (world.rank() == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    null_reporter quiet;
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  }
+  benchmark::Shutdown();
+  return 0;
+}
