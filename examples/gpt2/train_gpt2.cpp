@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate at the end")
       ->check(non_negative)->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel degree (default: every rank of the launch)")->check(positive);
-  app.add_option("--zero", o.zero, "ZeRO stage: 0 (replicated) or 1 (sharded optimizer state)")
+  app.add_option("--zero", o.zero, "ZeRO stage: 0 (replicated), 1 (sharded optimizer state), 2 (and sharded gradients)")
       ->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
   app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)
       ->capture_default_str();

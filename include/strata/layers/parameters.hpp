@@ -87,14 +87,29 @@ class parameter_store {
   bool materialized() const { return total_ > 0 && !weights_.empty(); }
 
   T* weights(param_handle h) { return weights_data() + info(h).offset; }
-  T* grads(param_handle h) { return grads_data() + info(h).offset; }
+  // Where backward adds h's gradient: the flat buffer, or wherever a gradient source (ZeRO-2's
+  // per-bucket buffers) says.
+  T* grads(param_handle h) {
+    if (grad_source_) return grad_source_(h);
+    return grads_data() + info(h).offset;
+  }
   T* weights_data() {
     materialize();
     return weights_.data();
   }
   T* grads_data() {
     materialize();
+    STRATA_CHECK(!grads_released_, "parameter_store: the flat gradient buffer was released (gradients are "
+                                   "sharded, ZeRO-2); read them from their owner");
     return grads_.data();
+  }
+
+  // ZeRO-2: gradients live in buffers someone else owns; the flat gradient buffer is freed.
+  void use_grad_source(std::function<T*(param_handle)> source) {
+    materialize();
+    grad_source_ = std::move(source);
+    grads_ = buffer<T>();
+    grads_released_ = true;
   }
   void zero_grads() {
     materialize();
@@ -125,6 +140,8 @@ class parameter_store {
   std::int64_t total_ = 0;
   buffer<T> weights_, grads_;
   std::function<void(param_handle)> hook_;
+  std::function<T*(param_handle)> grad_source_;
+  bool grads_released_ = false;
   std::vector<int> pending_writers_;
   bool armed_ = false;
 };

@@ -62,7 +62,7 @@ class adamw {
   void step(double lr, double grad_scale = 1.0, const T* state_grads = nullptr) {
     ++step_;
     T* w = params_->weights_data();
-    T* g = params_->grads_data();
+    const T* g = state_grads ? nullptr : params_->grads_data();
     for (const auto& s : segments_) {
       kernels::adamw_hyper h{lr, opt_.beta1, opt_.beta2, opt_.eps, s.decay ? opt_.weight_decay : 0.0};
       M* master = master_data(w, s);

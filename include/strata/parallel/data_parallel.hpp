@@ -1,4 +1,4 @@
-// strata/parallel/data_parallel.hpp - data parallelism with ZeRO stages 0 and 1 over any
+// strata/parallel/data_parallel.hpp - data parallelism with ZeRO stages 0, 1 and 2 over any
 // communicator.
 //
 // Every data-parallel rank runs the whole model on its slice of the global batch; then:
@@ -6,6 +6,12 @@
 //   stage 1  each bucket is reduce-scattered (averaged) so a rank holds the reduced gradients
 //            of the piece it owns; the optimizer (fp32 master weights and moments) exists only
 //            for that piece; after the update each bucket's weights are all-gathered.
+//   stage 2  as stage 1, and no full gradient buffer exists: backward adds each bucket's
+//            gradients into a buffer made when the bucket is first touched and freed once its
+//            reduce-scatter has been added to the rank's owned gradients; at most two bucket
+//            reductions are in flight, so the gradient bytes stay at 4Ψ/N plus a few buckets.
+//            Each micro-batch communicates (a gradient kept across micro-batches would be a
+//            full one).
 // Both move 2Ψ(n-1)/n elements per rank per step. Buckets follow backward order (dp_layout).
 // Gradient norms are global: squares summed over the owned pieces, then over the group.
 //
@@ -18,12 +24,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <vector>
 
 #include "strata/comm/communicator.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/kernels/host/reduce.hpp"
+#include "strata/kernels/host/residual.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/parallel/dp_layout.hpp"
 
@@ -41,10 +49,12 @@ class data_parallel {
 
   data_parallel(parameter_store<T>& params, Comm& group, data_parallel_options o)
       : params_(&params), group_(&group), opt_(o), layout_(params.entries(), group.size(), group.rank(), o.bucket_elems) {
-    STRATA_CHECK(o.zero_stage == 0 || o.zero_stage == 1, "data_parallel: ZeRO stage ", o.zero_stage,
-                 " is not available yet (stages 0 and 1 are)");
-    if (o.zero_stage == 1)
-      reduced_ = buffer<T>(params.ledger(), memory_category::communication,
+    STRATA_CHECK(o.zero_stage >= 0 && o.zero_stage <= 2, "data_parallel: ZeRO stage ", o.zero_stage,
+                 " is not available yet (stages 0, 1 and 2 are)");
+    // ZeRO-1 keeps its reduced pieces beside the full gradients (a communication buffer); under
+    // ZeRO-2 they are the only gradients the rank keeps.
+    if (o.zero_stage >= 1)
+      reduced_ = buffer<T>(params.ledger(), o.zero_stage == 2 ? memory_category::gradients : memory_category::communication,
                            static_cast<std::size_t>(layout_.owned_elements()));
     // Which bucket each parameter falls in, and each bucket's parameter count.
     const auto& buckets = layout_.buckets();
@@ -65,8 +75,16 @@ class data_parallel {
       state += static_cast<std::int64_t>(buckets[b].owned(layout_.rank()).size());
     }
     params.set_grad_ready_hook([this](param_handle h) { on_grad_ready(h); });
+    if (o.zero_stage == 2) {
+      staging_.resize(buckets.size());
+      pieces_.resize(buckets.size());
+      params.use_grad_source([this](param_handle h) { return bucket_gradient(h); });
+    }
   }
-  ~data_parallel() { params_->set_grad_ready_hook({}); }
+  ~data_parallel() {
+    params_->set_grad_ready_hook({});
+    if (opt_.zero_stage == 2) params_->use_grad_source({});
+  }
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
 
@@ -94,8 +112,15 @@ class data_parallel {
     return opt_.zero_stage == 0 ? params_->size() : layout_.owned_elements();
   }
 
-  // Before the last micro-batch's backward: post each bucket as soon as its gradients are final.
-  void before_last_backward() {
+  // At the start of a step: ZeRO-2 sums the micro-batches' reduced pieces from zero.
+  void begin_step() {
+    if (opt_.zero_stage == 2) reduced_.zero();
+  }
+
+  // Before a backward: post each bucket as soon as its gradients are final, when this backward
+  // communicates (the last micro-batch's, or every one under ZeRO-2).
+  void before_backward(bool last) {
+    if (!last && opt_.zero_stage < 2) return;
     pending_.clear();
     pending_.resize(layout_.buckets().size());
     posted_.assign(layout_.buckets().size(), false);
@@ -104,24 +129,23 @@ class data_parallel {
     params_->arm_grad_ready_hook();
   }
 
-  // After the last backward: post what is left (all of it when nothing was armed), wait for all.
-  void reduce_gradients() {
+  // After a backward that communicates: post what is left, wait for all of it.
+  void after_backward(bool last) {
+    if (!last && opt_.zero_stage < 2) return;
+    in_flight_.clear();
     backward_end_ = clock::now();
     params_->disarm_grad_ready_hook();
-    if (posted_.size() != layout_.buckets().size()) {  // no armed backward this step
-      pending_.clear();
-      pending_.resize(layout_.buckets().size());
-      posted_.assign(layout_.buckets().size(), false);
-      timing_.assign(layout_.buckets().size(), {});
-    }
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
       if (!posted_[b]) post(b);
     for (std::size_t b = 0; b < pending_.size(); ++b) {
       pending_[b].wait();
-      if (timing_[b].done == clock::time_point{}) timing_[b].done = clock::now();
+      complete(b);
     }
-    posted_.clear();
   }
+
+  // Largest number of gradient bytes held at once during the last steps' backwards (ZeRO-2:
+  // the owned pieces plus the bucket buffers alive together).
+  std::size_t peak_gradient_bytes() const { return params_->ledger().peak(memory_category::gradients); }
 
   // Of the time the gradient reductions were in flight, the share that passed while backward
   // was still running (from the last step's per-bucket post and completion times).
@@ -146,13 +170,14 @@ class data_parallel {
   double grad_sum_of_squares() {
     if (opt_.zero_stage == 0)
       return kernels::sum_of_squares(device{}, params_->grads_data(), params_->size());
+    // ZeRO 1 and 2: the owned pieces, then summed over the group.
     double local = kernels::sum_of_squares(device{}, reduced_.data(), layout_.owned_elements());
     group_->all_reduce(std::span<double>(&local, 1), reduce_op::sum);
     return local;
   }
 
   // Reduced gradients indexed like the optimizer state (ZeRO-1), or null (read the flat buffer).
-  const T* state_gradients() const { return opt_.zero_stage == 1 ? reduced_.data() : nullptr; }
+  const T* state_gradients() const { return opt_.zero_stage >= 1 ? reduced_.data() : nullptr; }
 
   // After the optimizer step: ZeRO-1 ranks share their updated pieces.
   void share_weights() {
@@ -186,23 +211,65 @@ class data_parallel {
     if (--left_[b] == 0) post(b);
     // Nudge the reductions in flight: nonblocking MPI progresses only inside MPI calls.
     for (std::size_t q = 0; q < pending_.size(); ++q)
-      if (posted_[q] && pending_[q].pending() && pending_[q].test()) timing_[q].done = clock::now();
+      if (posted_[q] && pending_[q].pending() && pending_[q].test()) complete(q);
+  }
+
+  // ZeRO-2: h's gradient lives in its bucket's buffer, made (zeroed) on first touch.
+  T* bucket_gradient(param_handle h) {
+    const std::size_t b = bucket_of_[static_cast<std::size_t>(h.index)];
+    const auto& bucket = layout_.buckets()[b];
+    if (staging_[b].empty())
+      staging_[b] = buffer<T>(params_->ledger(), memory_category::gradients, static_cast<std::size_t>(bucket.range.size()));
+    return staging_[b].data() + (params_->info(h).offset - bucket.range.begin);
   }
 
   void post(std::size_t b) {
     const auto& bucket = layout_.buckets()[b];
-    T* g = params_->grads_data();
-    std::span<T> grads(g + bucket.range.begin, static_cast<std::size_t>(bucket.range.size()));
     timing_[b].posted = clock::now();
-    if (opt_.zero_stage == 0) {
-      pending_[b] = group_->all_reduce_async(grads, reduce_op::avg);
-    } else {
-      const auto mine = static_cast<std::size_t>(bucket.owned(layout_.rank()).size());
-      std::span<T> out(reduced_.data() + state_offset_[b], mine);
-      pending_[b] = group_->reduce_scatter_async(std::span<const T>(grads), out,
+    const auto mine = static_cast<std::size_t>(bucket.owned(layout_.rank()).size());
+    if (opt_.zero_stage == 2) {
+      if (staging_[b].empty()) bucket_gradient(param_handle{first_param_of(b)});  // untouched: zeros
+      pieces_[b] = buffer<T>(params_->ledger(), memory_category::communication, mine);
+      pending_[b] = group_->reduce_scatter_async(std::span<const T>(staging_[b].data(), staging_[b].size()),
+                                                 std::span<T>(pieces_[b].data(), mine),
                                                  std::span<const std::size_t>(bucket.counts), reduce_op::avg);
+      // Bound the buckets alive at once: with more than max_in_flight reductions outstanding,
+      // finish the oldest before backward goes on.
+      in_flight_.push_back(b);
+      while (in_flight_.size() > max_in_flight) {
+        const std::size_t oldest = in_flight_.front();
+        in_flight_.pop_front();
+        pending_[oldest].wait();
+        complete(oldest);
+      }
+    } else {
+      T* g = params_->grads_data();
+      std::span<T> grads(g + bucket.range.begin, static_cast<std::size_t>(bucket.range.size()));
+      if (opt_.zero_stage == 0) {
+        pending_[b] = group_->all_reduce_async(grads, reduce_op::avg);
+      } else {
+        std::span<T> out(reduced_.data() + state_offset_[b], mine);
+        pending_[b] = group_->reduce_scatter_async(std::span<const T>(grads), out,
+                                                   std::span<const std::size_t>(bucket.counts), reduce_op::avg);
+      }
     }
     posted_[b] = true;
+  }
+
+  // A bucket's reduction finished: note the time; ZeRO-2 adds its piece and frees the buffers.
+  void complete(std::size_t b) {
+    if (timing_[b].done == clock::time_point{}) timing_[b].done = clock::now();
+    if (opt_.zero_stage != 2 || staging_[b].empty()) return;
+    kernels::residual_forward(device{}, reduced_.data() + state_offset_[b], reduced_.data() + state_offset_[b],
+                              pieces_[b].data(), static_cast<std::int64_t>(pieces_[b].size()));
+    staging_[b] = buffer<T>();
+    pieces_[b] = buffer<T>();
+  }
+
+  int first_param_of(std::size_t b) const {
+    for (std::size_t i = 0; i < bucket_of_.size(); ++i)
+      if (bucket_of_[i] == b) return static_cast<int>(i);
+    return 0;
   }
 
   parameter_store<T>* params_;
@@ -213,6 +280,9 @@ class data_parallel {
   std::vector<std::size_t> bucket_of_;        // per parameter
   std::vector<int> bucket_params_, left_;     // parameters per bucket; not yet final this step
   std::vector<std::int64_t> state_offset_;    // where each bucket's owned piece sits in reduced_
+  std::vector<buffer<T>> staging_, pieces_;   // ZeRO-2: each bucket's gradients, its reduced piece
+  std::deque<std::size_t> in_flight_;         // ZeRO-2: posted buckets, oldest first
+  static constexpr std::size_t max_in_flight = 2;
   std::vector<comm_handle> pending_;
   std::vector<bool> posted_;
   std::vector<bucket_timing> timing_;

@@ -7,8 +7,9 @@
 // learning rate.
 //
 // Data parallelism plugs in as a gradient synchronizer (parallel/data_parallel.hpp): it picks
-// this rank's rows of the global batch, reduces the gradients after the last backward, gives
-// the global gradient norm, and shares the updated weights. Without one, nothing is shared.
+// this rank's rows of the global batch, reduces the gradients around each backward (ZeRO 0/1:
+// only the last micro-batch's; ZeRO-2: every one, since it keeps no full gradient), gives the
+// global gradient norm, and shares the updated weights. Without one, nothing is shared.
 //
 // The model is any type with
 //   double forward(tensor_view<const int32_t> inputs, tensor_view<const int32_t> targets, double grad_scale);
@@ -53,8 +54,9 @@ struct no_sync {
   using T = typename Model::T;
   Model* model;
   std::pair<std::int64_t, std::int64_t> local_rows(std::int64_t batch) const { return {0, batch}; }
-  void before_last_backward() {}
-  void reduce_gradients() {}
+  void begin_step() {}
+  void before_backward(bool /*last*/) {}
+  void after_backward(bool /*last*/) {}
   double grad_sum_of_squares() {
     auto& p = model->parameters();
     return kernels::sum_of_squares(typename Model::policy::device{}, p.grads_data(), p.size());
@@ -81,6 +83,7 @@ class trainer {
     const std::int64_t n_micro = rows / micro;
     auto& params = model_->parameters();
     params.zero_grads();
+    sync_->begin_step();
 
     step_result r;
     r.step = step_;
@@ -90,11 +93,11 @@ class trainer {
       const std::int64_t at = first_row + m * micro;
       loss_sum += model_->forward(batch.input_view(at, micro), batch.target_view(at, micro),
                                   r.loss_scale / static_cast<double>(n_micro));
-      if (m == n_micro - 1) sync_->before_last_backward();  // only the last backward communicates
+      sync_->before_backward(m == n_micro - 1);
       model_->backward();
+      sync_->after_backward(m == n_micro - 1);
     }
     r.loss = sync_->mean(loss_sum / static_cast<double>(n_micro));
-    sync_->reduce_gradients();
 
     const double scaled_norm = std::sqrt(sync_->grad_sum_of_squares());
     const bool finite = std::isfinite(scaled_norm);
