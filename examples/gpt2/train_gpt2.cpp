@@ -120,7 +120,7 @@ int train(const run_options& o, st::world& world) {
   st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), mesh.dp(),
                                                 {.zero_stage = o.zero, .bucket_elems = o.bucket_elems});
   st::adamw<P> opt(model.parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
-                   dp.optimizer_segments(), dp.optimizer_elements());
+                   dp.optimizer_segments(), dp.optimizer_elements(), dp.state_weights());
 
   if (o.data.empty())
     STRATA_CHECK(o.dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
@@ -161,11 +161,14 @@ int train(const run_options& o, st::world& world) {
     if (metrics) metrics->write(r, ledger, mesh.counters_json());
   }
 
-  if (lead && o.sample_tokens > 0) {
+  if (o.sample_tokens > 0) {
+    // Every rank samples the same tokens in step (under ZeRO-3 each forward gathers weights, a
+    // collective); rank 0 prints them.
     const bool bytes = o.dims.vocab <= 256 && o.data.empty();
     std::vector<std::int32_t> prompt = bytes ? std::vector<std::int32_t>{'T', 'h', 'e', ' '}
                                              : std::vector<std::int32_t>{0};
     auto out = sample(model, prompt, o.sample_tokens, o.seed);
+    if (!lead) return 0;
     std::printf("sample:\n");
     if (bytes) {
       for (auto t : out) std::putchar(t == '\n' ? '\n' : (t >= 32 && t < 127 ? char(t) : '?'));
@@ -214,7 +217,7 @@ int main(int argc, char** argv) {
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate at the end")
       ->check(non_negative)->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel degree (default: every rank of the launch)")->check(positive);
-  app.add_option("--zero", o.zero, "ZeRO stage: 0 (replicated), 1 (sharded optimizer state), 2 (and sharded gradients)")
+  app.add_option("--zero", o.zero, "ZeRO stage: 0 (replicated), 1 (sharded optimizer state), 2 (+ gradients), 3 (+ parameters)")
       ->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
   app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)
       ->capture_default_str();

@@ -84,9 +84,14 @@ class parameter_store {
     grads_ = buffer<T>(*ledger_, memory_category::gradients, static_cast<std::size_t>(total_));
     for (const auto& e : entries_) initialize(e);
   }
-  bool materialized() const { return total_ > 0 && !weights_.empty(); }
+  bool materialized() const { return total_ > 0 && (!weights_.empty() || weights_released_); }
 
-  T* weights(param_handle h) { return weights_data() + info(h).offset; }
+  // Where h's weights are read (and, in the serial case, updated): the flat buffer, or wherever
+  // a weight source (ZeRO-3's gathered buckets) says.
+  T* weights(param_handle h) {
+    if (weight_source_) return weight_source_(h);
+    return weights_data() + info(h).offset;
+  }
   // Where backward adds h's gradient: the flat buffer, or wherever a gradient source (ZeRO-2's
   // per-bucket buffers) says.
   T* grads(param_handle h) {
@@ -95,7 +100,19 @@ class parameter_store {
   }
   T* weights_data() {
     materialize();
+    STRATA_CHECK(!weights_released_, "parameter_store: the flat weight buffer was released (parameters are "
+                                     "sharded, ZeRO-3); gather them from their owner");
     return weights_.data();
+  }
+
+  // ZeRO-3: weights are gathered on demand by someone else; the flat weight buffer is freed.
+  void use_weight_source(std::function<T*(param_handle)> source) {
+    materialize();
+    weight_source_ = std::move(source);
+    if (weight_source_) {
+      weights_ = buffer<T>();
+      weights_released_ = true;
+    }
   }
   T* grads_data() {
     materialize();
@@ -115,6 +132,7 @@ class parameter_store {
     materialize();
     grads_.zero();
   }
+  bool weights_released() const { return weights_released_; }
 
   const param_info& info(param_handle h) const {
     STRATA_CHECK(h.index >= 0 && h.index < static_cast<int>(entries_.size()),
@@ -140,8 +158,8 @@ class parameter_store {
   std::int64_t total_ = 0;
   buffer<T> weights_, grads_;
   std::function<void(param_handle)> hook_;
-  std::function<T*(param_handle)> grad_source_;
-  bool grads_released_ = false;
+  std::function<T*(param_handle)> grad_source_, weight_source_;
+  bool grads_released_ = false, weights_released_ = false;
   std::vector<int> pending_writers_;
   bool armed_ = false;
 };

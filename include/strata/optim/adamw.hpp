@@ -31,9 +31,11 @@ class adamw {
   // Every parameter: the serial case, and data parallelism without ZeRO.
   adamw(parameter_store<T>& params, adamw_options o) : adamw(params, o, whole_model(params), params.size()) {}
   // Only the given segments of the flat buffer, with optimizer state for `state_elems`
-  // elements: a ZeRO shard (dp_layout::owned_segments()).
-  adamw(parameter_store<T>& params, adamw_options o, std::vector<owned_segment> segments, std::int64_t state_elems)
-      : params_(&params), opt_(o), segments_(std::move(segments)) {
+  // elements: a ZeRO shard (dp_layout::owned_segments()). Under ZeRO-3 the shard's weights
+  // live apart from any flat buffer: `state_weights`, indexed like the optimizer state.
+  adamw(parameter_store<T>& params, adamw_options o, std::vector<owned_segment> segments, std::int64_t state_elems,
+        T* state_weights = nullptr)
+      : params_(&params), opt_(o), segments_(std::move(segments)), state_weights_(state_weights) {
     STRATA_CHECK(o.lr >= 0, "adamw: lr (", o.lr, ") must be >= 0");
     STRATA_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "adamw: betas (", o.beta1, ", ", o.beta2,
                  ") must lie in [0, 1)");
@@ -41,13 +43,12 @@ class adamw {
     STRATA_CHECK(o.weight_decay >= 0, "adamw: weight_decay (", o.weight_decay, ") must be >= 0");
     const auto n = static_cast<std::size_t>(state_elems);
     auto& ledger = params.ledger();
-    T* w = params.weights_data();
     m_ = buffer<M>(ledger, memory_category::optimizer_state, n);
     v_ = buffer<M>(ledger, memory_category::optimizer_state, n);
     if constexpr (P::precision::keeps_master_copy) {
       master_ = buffer<M>(ledger, memory_category::master_weights, n);
       for (const auto& s : segments_)
-        kernels::convert_array(device{}, master_.data() + s.state, w + s.flat, s.count);
+        kernels::convert_array(device{}, master_.data() + s.state, weights_of(s), s.count);
     }
   }
   // Takes the parameters of any model that exposes them (north-star: adamw<P> opt(model, {...})).
@@ -61,13 +62,13 @@ class adamw {
   // a ZeRO shard's reduced gradients.
   void step(double lr, double grad_scale = 1.0, const T* state_grads = nullptr) {
     ++step_;
-    T* w = params_->weights_data();
     const T* g = state_grads ? nullptr : params_->grads_data();
     for (const auto& s : segments_) {
       kernels::adamw_hyper h{lr, opt_.beta1, opt_.beta2, opt_.eps, s.decay ? opt_.weight_decay : 0.0};
+      T* w = weights_of(s);
       M* master = master_data(w, s);
       const T* grad = state_grads ? state_grads + s.state : g + s.flat;
-      kernels::adamw_update(device{}, master, w + s.flat, grad, m_.data() + s.state, v_.data() + s.state, s.count, h,
+      kernels::adamw_update(device{}, master, w, grad, m_.data() + s.state, v_.data() + s.state, s.count, h,
                             step_, grad_scale);
     }
   }
@@ -83,14 +84,19 @@ class adamw {
     for (const auto& e : params.entries()) s.push_back({e.offset, e.offset, e.numel, e.weight_decay});
     return s;
   }
-  M* master_data(T* weights, const owned_segment& s) {
+  // The segment's weights: in the flat buffer, or in the ZeRO-3 shard.
+  T* weights_of(const owned_segment& s) {
+    return state_weights_ ? state_weights_ + s.state : params_->weights_data() + s.flat;
+  }
+  M* master_data([[maybe_unused]] T* segment_weights, const owned_segment& s) {
     if constexpr (P::precision::keeps_master_copy) return master_.data() + s.state;
-    else return weights + s.flat;  // storage and master agree: the weights are the master copy
+    else return segment_weights;  // storage and master agree: the weights are the master copy
   }
 
   parameter_store<T>* params_;
   adamw_options opt_;
   std::vector<owned_segment> segments_;
+  T* state_weights_ = nullptr;
   int step_ = 0;
   buffer<M> m_, v_, master_;
 };

@@ -12,6 +12,11 @@
 //            reductions are in flight, so the gradient bytes stay at 4Ψ/N plus a few buckets.
 //            Each micro-batch communicates (a gradient kept across micro-batches would be a
 //            full one).
+//   stage 3  as stage 2, and each rank keeps only its pieces of the weights too: a bucket's
+//            weights are all-gathered when a layer first asks for them (forward, then again in
+//            backward), at most three buckets stay resident (least recently used go first; the
+//            bucket of a tied table stays for the whole pass), and all are freed when the pass
+//            ends. 3Ψ(n-1)/n elements per rank per step: two gathers and one reduce-scatter.
 // Both move 2Ψ(n-1)/n elements per rank per step. Buckets follow backward order (dp_layout).
 // Gradient norms are global: squares summed over the owned pieces, then over the group.
 //
@@ -49,12 +54,12 @@ class data_parallel {
 
   data_parallel(parameter_store<T>& params, Comm& group, data_parallel_options o)
       : params_(&params), group_(&group), opt_(o), layout_(params.entries(), group.size(), group.rank(), o.bucket_elems) {
-    STRATA_CHECK(o.zero_stage >= 0 && o.zero_stage <= 2, "data_parallel: ZeRO stage ", o.zero_stage,
-                 " is not available yet (stages 0, 1 and 2 are)");
+    STRATA_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "data_parallel: ZeRO stage ", o.zero_stage,
+                 " does not exist (stages 0, 1, 2 and 3 do)");
     // ZeRO-1 keeps its reduced pieces beside the full gradients (a communication buffer); under
     // ZeRO-2 they are the only gradients the rank keeps.
     if (o.zero_stage >= 1)
-      reduced_ = buffer<T>(params.ledger(), o.zero_stage == 2 ? memory_category::gradients : memory_category::communication,
+      reduced_ = buffer<T>(params.ledger(), o.zero_stage >= 2 ? memory_category::gradients : memory_category::communication,
                            static_cast<std::size_t>(layout_.owned_elements()));
     // Which bucket each parameter falls in, and each bucket's parameter count.
     const auto& buckets = layout_.buckets();
@@ -75,15 +80,29 @@ class data_parallel {
       state += static_cast<std::int64_t>(buckets[b].owned(layout_.rank()).size());
     }
     params.set_grad_ready_hook([this](param_handle h) { on_grad_ready(h); });
-    if (o.zero_stage == 2) {
+    if (o.zero_stage >= 2) {
       staging_.resize(buckets.size());
       pieces_.resize(buckets.size());
       params.use_grad_source([this](param_handle h) { return bucket_gradient(h); });
     }
+    if (o.zero_stage == 3) {
+      // Keep this rank's pieces of the initial weights, then let the full buffer go.
+      shard_ = buffer<T>(params.ledger(), memory_category::parameters,
+                         static_cast<std::size_t>(layout_.owned_elements()));
+      const T* w = params.weights_data();
+      for (const auto& seg : layout_.owned_segments())
+        std::copy(w + seg.flat, w + seg.flat + seg.count, shard_.data() + seg.state);
+      gathered_.resize(buckets.size());
+      pinned_.assign(buckets.size(), false);
+      for (std::size_t i = 0; i < params.entries().size(); ++i)
+        if (params.entries()[i].writers > 1) pinned_[bucket_of_[i]] = true;
+      params.use_weight_source([this](param_handle h) { return bucket_weights(h); });
+    }
   }
   ~data_parallel() {
     params_->set_grad_ready_hook({});
-    if (opt_.zero_stage == 2) params_->use_grad_source({});
+    if (opt_.zero_stage >= 2) params_->use_grad_source({});
+    if (opt_.zero_stage == 3) params_->use_weight_source({});
   }
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
@@ -112,15 +131,17 @@ class data_parallel {
     return opt_.zero_stage == 0 ? params_->size() : layout_.owned_elements();
   }
 
-  // At the start of a step: ZeRO-2 sums the micro-batches' reduced pieces from zero.
+  // At the start of a step: ZeRO 2/3 sum the micro-batches' reduced pieces from zero.
   void begin_step() {
-    if (opt_.zero_stage == 2) reduced_.zero();
+    if (opt_.zero_stage >= 2) reduced_.zero();
   }
+  // After a forward: ZeRO-3 lets every gathered bucket go (backward gathers what it needs).
+  void after_forward() { release_gathered(); }
 
   // Before a backward: post each bucket as soon as its gradients are final, when this backward
   // communicates (the last micro-batch's, or every one under ZeRO-2).
   void before_backward(bool last) {
-    if (!last && opt_.zero_stage < 2) return;
+    if (!last && opt_.zero_stage < 2) return;  // ZeRO 0/1: earlier micro-batches only accumulate
     pending_.clear();
     pending_.resize(layout_.buckets().size());
     posted_.assign(layout_.buckets().size(), false);
@@ -141,7 +162,31 @@ class data_parallel {
       pending_[b].wait();
       complete(b);
     }
+    release_gathered();
   }
+
+  // Every weight of the model, gathered (ZeRO-3), or copied from the flat buffer: for checks,
+  // exports and checkpoints. Collective under ZeRO-3.
+  std::vector<T> full_weights() {
+    std::vector<T> out(static_cast<std::size_t>(params_->size()));
+    if (opt_.zero_stage < 3) {
+      const T* w = params_->weights_data();
+      std::copy(w, w + params_->size(), out.data());
+      return out;
+    }
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const auto& bucket = layout_.buckets()[b];
+      const flat_range mine = bucket.owned(layout_.rank());
+      std::copy(shard_.data() + state_offset_[b], shard_.data() + state_offset_[b] + mine.size(), out.data() + mine.begin);
+      group_->all_gather(std::span<const T>(out.data() + mine.begin, static_cast<std::size_t>(mine.size())),
+                         std::span<T>(out.data() + bucket.range.begin, static_cast<std::size_t>(bucket.range.size())),
+                         std::span<const std::size_t>(bucket.counts));
+    }
+    return out;
+  }
+
+  // ZeRO-3: this rank's pieces of the weights, indexed like the optimizer state (else null).
+  T* state_weights() { return opt_.zero_stage == 3 ? shard_.data() : nullptr; }
 
   // Largest number of gradient bytes held at once during the last steps' backwards (ZeRO-2:
   // the owned pieces plus the bucket buffers alive together).
@@ -179,9 +224,10 @@ class data_parallel {
   // Reduced gradients indexed like the optimizer state (ZeRO-1), or null (read the flat buffer).
   const T* state_gradients() const { return opt_.zero_stage >= 1 ? reduced_.data() : nullptr; }
 
-  // After the optimizer step: ZeRO-1 ranks share their updated pieces.
+  // After the optimizer step: ZeRO 1/2 ranks share their updated pieces (ZeRO-3 gathers them
+  // when the next forward asks).
   void share_weights() {
-    if (opt_.zero_stage == 0) return;
+    if (opt_.zero_stage == 0 || opt_.zero_stage == 3) return;
     T* w = params_->weights_data();
     std::vector<comm_handle> pending;
     for (const auto& b : layout_.buckets()) {
@@ -227,7 +273,7 @@ class data_parallel {
     const auto& bucket = layout_.buckets()[b];
     timing_[b].posted = clock::now();
     const auto mine = static_cast<std::size_t>(bucket.owned(layout_.rank()).size());
-    if (opt_.zero_stage == 2) {
+    if (opt_.zero_stage >= 2) {
       if (staging_[b].empty()) bucket_gradient(param_handle{first_param_of(b)});  // untouched: zeros
       pieces_[b] = buffer<T>(params_->ledger(), memory_category::communication, mine);
       pending_[b] = group_->reduce_scatter_async(std::span<const T>(staging_[b].data(), staging_[b].size()),
@@ -259,11 +305,45 @@ class data_parallel {
   // A bucket's reduction finished: note the time; ZeRO-2 adds its piece and frees the buffers.
   void complete(std::size_t b) {
     if (timing_[b].done == clock::time_point{}) timing_[b].done = clock::now();
-    if (opt_.zero_stage != 2 || staging_[b].empty()) return;
+    if (opt_.zero_stage < 2 || staging_[b].empty()) return;
     kernels::residual_forward(device{}, reduced_.data() + state_offset_[b], reduced_.data() + state_offset_[b],
                               pieces_[b].data(), static_cast<std::int64_t>(pieces_[b].size()));
     staging_[b] = buffer<T>();
     pieces_[b] = buffer<T>();
+  }
+
+  // ZeRO-3: h's weights, from its bucket, all-gathered when not resident.
+  T* bucket_weights(param_handle h) {
+    const std::size_t b = bucket_of_[static_cast<std::size_t>(h.index)];
+    const auto& bucket = layout_.buckets()[b];
+    if (gathered_[b].empty()) {
+      // Make room first (a layer reads at most two buckets at once; the least recent of three
+      // resident ones is never among them), so at most max_resident are held even transiently.
+      if (!pinned_[b] && resident_.size() >= max_resident) {
+        gathered_[resident_.front()] = buffer<T>();
+        resident_.pop_front();
+      }
+      gathered_[b] = buffer<T>(params_->ledger(), memory_category::parameters, static_cast<std::size_t>(bucket.range.size()));
+      const flat_range mine = bucket.owned(layout_.rank());
+      T* slot = gathered_[b].data() + (mine.begin - bucket.range.begin);
+      std::copy(shard_.data() + state_offset_[b], shard_.data() + state_offset_[b] + mine.size(), slot);
+      group_->all_gather(std::span<const T>(slot, static_cast<std::size_t>(mine.size())),
+                         std::span<T>(gathered_[b].data(), gathered_[b].size()), std::span<const std::size_t>(bucket.counts));
+      if (!pinned_[b]) resident_.push_back(b);
+    } else if (!pinned_[b]) {  // most recently used goes to the back
+      auto it = std::find(resident_.begin(), resident_.end(), b);
+      if (it != resident_.end()) {
+        resident_.erase(it);
+        resident_.push_back(b);
+      }
+    }
+    return gathered_[b].data() + (params_->info(h).offset - bucket.range.begin);
+  }
+
+  void release_gathered() {
+    if (opt_.zero_stage != 3) return;
+    for (auto& g : gathered_) g = buffer<T>();
+    resident_.clear();
   }
 
   int first_param_of(std::size_t b) const {
@@ -283,6 +363,11 @@ class data_parallel {
   std::vector<buffer<T>> staging_, pieces_;   // ZeRO-2: each bucket's gradients, its reduced piece
   std::deque<std::size_t> in_flight_;         // ZeRO-2: posted buckets, oldest first
   static constexpr std::size_t max_in_flight = 2;
+  buffer<T> shard_;                           // ZeRO-3: this rank's pieces of the weights
+  std::vector<buffer<T>> gathered_;           // ZeRO-3: resident gathered buckets
+  std::vector<bool> pinned_;                  // ZeRO-3: buckets kept for a whole pass (tied tables)
+  std::deque<std::size_t> resident_;          // ZeRO-3: unpinned resident buckets, least recent first
+  static constexpr std::size_t max_resident = 3;
   std::vector<comm_handle> pending_;
   std::vector<bool> posted_;
   std::vector<bucket_timing> timing_;

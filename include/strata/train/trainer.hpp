@@ -55,6 +55,7 @@ struct no_sync {
   Model* model;
   std::pair<std::int64_t, std::int64_t> local_rows(std::int64_t batch) const { return {0, batch}; }
   void begin_step() {}
+  void after_forward() {}
   void before_backward(bool /*last*/) {}
   void after_backward(bool /*last*/) {}
   double grad_sum_of_squares() {
@@ -93,6 +94,7 @@ class trainer {
       const std::int64_t at = first_row + m * micro;
       loss_sum += model_->forward(batch.input_view(at, micro), batch.target_view(at, micro),
                                   r.loss_scale / static_cast<double>(n_micro));
+      sync_->after_forward();
       sync_->before_backward(m == n_micro - 1);
       model_->backward();
       sync_->after_backward(m == n_micro - 1);
