@@ -14,9 +14,10 @@
 //            full one).
 //   stage 3  as stage 2, and each rank keeps only its pieces of the weights too: a bucket's
 //            weights are all-gathered when a layer first asks for them (forward, then again in
-//            backward), at most three buckets stay resident (least recently used go first; the
-//            bucket of a tied table stays for the whole pass), and all are freed when the pass
-//            ends. 3Ψ(n-1)/n elements per rank per step: two gathers and one reduce-scatter.
+//            backward) and the next bucket's gather is started at the same time (prefetch); at
+//            most three buckets stay resident (least recently used go first; the bucket of a
+//            tied table stays for the whole pass), and all are freed when the pass ends.
+//            3Ψ(n-1)/n elements per rank per step: two gathers and one reduce-scatter.
 // Both move 2Ψ(n-1)/n elements per rank per step. Buckets follow backward order (dp_layout).
 // Gradient norms are global: squares summed over the owned pieces, then over the group.
 //
@@ -30,6 +31,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <span>
 #include <vector>
 
@@ -93,6 +95,7 @@ class data_parallel {
       for (const auto& seg : layout_.owned_segments())
         std::copy(w + seg.flat, w + seg.flat + seg.count, shard_.data() + seg.state);
       gathered_.resize(buckets.size());
+      prefetch_.resize(buckets.size());
       pinned_.assign(buckets.size(), false);
       for (std::size_t i = 0; i < params.entries().size(); ++i)
         if (params.entries()[i].writers > 1) pinned_[bucket_of_[i]] = true;
@@ -136,7 +139,10 @@ class data_parallel {
     if (opt_.zero_stage >= 2) reduced_.zero();
   }
   // After a forward: ZeRO-3 lets every gathered bucket go (backward gathers what it needs).
-  void after_forward() { release_gathered(); }
+  void after_forward() {
+    release_gathered();
+    backward_pass_ = true;
+  }
 
   // Before a backward: post each bucket as soon as its gradients are final, when this backward
   // communicates (the last micro-batch's, or every one under ZeRO-2).
@@ -163,7 +169,11 @@ class data_parallel {
       complete(b);
     }
     release_gathered();
+    backward_pass_ = false;
   }
+
+  // ZeRO-3: gathers found already posted (prefetched) when a layer first asked, since construction.
+  long prefetch_hits() const { return prefetch_hits_; }
 
   // Every weight of the model, gathered (ZeRO-3), or copied from the flat buffer: for checks,
   // exports and checkpoints. Collective under ZeRO-3.
@@ -312,37 +322,62 @@ class data_parallel {
     pieces_[b] = buffer<T>();
   }
 
-  // ZeRO-3: h's weights, from its bucket, all-gathered when not resident.
+  // ZeRO-3: h's weights, from its bucket, all-gathered when not resident. Asking for bucket b
+  // also starts the gather of the bucket the pass needs next (b-1 in forward, b+1 in backward:
+  // buckets run in backward order), so it arrives while this layer computes.
   T* bucket_weights(param_handle h) {
     const std::size_t b = bucket_of_[static_cast<std::size_t>(h.index)];
+    // Only the first use of a bucket in a pass looks ahead: a later one (the LM head reading the
+    // tied table the embedding already gathered) is not where the pass is going.
+    const bool first_use = gathered_[b].empty() || prefetch_[b].pending();
+    const bool prefetched = !gathered_[b].empty() && prefetch_[b].pending();
+    if (gathered_[b].empty()) start_gather(b);
+    prefetch_[b].wait();
+    prefetch_hits_ += prefetched;
+    touch(b);
+    const std::ptrdiff_t next = backward_pass_ ? std::ptrdiff_t(b) + 1 : std::ptrdiff_t(b) - 1;
+    if (first_use && next >= 0 && next < std::ptrdiff_t(gathered_.size()) && gathered_[std::size_t(next)].empty())
+      start_gather(std::size_t(next));
+    return gathered_[b].data() + (params_->info(h).offset - layout_.buckets()[b].range.begin);
+  }
+
+  // Posts bucket b's all-gather into a fresh buffer. Room is made first: of max_resident
+  // unpinned buckets the least recently used goes (a layer reads at most two buckets at once,
+  // and the one being prefetched is the third), so no more are held even transiently.
+  void start_gather(std::size_t b) {
     const auto& bucket = layout_.buckets()[b];
-    if (gathered_[b].empty()) {
-      // Make room first (a layer reads at most two buckets at once; the least recent of three
-      // resident ones is never among them), so at most max_resident are held even transiently.
-      if (!pinned_[b] && resident_.size() >= max_resident) {
-        gathered_[resident_.front()] = buffer<T>();
-        resident_.pop_front();
-      }
-      gathered_[b] = buffer<T>(params_->ledger(), memory_category::parameters, static_cast<std::size_t>(bucket.range.size()));
-      const flat_range mine = bucket.owned(layout_.rank());
-      T* slot = gathered_[b].data() + (mine.begin - bucket.range.begin);
-      std::copy(shard_.data() + state_offset_[b], shard_.data() + state_offset_[b] + mine.size(), slot);
-      group_->all_gather(std::span<const T>(slot, static_cast<std::size_t>(mine.size())),
-                         std::span<T>(gathered_[b].data(), gathered_[b].size()), std::span<const std::size_t>(bucket.counts));
-      if (!pinned_[b]) resident_.push_back(b);
-    } else if (!pinned_[b]) {  // most recently used goes to the back
-      auto it = std::find(resident_.begin(), resident_.end(), b);
-      if (it != resident_.end()) {
-        resident_.erase(it);
-        resident_.push_back(b);
-      }
+    if (!pinned_[b] && resident_.size() >= max_resident) {
+      const std::size_t victim = resident_.front();
+      resident_.pop_front();
+      prefetch_[victim].wait();
+      gathered_[victim] = buffer<T>();
     }
-    return gathered_[b].data() + (params_->info(h).offset - bucket.range.begin);
+    gathered_[b] = buffer<T>(params_->ledger(), memory_category::parameters, static_cast<std::size_t>(bucket.range.size()));
+    const flat_range mine = bucket.owned(layout_.rank());
+    T* slot = gathered_[b].data() + (mine.begin - bucket.range.begin);
+    std::copy(shard_.data() + state_offset_[b], shard_.data() + state_offset_[b] + mine.size(), slot);
+    prefetch_[b] = group_->all_gather_async(std::span<const T>(slot, static_cast<std::size_t>(mine.size())),
+                                            std::span<T>(gathered_[b].data(), gathered_[b].size()),
+                                            std::span<const std::size_t>(bucket.counts));
+    if (!pinned_[b]) resident_.push_back(b);
+  }
+
+  // Most recently used goes to the back of the eviction order.
+  void touch(std::size_t b) {
+    if (pinned_[b]) return;
+    auto it = std::find(resident_.begin(), resident_.end(), b);
+    if (it != resident_.end() && std::next(it) != resident_.end()) {
+      resident_.erase(it);
+      resident_.push_back(b);
+    }
   }
 
   void release_gathered() {
     if (opt_.zero_stage != 3) return;
-    for (auto& g : gathered_) g = buffer<T>();
+    for (std::size_t b = 0; b < gathered_.size(); ++b) {
+      prefetch_[b].wait();  // an unused prefetch still owns its buffer until it completes
+      gathered_[b] = buffer<T>();
+    }
     resident_.clear();
   }
 
@@ -367,6 +402,9 @@ class data_parallel {
   std::vector<buffer<T>> gathered_;           // ZeRO-3: resident gathered buckets
   std::vector<bool> pinned_;                  // ZeRO-3: buckets kept for a whole pass (tied tables)
   std::deque<std::size_t> resident_;          // ZeRO-3: unpinned resident buckets, least recent first
+  std::vector<comm_handle> prefetch_;         // ZeRO-3: each bucket's gather while in flight
+  bool backward_pass_ = false;                // ZeRO-3: which way the next bucket lies
+  long prefetch_hits_ = 0;
   static constexpr std::size_t max_resident = 3;
   std::vector<comm_handle> pending_;
   std::vector<bool> posted_;
