@@ -22,6 +22,8 @@
 #include <vector>
 
 #include <strata/comm/launch.hpp>
+
+#include "mpi_benchmark_main.hpp"
 #include <strata/comm/mpi_communicator.hpp>
 #include <strata/core/dtype.hpp>
 
@@ -29,12 +31,6 @@ namespace {
 
 strata::world* the_world = nullptr;
 strata::mpi_communicator& comm() { return the_world->comm(); }
-
-class null_reporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
 
 // Times op() as described at the top; fills the bandwidth counters for `bytes` per call.
 template <class Op>
@@ -112,22 +108,5 @@ BENCHMARK(BM_reduce_scatter)->Name("reduce_scatter/fp32")->Apply(sweep);
 int main(int argc, char** argv) {
   auto world = strata::launch(argc, argv);
   the_world = &world;
-  // Ranks other than 0 drop --benchmark_out*, so they do not write over rank 0's file.
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i)
-    if (world.rank() == 0 || std::strncmp(argv[i], "--benchmark_out", 15) != 0) args.push_back(argv[i]);
-  int nargs = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&nargs, args.data());
-  if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
-  benchmark::AddCustomContext("ranks", std::to_string(world.size()));
-  benchmark::AddCustomContext("engine", "strata MPI (host buffers)");
-  if (world.rank() == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    null_reporter quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
-  }
-  benchmark::Shutdown();
-  return 0;
+  return strata_bench::run_on_every_rank(argc, argv, world, {{"engine", "strata MPI (host buffers)"}});
 }

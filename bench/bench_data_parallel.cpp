@@ -17,18 +17,13 @@
 #include <strata/strata.hpp>
 
 #include "gpt2/gpt2.hpp"
+#include "mpi_benchmark_main.hpp"
 
 namespace st = strata;
 
 namespace {
 
 st::world* the_world = nullptr;
-
-class null_reporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
 
 void BM_dp_step(benchmark::State& state) {
   using P = st::policy<st::host, st::serial, st::fp32>;
@@ -71,20 +66,5 @@ BENCHMARK(BM_dp_step)->Name("dp_step/zero")->DenseRange(0, 3)->Iterations(10)->U
 int main(int argc, char** argv) {
   auto world = st::launch(argc, argv);
   the_world = &world;
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i)
-    if (world.rank() == 0 || std::strncmp(argv[i], "--benchmark_out", 15) != 0) args.push_back(argv[i]);
-  int nargs = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&nargs, args.data());
-  if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
-  benchmark::AddCustomContext("ranks", std::to_string(world.size()));
-  if (world.rank() == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    null_reporter quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
-  }
-  benchmark::Shutdown();
-  return 0;
+  return strata_bench::run_on_every_rank(argc, argv, world);
 }
