@@ -295,3 +295,16 @@ TEST_CASE("bucket reductions start during backward, as each bucket's gradients b
     CHECK(dp.hidden_share() <= 1.0);
   }
 }
+
+TEST_CASE("the ZeRO stage comes from the policy's data<N, zero<S>> unless the options name one") {
+  auto& world = strata_test::world().comm();
+  using P3 = st::policy<st::host, st::parallel<st::data<st::dynamic, st::zero<3>>>, st::fp32>;
+  st::memory_ledger ledger;
+  gpt2::model<P3> model(ledger, tiny, st::seed{11});
+  st::data_parallel<P3, st::mpi_communicator> from_policy(model.parameters(), world, {});
+  CHECK(from_policy.zero_stage() == 3);
+  st::memory_ledger ledger2;
+  gpt2::model<P3> model2(ledger2, tiny, st::seed{11});
+  st::data_parallel<P3, st::mpi_communicator> overridden(model2.parameters(), world, {.zero_stage = 1});
+  CHECK(overridden.zero_stage() == 1);
+}

@@ -45,7 +45,8 @@
 namespace strata {
 
 struct data_parallel_options {
-  int zero_stage = 0;
+  static constexpr int from_policy = -1;
+  int zero_stage = from_policy;  // the policy's data<N, zero<S>> unless given here (e.g. by a flag)
   std::int64_t bucket_elems = 1 << 20;  // elements per gradient bucket (4 MiB of fp32)
 };
 
@@ -55,7 +56,8 @@ class data_parallel {
   using T = typename P::storage;
 
   data_parallel(parameter_store<T>& params, Comm& group, data_parallel_options o)
-      : params_(&params), group_(&group), opt_(o), layout_(params.entries(), group.size(), group.rank(), o.bucket_elems) {
+      : params_(&params), group_(&group), opt_(with_stage(o)), layout_(params.entries(), group.size(), group.rank(), o.bucket_elems) {
+    o = opt_;
     STRATA_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "data_parallel: ZeRO stage ", o.zero_stage,
                  " does not exist (stages 0, 1, 2 and 3 do)");
     // ZeRO-1 keeps its reduced pieces beside the full gradients (a communication buffer); under
@@ -258,6 +260,11 @@ class data_parallel {
  private:
   using device = typename P::device;
   using clock = std::chrono::steady_clock;
+
+  static data_parallel_options with_stage(data_parallel_options o) {
+    if (o.zero_stage == data_parallel_options::from_policy) o.zero_stage = P::layout::zero_stage;
+    return o;
+  }
   struct bucket_timing {
     clock::time_point posted, done;
   };
