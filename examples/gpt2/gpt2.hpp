@@ -31,28 +31,41 @@ template <class P>
 struct model {
   using policy = P;
   using T = typename P::storage;
+  using block_type = st::recompute<st::recompute_mode_by_config, st::transformer_block<P>>;
 
-  static constexpr typename st::embedding<P>::config embed_config(const dims& d) { return {d.vocab, d.seq, d.d_model}; }
-  static constexpr typename st::transformer_block<P>::config block_config(const dims& d) {
-    return {d.d_model, d.heads, 4 * d.d_model, 1e-5, 0.02, 0.02};
+  static constexpr typename st::embedding<P>::config embed_config(const dims& d, st::tensor_split tp = {}) {
+    return {d.vocab, d.seq, d.d_model, 0.02, tp};
+  }
+  static constexpr typename block_type::config block_config(const dims& d, st::tensor_split tp = {},
+                                                            st::recompute_mode r = st::recompute_mode::none) {
+    typename block_type::config c;
+    static_cast<typename st::transformer_block<P>::config&>(c) = {d.d_model, d.heads, 4 * d.d_model, 1e-5, 0.02, 0.02, tp};
+    c.recompute = r;
+    return c;
   }
   // GPT-2 scales the residual projections' init by 1/sqrt(2·layers) (not constexpr: sqrt).
-  static typename st::transformer_block<P>::config block_init(const dims& d) {
-    auto c = block_config(d);
+  static typename block_type::config block_init(const dims& d, st::tensor_split tp, st::recompute_mode r) {
+    auto c = block_config(d, tp, r);
     c.proj_init_std = 0.02 / std::sqrt(2.0 * double(d.layers));
     return c;
   }
-  static constexpr typename st::layernorm<P>::config ln_config(const dims& d) { return {d.d_model, 1e-5}; }
-  static constexpr typename st::lm_head<P>::config head_config(const dims& d) { return {d.vocab, d.d_model}; }
-
-  // Ψ, from the layers' own constexpr costs.
-  static constexpr std::int64_t param_count(const dims& d) {
-    return st::embedding<P>::param_count(embed_config(d)) +
-           st::stack<st::transformer_block<P>>::param_count(block_config(d), d.layers) +
-           st::layernorm<P>::param_count(ln_config(d)) + st::lm_head<P>::param_count(head_config(d), true);
+  static constexpr typename st::layernorm<P>::config ln_config(const dims& d, st::tensor_split tp = {}) {
+    return {d.d_model, 1e-5, tp};
+  }
+  static constexpr typename st::lm_head<P>::config head_config(const dims& d, st::tensor_split tp = {}) {
+    return {d.vocab, d.d_model, 0.02, tp};
   }
 
-  model(st::memory_ledger& ledger, const dims& d, st::seed seed) : model(validated(d), ledger, seed) {}
+  // Ψ per rank, from the layers' own constexpr costs.
+  static constexpr std::int64_t param_count(const dims& d, st::tensor_split tp = {}) {
+    return st::embedding<P>::param_count(embed_config(d, tp)) +
+           st::stack<block_type>::param_count(block_config(d, tp), d.layers) +
+           st::layernorm<P>::param_count(ln_config(d, tp)) + st::lm_head<P>::param_count(head_config(d, tp), true);
+  }
+
+  model(st::memory_ledger& ledger, const dims& d, st::seed seed, st::tensor_parallel tp = {},
+        st::recompute_mode recompute = st::recompute_mode::none)
+      : model(validated(d, tp), ledger, seed, std::move(tp), recompute) {}
 
   // Mean next-token loss over the batch; leaves the loss gradient (times grad_scale) in place.
   double forward(st::tensor_view<const std::int32_t> inputs, st::tensor_view<const std::int32_t> targets,
@@ -73,22 +86,29 @@ struct model {
   dims d;
   st::model_context<P> ctx;
   st::embedding<P> embed;
-  st::stack<st::transformer_block<P>> blocks;
+  st::stack<block_type> blocks;
   st::layernorm<P> ln_f;
   st::lm_head<P> head;
 
  private:
-  static const dims& validated(const dims& d) {
+  static const dims& validated(const dims& d, const st::tensor_parallel& tp) {
     d.validate();
+    const int t = tp.degree();
+    STRATA_CHECK(d.heads % t == 0, "gpt2: tensor parallelism tp=", t, " does not divide heads = ", d.heads);
+    STRATA_CHECK((4 * d.d_model) % t == 0, "gpt2: tensor parallelism tp=", t, " does not divide the FFN width ",
+                 4 * d.d_model);
+    STRATA_CHECK(!tp.sequence_parallel() || d.seq % t == 0, "gpt2: sequence parallelism over tp=", t,
+                 " needs --seq divisible by it, got ", d.seq);
     return d;
   }
-  model(const dims& dd, st::memory_ledger& ledger, st::seed seed)
+  model(const dims& dd, st::memory_ledger& ledger, st::seed seed, st::tensor_parallel tp, st::recompute_mode r)
       : d(dd),
-        ctx(ledger, seed),
-        embed(st::module_scope<P>(ctx), embed_config(dd)),
-        blocks(st::module_scope<P>(ctx, "h"), block_init(dd), dd.layers),
-        ln_f(st::module_scope<P>(ctx, "ln_f"), ln_config(dd)),
-        head(st::module_scope<P>(ctx, "lm_head"), head_config(dd), st::tied_to{embed.token_table()}) {
+        ctx(ledger, seed, std::move(tp)),
+        embed(st::module_scope<P>(ctx), embed_config(dd, ctx.tensor().split())),
+        blocks(st::module_scope<P>(ctx, "h"), block_init(dd, ctx.tensor().split(), r), dd.layers),
+        ln_f(st::module_scope<P>(ctx, "ln_f"), ln_config(dd, ctx.tensor().split())),
+        head(st::module_scope<P>(ctx, "lm_head"), head_config(dd, ctx.tensor().split()),
+             st::tied_to{embed.token_table()}) {
     ctx.params().materialize();
   }
   st::tensor_view<const T> hidden(st::tensor_view<const std::int32_t> inputs) {

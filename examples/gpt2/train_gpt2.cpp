@@ -29,7 +29,9 @@ struct run_options {
   std::uint64_t seed = 1337;
   std::string precision = "fp32", metrics, data;
   int sample_tokens = 160;
-  int dp = st::dynamic, zero = 0;
+  int dp = st::dynamic, zero = 0, tp = 1;
+  bool sp = false;
+  std::string recompute = "none";
   std::int64_t bucket_elems = 1 << 20;
 };
 
@@ -80,14 +82,18 @@ CLI::Validator real_at_least(double lo, bool inclusive) {
       (inclusive ? ">=" : ">") + short_number(lo));
 }
 
-// Draws a continuation of `prompt` one token at a time (temperature 0.8, seeded).
+// Draws a continuation of `prompt` one token at a time (temperature 0.8, seeded). Windows are
+// padded at the end to a multiple of `multiple` (sequence parallelism splits the sequence);
+// attention is causal, so the padding changes no logit before it.
 template <class Model>
-std::vector<std::int32_t> sample(Model& model, std::vector<std::int32_t> tokens, int count, std::uint64_t seed) {
+std::vector<std::int32_t> sample(Model& model, std::vector<std::int32_t> tokens, int count, std::uint64_t seed,
+                                 std::int64_t multiple) {
   const std::int64_t seq = model.shape().seq, vocab = model.shape().vocab;
   for (int i = 0; i < count; ++i) {
     const auto len = std::min<std::int64_t>(static_cast<std::int64_t>(tokens.size()), seq);
     std::vector<std::int32_t> window(tokens.end() - len, tokens.end());
-    auto logits = model.logits({window.data(), {1, len}});
+    window.resize(static_cast<std::size_t>((len + multiple - 1) / multiple * multiple), 0);
+    auto logits = model.logits({window.data(), {1, static_cast<std::int64_t>(window.size())}});
     const auto* last = logits.data + (len - 1) * vocab;
     double max_logit = -1e300;
     for (std::int64_t v = 0; v < vocab; ++v) max_logit = std::max(max_logit, double(st::convert<float>(last[v])));
@@ -110,15 +116,18 @@ std::vector<std::int32_t> sample(Model& model, std::vector<std::int32_t> tokens,
 template <class P>
 int train(const run_options& o, st::world& world) {
   using model_t = gpt2::model<P>;
-  // The layout: data parallelism over whatever the launch gives (or --dp, checked against it).
-  using layout = st::parallel<st::data<st::dynamic>>;
-  st::process_mesh mesh(world, st::resolve_layout<layout>(world.size(), {.dp = o.dp}));
+  // The layout: tensor parallelism over --tp ranks, data parallelism over whatever the launch
+  // leaves (or --dp, checked against it).
+  using layout = st::parallel<st::data<st::dynamic>, st::tensor<st::dynamic>>;
+  st::process_mesh mesh(world, st::resolve_layout<layout>(world.size(), {.dp = o.dp, .tp = o.tp}));
   const bool lead = world.rank() == 0;
 
   st::memory_ledger ledger;
-  model_t model(ledger, o.dims, st::seed{o.seed});
-  st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), mesh.dp(),
-                                                {.zero_stage = o.zero, .bucket_elems = o.bucket_elems});
+  model_t model(ledger, o.dims, st::seed{o.seed}, st::tensor_parallel(st::group_ref(mesh.tp()), o.sp),
+                st::parse_recompute_mode(o.recompute));
+  st::data_parallel<P, st::mpi_communicator> dp(
+      model.parameters(), mesh.dp(),
+      {.zero_stage = o.zero, .bucket_elems = o.bucket_elems, .tensor_group = st::group_ref(mesh.tp())});
   st::adamw<P> opt(model.parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
                    dp.optimizer_segments(), dp.optimizer_elements(), dp.state_weights());
 
@@ -139,13 +148,15 @@ int train(const run_options& o, st::world& world) {
   if (lead && !o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics);
 
   if (lead) {
-    std::printf("gpt2_train: %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters, %s\n",
+    std::printf("gpt2_train: %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n",
                 (long long)o.dims.layers, (long long)o.dims.heads, (long long)o.dims.d_model, (long long)o.dims.seq,
-                (long long)o.dims.vocab, (long long)model.parameters().size(), o.precision.c_str());
-    std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d\n",
+                (long long)o.dims.vocab, (long long)model.parameters().size(), mesh.layout().tp > 1 ? " per rank" : "",
+                o.precision.c_str());
+    std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; "
+                "recompute %s\n",
                 o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
                 (long long)o.dims.seq, (long long)(o.micro_batch ? o.micro_batch : o.batch / mesh.layout().dp),
-                mesh.layout().dp, o.zero);
+                mesh.layout().dp, o.zero, mesh.layout().tp, o.sp ? " + sequence parallel" : "", o.recompute.c_str());
   }
   const auto start = std::chrono::steady_clock::now();
   for (int s = 0; s < o.steps; ++s) {
@@ -167,7 +178,7 @@ int train(const run_options& o, st::world& world) {
     const bool bytes = o.dims.vocab <= 256 && o.data.empty();
     std::vector<std::int32_t> prompt = bytes ? std::vector<std::int32_t>{'T', 'h', 'e', ' '}
                                              : std::vector<std::int32_t>{0};
-    auto out = sample(model, prompt, o.sample_tokens, o.seed);
+    auto out = sample(model, prompt, o.sample_tokens, o.seed, o.sp ? mesh.layout().tp : 1);
     if (!lead) return 0;
     std::printf("sample:\n");
     if (bytes) {
@@ -219,6 +230,11 @@ int main(int argc, char** argv) {
   app.add_option("--dp", o.dp, "data-parallel degree (default: every rank of the launch)")->check(positive);
   app.add_option("--zero", o.zero, "ZeRO stage: 0 (replicated), 1 (sharded optimizer state), 2 (+ gradients), 3 (+ parameters)")
       ->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
+  app.add_option("--tp", o.tp, "tensor-parallel degree (must divide --heads and 4 x --d-model)")->check(positive)
+      ->capture_default_str();
+  app.add_flag("--sp", o.sp, "sequence parallelism within the tensor-parallel group (--seq divisible by --tp)");
+  app.add_option("--recompute", o.recompute, "activation recomputation of the blocks: none, selective or full")
+      ->check(CLI::IsMember({"none", "selective", "full"}))->capture_default_str();
   app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);

@@ -20,6 +20,7 @@
 #include "strata/comm/collectives.hpp"
 #include "strata/comm/communicator.hpp"
 #include "strata/comm/counters.hpp"
+#include "strata/comm/group_ref.hpp"
 #include "strata/comm/launch.hpp"
 #include "strata/comm/mesh.hpp"
 #include "strata/comm/mesh_position.hpp"
@@ -37,7 +38,9 @@
 #include "strata/layers/mlp.hpp"
 #include "strata/layers/module.hpp"
 #include "strata/layers/parameters.hpp"
+#include "strata/layers/recompute.hpp"
 #include "strata/layers/stack.hpp"
+#include "strata/layers/tensor_parallel.hpp"
 #include "strata/layers/transformer_block.hpp"
 
 #include "strata/parallel/data_parallel.hpp"

@@ -2,6 +2,12 @@
 //
 // Shapes: tokens [B, T] (int32) -> x [B, T, C] = wte[token] + wpe[position]. wte is [V, C]
 // and may be shared with the LM head (tied weights): its handle is token_table().
+//
+// Tensor parallel over t ranks: vocabulary-parallel. The vocabulary is padded to Vp, a multiple
+// of t (padding rows start at zero and no token id reaches them), and each rank holds Vp/t rows
+// of wte. A rank looks up the tokens in its rows (zeros for the rest), the pieces leave the
+// tensor-parallel region summed (all-reduce, or reduce-scatter to this rank's tokens under
+// sequence parallelism), and the position embedding, whole on every rank, is added after.
 #pragma once
 #include <cstdint>
 
@@ -20,9 +26,16 @@ class embedding {
   struct config {
     std::int64_t vocab = 0, max_seq = 0, channels = 0;
     double init_std = 0.02;
+    tensor_split tp{};
   };
 
-  static constexpr std::int64_t param_count(const config& c) { return (c.vocab + c.max_seq) * c.channels; }
+  // The vocabulary rounded up to a multiple of the tensor-parallel degree.
+  static constexpr std::int64_t padded_vocab(const config& c) {
+    return (c.vocab + c.tp.degree - 1) / c.tp.degree * c.tp.degree;
+  }
+  static constexpr std::int64_t param_count(const config& c) {
+    return (padded_vocab(c) / c.tp.degree + c.max_seq) * c.channels;
+  }
   static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
     return batch * seq * c.channels;
   }
@@ -31,13 +44,19 @@ class embedding {
   }
   static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
     const std::int64_t rows = batch * seq;
-    return rows * c.channels * static_cast<std::int64_t>(sizeof(T)) + rows * 4;  // output + token ids
+    return c.tp.local_rows(rows) * c.channels * static_cast<std::int64_t>(sizeof(T)) + rows * 4;  // output + ids
   }
 
   embedding(module_scope<P> scope, config c) : scope_(scope), cfg_(c) {
     STRATA_CHECK(c.vocab > 0 && c.max_seq > 0 && c.channels > 0, scope.qualify("embedding"), ": vocab (", c.vocab,
                  "), max_seq (", c.max_seq, ") and channels (", c.channels, ") must be positive");
-    wte_ = scope_.add_parameter("wte", {c.vocab, c.channels}, init_rule::normal_with_std(c.init_std), true);
+    auto& tp = scope.tensor();
+    tp.check(c.tp, scope.qualify("embedding"));
+    tensor_shard table{{padded_vocab(c), c.channels}};
+    if (c.tp.degree > 1) table = {{padded_vocab(c), c.channels}, 0, c.tp.degree, tp.rank(), 1, c.vocab};
+    rows_here_ = padded_vocab(c) / c.tp.degree;
+    first_row_ = rows_here_ * (c.tp.degree > 1 ? tp.rank() : 0);
+    wte_ = scope_.add_parameter("wte", table, init_rule::normal_with_std(c.init_std), true);
     wpe_ = scope_.add_parameter("wpe", {c.max_seq, c.channels}, init_rule::normal_with_std(c.init_std), true);
   }
 
@@ -50,21 +69,48 @@ class embedding {
     batch_ = tokens.shape[0];
     seq_ = tokens.shape[1];
     auto& ledger = scope_.ledger();
-    ensure_size(tokens_, ledger, memory_category::activations, batch_ * seq_);
-    ensure_size(out_, ledger, memory_category::activations, batch_ * seq_ * cfg_.channels);
-    for (std::int64_t i = 0; i < batch_ * seq_; ++i) tokens_[static_cast<std::size_t>(i)] = tokens.data[i];
+    const std::int64_t rows = batch_ * seq_;
+    ensure_size(tokens_, ledger, memory_category::activations, rows);
+    for (std::int64_t i = 0; i < rows; ++i) tokens_[static_cast<std::size_t>(i)] = tokens.data[i];
     auto& p = scope_.params();
-    kernels::embedding_forward(device{}, out_.data(), tokens_.data(), p.weights(wte_), p.weights(wpe_), batch_, seq_,
-                               cfg_.channels, cfg_.vocab);
-    return {out_.data(), {batch_, seq_, cfg_.channels}};
+    auto& tp = scope_.tensor();
+    if (cfg_.tp.degree == 1) {
+      ensure_size(out_, ledger, memory_category::activations, rows * cfg_.channels);
+      kernels::embedding_forward(device{}, out_.data(), tokens_.data(), p.weights(wte_), p.weights(wpe_), batch_, seq_,
+                                 cfg_.channels, cfg_.vocab);
+      return {out_.data(), {batch_, seq_, cfg_.channels}};
+    }
+    STRATA_CHECK(!tp.sequence_parallel() || seq_ % cfg_.tp.degree == 0, scope_.qualify("forward"),
+                 ": sequence parallelism over tp=", cfg_.tp.degree, " needs a sequence length divisible by it, got ", seq_);
+    // This rank's rows of the table, the pieces summed over the group, then the positions.
+    buffer<T> partial;
+    buffer<T>& looked_up = tp.sequence_parallel() ? partial : out_;
+    ensure_size(looked_up, ledger, memory_category::activations, rows * cfg_.channels);
+    kernels::embedding_lookup_range(device{}, looked_up.data(), tokens_.data(), p.weights(wte_), rows, cfg_.channels,
+                                    first_row_, rows_here_, cfg_.vocab);
+    auto y = tp.leave_forward(looked_up, {batch_, seq_, cfg_.channels}, out_, ledger);
+    const std::int64_t local = y.numel() / cfg_.channels;
+    kernels::position_embedding_add(device{}, out_.data(), p.weights(wpe_), local, seq_,
+                                    tp.sequence_parallel() ? tp.rank() * local : 0, cfg_.channels);
+    return y;
   }
 
   void backward(const buffer<T>& dout) {
-    STRATA_CHECK(static_cast<std::int64_t>(dout.size()) == batch_ * seq_ * cfg_.channels, scope_.qualify("backward"),
-                 ": expected ", batch_ * seq_ * cfg_.channels, " output gradients, got ", dout.size());
+    auto& tp = scope_.tensor();
+    buffer<T> gathered;
+    // Every token's gradient: this rank's rows of wte may be used anywhere in the batch.
+    const buffer<T>& dy = tp.leave_backward(dout, gathered, scope_.ledger());
+    STRATA_CHECK(static_cast<std::int64_t>(dy.size()) == batch_ * seq_ * cfg_.channels, scope_.qualify("backward"),
+                 ": expected ", batch_ * seq_ * cfg_.channels, " output gradients, got ", dy.size());
     auto& p = scope_.params();
-    kernels::embedding_backward(device{}, p.grads(wte_), p.grads(wpe_), dout.data(), tokens_.data(), batch_, seq_,
-                                cfg_.channels);
+    if (cfg_.tp.degree == 1) {
+      kernels::embedding_backward(device{}, p.grads(wte_), p.grads(wpe_), dy.data(), tokens_.data(), batch_, seq_,
+                                  cfg_.channels);
+    } else {
+      kernels::token_embedding_backward(device{}, p.grads(wte_), dy.data(), tokens_.data(), batch_ * seq_,
+                                        cfg_.channels, first_row_, rows_here_);
+      kernels::position_embedding_backward(device{}, p.grads(wpe_), dy.data(), batch_, seq_, cfg_.channels);
+    }
     p.grad_written(wte_);
     p.grad_written(wpe_);
   }
@@ -82,6 +128,7 @@ class embedding {
   module_scope<P> scope_;
   config cfg_;
   param_handle wte_, wpe_;
+  std::int64_t rows_here_ = 0, first_row_ = 0;  // this rank's rows of the (padded) token table
   std::int64_t batch_ = 0, seq_ = 0;
   buffer<std::int32_t> tokens_;
   buffer<T> out_;

@@ -1,11 +1,15 @@
 // strata/layers/layernorm.hpp - LayerNorm over the last dimension, with gain and bias.
 //
 // Shapes: x [rows, C] -> y [rows, C]; keeps y plus each row's mean and 1/std for backward.
+// Under sequence parallelism the rows are this rank's tokens, so the gain and bias gradients
+// are partial: they are summed over the tensor-parallel group before they are added.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/host/layernorm.hpp"
+#include "strata/kernels/host/residual.hpp"
 #include "strata/layers/module.hpp"
 
 namespace strata {
@@ -20,18 +24,19 @@ class layernorm {
   struct config {
     std::int64_t channels = 0;
     double eps = 1e-5;
+    tensor_split tp{};  // only sequence parallelism changes a LayerNorm: it sees rows/t tokens
   };
 
   static constexpr std::int64_t param_count(const config& c) { return 2 * c.channels; }
   // ~8 flops per element forward (mean, variance, normalise, scale, shift); backward ~2x.
   static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 8 * batch * seq * c.channels;
+    return 8 * c.tp.local_rows(batch * seq) * c.channels;
   }
   static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
     return 2 * forward_flops(c, batch, seq);
   }
   static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    const std::int64_t rows = batch * seq;
+    const std::int64_t rows = c.tp.local_rows(batch * seq);
     return rows * c.channels * static_cast<std::int64_t>(sizeof(T)) + 2 * rows * static_cast<std::int64_t>(sizeof(A));
   }
 
@@ -60,13 +65,32 @@ class layernorm {
   buffer<T> backward(const buffer<T>& dout) {
     STRATA_CHECK(static_cast<std::int64_t>(dout.size()) == rows_ * cfg_.channels, scope_.qualify("backward"),
                  ": expected ", rows_ * cfg_.channels, " output gradients, got ", dout.size());
-    buffer<T> dinp(scope_.ledger(), memory_category::activations, dout.size());
+    auto& ledger = scope_.ledger();
+    buffer<T> dinp(ledger, memory_category::activations, dout.size());
     auto& p = scope_.params();
-    kernels::layernorm_backward(device{}, dinp.data(), p.grads(weight_), p.grads(bias_), dout.data(), input_.data,
-                                p.weights(weight_), mean_.data(), rstd_.data(), rows_, cfg_.channels);
+    auto& tp = scope_.tensor();
+    if (tp.sequence_parallel()) {
+      buffer<T> partial(ledger, memory_category::communication, static_cast<std::size_t>(2 * cfg_.channels));
+      T* dweight = partial.data();
+      T* dbias = dweight + cfg_.channels;
+      kernels::layernorm_backward(device{}, dinp.data(), dweight, dbias, dout.data(), input_.data,
+                                  p.weights(weight_), mean_.data(), rstd_.data(), rows_, cfg_.channels);
+      tp.sum_partial_gradients(std::span<T>(partial.data(), partial.size()));
+      kernels::residual_forward(device{}, p.grads(weight_), p.grads(weight_), dweight, cfg_.channels);
+      kernels::residual_forward(device{}, p.grads(bias_), p.grads(bias_), dbias, cfg_.channels);
+    } else {
+      kernels::layernorm_backward(device{}, dinp.data(), p.grads(weight_), p.grads(bias_), dout.data(), input_.data,
+                                  p.weights(weight_), mean_.data(), rstd_.data(), rows_, cfg_.channels);
+    }
     p.grad_written(weight_);
     p.grad_written(bias_);
     return dinp;
+  }
+
+  void release_activations() {
+    out_ = buffer<T>();
+    mean_ = buffer<A>();
+    rstd_ = buffer<A>();
   }
 
   template <class F>

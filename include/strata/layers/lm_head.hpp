@@ -4,8 +4,16 @@
 // The softmax and the loss are fused: the logits buffer is overwritten with dloss/dlogits in
 // the same pass, so no probability buffer ever exists. W is either the head's own [V, C]
 // matrix or, with tied_to, the token embedding's table (GPT-2 ties them).
+//
+// Tensor parallel over t ranks: vocabulary-parallel, over the same padded rows as the embedding
+// (Vp/t each). The head enters a tensor-parallel region like a column-parallel layer (under
+// sequence parallelism it gathers the tokens, and gathers them again in backward), computes its
+// [B·T, Vp/t] logits, and the loss comes from three small all-reduces per row (max, then the
+// sum of exponentials with the target's logit): the full logits are never gathered. Padding
+// columns take no part in the softmax and get zero gradient.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/host/cross_entropy.hpp"
@@ -29,33 +37,41 @@ class lm_head {
   struct config {
     std::int64_t vocab = 0, channels = 0;
     double init_std = 0.02;  // only when the head owns its matrix
+    tensor_split tp{};
   };
 
+  // The vocabulary rounded up to a multiple of the degree, and this rank's share of it.
+  static constexpr std::int64_t padded_vocab(const config& c) {
+    return (c.vocab + c.tp.degree - 1) / c.tp.degree * c.tp.degree;
+  }
+  static constexpr std::int64_t local_vocab(const config& c) { return padded_vocab(c) / c.tp.degree; }
   // A tied head adds no parameters of its own.
-  static constexpr std::int64_t param_count(const config& c, bool tied) { return tied ? 0 : c.vocab * c.channels; }
+  static constexpr std::int64_t param_count(const config& c, bool tied) { return tied ? 0 : local_vocab(c) * c.channels; }
   static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * batch * seq * c.channels * c.vocab + 5 * batch * seq * c.vocab;  // GEMM + softmax/loss
+    return 2 * batch * seq * c.channels * local_vocab(c) + 5 * batch * seq * local_vocab(c);  // GEMM + softmax/loss
   }
   static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 4 * batch * seq * c.channels * c.vocab;
+    return 4 * batch * seq * c.channels * local_vocab(c);
   }
   static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
     const std::int64_t rows = batch * seq;
-    return rows * c.vocab * static_cast<std::int64_t>(sizeof(T)) +  // logits, then their gradient
+    return rows * local_vocab(c) * static_cast<std::int64_t>(sizeof(T)) +  // logits, then their gradient
            rows * static_cast<std::int64_t>(sizeof(A)) + rows * 4;  // per-position losses, targets
   }
 
   lm_head(module_scope<P> scope, config c) : scope_(scope), cfg_(c) {
     check_config();
-    weight_ = scope_.add_parameter("weight", {c.vocab, c.channels}, init_rule::normal_with_std(c.init_std), true);
+    tensor_shard table{{padded_vocab(c), c.channels}};
+    if (c.tp.degree > 1) table = {{padded_vocab(c), c.channels}, 0, c.tp.degree, scope.tensor().rank(), 1, c.vocab};
+    weight_ = scope_.add_parameter("weight", table, init_rule::normal_with_std(c.init_std), true);
   }
   lm_head(module_scope<P> scope, config c, tied_to tie) : scope_(scope), cfg_(c), weight_(tie.table), tied_(true) {
     check_config();
     scope_.params().add_writer(weight_);  // its gradient is final only after both backwards
     const auto& shared = scope_.params().info(weight_);
-    const strata::shape expected{c.vocab, c.channels};
+    const strata::shape expected{local_vocab(c), c.channels};
     STRATA_CHECK(shared.shape == expected, scope_.qualify("lm_head"), ": tied table '",
-                 shared.name, "' has shape ", shared.shape.str(), ", expected [", c.vocab, ", ", c.channels, "]");
+                 shared.name, "' has shape ", shared.shape.str(), ", expected ", expected.str());
   }
 
   // Mean loss over all positions; also leaves d(loss·loss_scale)/dlogits for backward.
@@ -70,8 +86,11 @@ class lm_head {
     ensure_size(losses_, ledger, memory_category::activations, rows);
     ensure_size(targets_, ledger, memory_category::activations, rows);
     for (std::int64_t i = 0; i < rows; ++i) targets_[static_cast<std::size_t>(i)] = targets.data[i];
-    kernels::cross_entropy_forward_backward(device{}, losses_.data(), logits_.data(), targets_.data(), rows,
-                                            cfg_.vocab, cfg_.vocab, static_cast<A>(loss_scale / double(rows)));
+    if (cfg_.tp.degree == 1)
+      kernels::cross_entropy_forward_backward(device{}, losses_.data(), logits_.data(), targets_.data(), rows,
+                                              cfg_.vocab, cfg_.vocab, static_cast<A>(loss_scale / double(rows)));
+    else
+      vocab_parallel_loss(targets_.data(), logits_.data(), static_cast<A>(loss_scale / double(rows)));
     return mean_loss(rows);
   }
 
@@ -82,26 +101,44 @@ class lm_head {
     STRATA_CHECK(targets.numel() == rows, scope_.qualify("evaluate"), ": expected ", rows, " targets, got ",
                  targets.numel());
     ensure_size(losses_, scope_.ledger(), memory_category::activations, rows);
-    kernels::cross_entropy_forward(device{}, losses_.data(), logits_.data(), targets.data, rows, cfg_.vocab,
-                                   cfg_.vocab);
+    if (cfg_.tp.degree == 1)
+      kernels::cross_entropy_forward(device{}, losses_.data(), logits_.data(), targets.data, rows, cfg_.vocab,
+                                     cfg_.vocab);
+    else
+      vocab_parallel_loss(targets.data, nullptr, A(0));
     return mean_loss(rows);
   }
 
-  // Logits [B, T, V] for sampling; valid until the next call.
+  // Logits [B, T, V] for sampling; valid until the next call. Under tensor parallelism they are
+  // gathered from every rank (sampling only: training never does this).
   tensor_view<const T> logits(tensor_view<const T> x) {
     compute_logits(x);
-    return {logits_.data(), {batch_, seq_, cfg_.vocab}};
+    if (cfg_.tp.degree == 1) return {logits_.data(), {batch_, seq_, cfg_.vocab}};
+    const std::int64_t rows = batch_ * seq_, vl = local_vocab(cfg_);
+    buffer<T> pieces(scope_.ledger(), memory_category::communication, static_cast<std::size_t>(rows * padded_vocab(cfg_)));
+    scope_.tensor().group().all_gather(std::span<const T>(logits_.data(), logits_.size()),
+                                       std::span<T>(pieces.data(), pieces.size()));
+    ensure_size(whole_logits_, scope_.ledger(), memory_category::activations, rows * cfg_.vocab);
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t v = 0; v < cfg_.vocab; ++v)
+        whole_logits_[static_cast<std::size_t>(i * cfg_.vocab + v)] = pieces[static_cast<std::size_t>((v / vl) * rows * vl + i * vl + v % vl)];
+    return {whole_logits_.data(), {batch_, seq_, cfg_.vocab}};
   }
 
-  // dx [B, T, C] from the gradient forward() left; accumulates into W's gradient.
+  // dx [B, T, C] (this rank's [B, T/t, C] under sequence parallelism) from the gradient
+  // forward() left; accumulates into W's gradient.
   buffer<T> backward() {
     const std::int64_t rows = batch_ * seq_;
-    buffer<T> dx(scope_.ledger(), memory_category::activations, static_cast<std::size_t>(rows * cfg_.channels));
+    auto& ledger = scope_.ledger();
+    auto& tp = scope_.tensor();
+    buffer<T> dx(ledger, memory_category::activations, static_cast<std::size_t>(rows * cfg_.channels));
     auto& p = scope_.params();
+    buffer<T> gathered;
+    const T* x = tp.enter_forward(input_, gathered, ledger).data;
     kernels::linear_backward(device{}, scope_.workspace(), dx.data(), p.grads(weight_), static_cast<T*>(nullptr),
-                             logits_.data(), input_.data, p.weights(weight_), rows, cfg_.channels, cfg_.vocab);
+                             logits_.data(), x, p.weights(weight_), rows, cfg_.channels, local_vocab(cfg_));
     p.grad_written(weight_);
-    return dx;
+    return tp.enter_backward(std::move(dx), ledger);
   }
 
   template <class F>
@@ -117,17 +154,36 @@ class lm_head {
   void check_config() const {
     STRATA_CHECK(cfg_.vocab > 0 && cfg_.channels > 0, scope_.qualify("lm_head"), ": vocab (", cfg_.vocab,
                  ") and channels (", cfg_.channels, ") must be positive");
+    scope_.tensor().check(cfg_.tp, scope_.qualify("lm_head"));
   }
   void compute_logits(tensor_view<const T> x) {
     STRATA_CHECK(x.shape.rank == 3 && x.shape[2] == cfg_.channels, scope_.qualify("forward"),
                  ": expected input [B, T, ", cfg_.channels, "], got ", x.shape.str());
     input_ = x;
-    batch_ = x.shape[0];
-    seq_ = x.shape[1];
-    ensure_size(logits_, scope_.ledger(), memory_category::activations, batch_ * seq_ * cfg_.vocab);
+    buffer<T> gathered;
+    auto whole = scope_.tensor().enter_forward(x, gathered, scope_.ledger());
+    batch_ = whole.shape[0];
+    seq_ = whole.shape[1];
+    const std::int64_t vl = local_vocab(cfg_);
+    ensure_size(logits_, scope_.ledger(), memory_category::activations, batch_ * seq_ * vl);
     auto& p = scope_.params();
-    kernels::linear_forward(device{}, scope_.workspace(), logits_.data(), x.data, p.weights(weight_),
-                            static_cast<const T*>(nullptr), batch_ * seq_, cfg_.channels, cfg_.vocab);
+    kernels::linear_forward(device{}, scope_.workspace(), logits_.data(), whole.data, p.weights(weight_),
+                            static_cast<const T*>(nullptr), batch_ * seq_, cfg_.channels, vl);
+  }
+  // The loss of every position from this rank's logits and two all-reduces; with `dlogits`
+  // (the logits buffer) also its gradient.
+  void vocab_parallel_loss(const std::int32_t* targets, T* dlogits, A dloss) {
+    const std::int64_t rows = batch_ * seq_, vl = local_vocab(cfg_), first = vl * scope_.tensor().rank();
+    auto& group = scope_.tensor().group();
+    buffer<A> row_max(scope_.ledger(), memory_category::communication, static_cast<std::size_t>(rows));
+    buffer<A> sums(scope_.ledger(), memory_category::communication, static_cast<std::size_t>(2 * rows));
+    kernels::vocab_parallel_max(device{}, row_max.data(), logits_.data(), targets, rows, vl, first, cfg_.vocab);
+    group.all_reduce(std::span<A>(row_max.data(), row_max.size()), reduce_op::max);
+    kernels::vocab_parallel_sums(device{}, sums.data(), logits_.data(), row_max.data(), targets, rows, vl, first,
+                                 cfg_.vocab);
+    group.all_reduce(std::span<A>(sums.data(), sums.size()));
+    kernels::vocab_parallel_finish(device{}, losses_.data(), dlogits, row_max.data(), sums.data(), targets, rows, vl,
+                                   first, cfg_.vocab, dloss);
   }
   double mean_loss(std::int64_t rows) const {
     double sum = 0;  // sequential: the same loss bit for bit on every run
@@ -141,7 +197,7 @@ class lm_head {
   bool tied_ = false;
   tensor_view<const T> input_;
   std::int64_t batch_ = 0, seq_ = 0;
-  buffer<T> logits_;
+  buffer<T> logits_, whole_logits_;
   buffer<A> losses_;
   buffer<std::int32_t> targets_;
 };

@@ -3,13 +3,16 @@
 // A model owns one model_context: the parameter store, scratch space and the memory ledger
 // every buffer is charged to. Layers receive a module_scope - the same context plus a dotted
 // name prefix - so each parameter gets a stable name ("blocks.3.mlp.fc.weight") that the
-// initializer, checkpoints and exports all key on.
+// initializer, checkpoints and exports all key on. Under tensor parallelism the context also
+// holds the tensor-parallel group; every layer of the model shards over it.
 #pragma once
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "strata/core/memory.hpp"
 #include "strata/layers/parameters.hpp"
+#include "strata/layers/tensor_parallel.hpp"
 #include "strata/policy/policy.hpp"
 
 namespace strata {
@@ -19,17 +22,20 @@ class model_context {
  public:
   using T = typename P::storage;
 
-  model_context(memory_ledger& ledger, strata::seed s) : params_(ledger, s), workspace_(ledger) {}
+  model_context(memory_ledger& ledger, strata::seed s, strata::tensor_parallel tp = {})
+      : params_(ledger, s), workspace_(ledger), tp_(std::move(tp)) {}
   model_context(const model_context&) = delete;
   model_context& operator=(const model_context&) = delete;
 
   parameter_store<T>& params() { return params_; }
   strata::workspace& workspace() { return workspace_; }
   memory_ledger& ledger() { return params_.ledger(); }
+  strata::tensor_parallel& tensor() { return tp_; }
 
  private:
   parameter_store<T> params_;
   strata::workspace workspace_;
+  strata::tensor_parallel tp_;
 };
 
 template <class P>
@@ -49,11 +55,16 @@ class module_scope {
   param_handle add_parameter(std::string_view leaf, strata::shape shape, init_rule init, bool decay) {
     return ctx_->params().add(qualify(leaf), shape, init, decay);
   }
+  // This rank's piece of a tensor-parallel parameter (see tensor_shard).
+  param_handle add_parameter(std::string_view leaf, tensor_shard shard, init_rule init, bool decay) {
+    return ctx_->params().add(qualify(leaf), init, decay, shard);
+  }
 
   model_context<P>& context() const { return *ctx_; }
   parameter_store<T>& params() const { return ctx_->params(); }
   strata::workspace& workspace() const { return ctx_->workspace(); }
   memory_ledger& ledger() const { return ctx_->ledger(); }
+  strata::tensor_parallel& tensor() const { return ctx_->tensor(); }
   const std::string& prefix() const { return prefix_; }
 
  private:

@@ -25,6 +25,51 @@ struct param_handle {
   bool valid() const { return index >= 0; }
 };
 
+// Where a rank's piece of a tensor-parallel parameter sits in the full tensor. Dimension `dim`
+// (0: rows, 1: columns of a matrix) of the full tensor is `blocks` equal blocks (3 for a fused
+// QKV weight: q, k, v), and each block is split into `parts` equal pieces; this rank holds piece
+// `index` of every block, blocks kept in order. Rows at or past `real_rows` are padding (a
+// vocabulary padded to a multiple of the degree): they start at zero and are no part of the
+// serial model. parts == 1: the parameter is whole on every rank (replicated).
+struct tensor_shard {
+  strata::shape full;           // the full tensor, padding included
+  int dim = 0, parts = 1, index = 0, blocks = 1;
+  std::int64_t real_rows = -1;  // -1: no padding
+
+  bool sharded() const { return parts > 1; }
+  strata::shape local() const {
+    strata::shape s = full;
+    s.dims[static_cast<std::size_t>(dim)] /= parts;
+    return s;
+  }
+  // The full tensor's (row, column) of local element i, rank 1 tensors being one row.
+  std::pair<std::int64_t, std::int64_t> full_position(std::int64_t i) const {
+    const strata::shape l = local();
+    const std::int64_t cols = l.rank >= 2 ? l[1] : l[0];
+    std::int64_t row = l.rank >= 2 ? i / cols : 0, col = l.rank >= 2 ? i % cols : i;
+    std::int64_t& along = (dim == 0 && l.rank >= 2) ? row : col;
+    const std::int64_t piece = (l.rank >= 2 ? l[dim] : l[0]) / blocks;  // of one block, on one rank
+    along = (along / piece) * piece * parts + index * piece + along % piece;
+    return {row, col};
+  }
+  // Index of local element i in the full (row-major) tensor.
+  std::int64_t global_index(std::int64_t i) const {
+    const auto [row, col] = full_position(i);
+    return full.rank >= 2 ? row * full[1] + col : col;
+  }
+  bool is_padding(std::int64_t i) const {
+    if (real_rows < 0) return false;
+    const auto [row, col] = full_position(i);
+    return (full.rank >= 2 ? row : col) >= real_rows;
+  }
+  // The same split as seen from rank q.
+  tensor_shard of_rank(int q) const {
+    tensor_shard s = *this;
+    s.index = q;
+    return s;
+  }
+};
+
 struct param_info {
   std::string name;        // "blocks.3.attn.qkv.weight": its identity for init and checkpoints
   strata::shape shape;
@@ -33,6 +78,7 @@ struct param_info {
   init_rule init;
   bool weight_decay = false;  // AdamW decays matrices, not biases or norm gains
   int writers = 1;            // layers whose backward adds to its gradient (2 for a tied table)
+  tensor_shard shard;         // this rank's piece under tensor parallelism (whole when not sharded)
 };
 
 template <class T>
@@ -43,11 +89,20 @@ class parameter_store {
   parameter_store& operator=(const parameter_store&) = delete;
 
   param_handle add(std::string name, strata::shape shape, init_rule init, bool weight_decay) {
+    return add(std::move(name), init, weight_decay, tensor_shard{shape});
+  }
+  // A parameter that may be a piece of a larger tensor: its shape here is shard.local().
+  param_handle add(std::string name, init_rule init, bool weight_decay, tensor_shard shard) {
+    const strata::shape shape = shard.local();
     STRATA_CHECK(!materialized(), "parameter_store: cannot add '", name,
                  "' after the parameters were allocated");
     for (const auto& e : entries_)
       STRATA_CHECK(e.name != name, "parameter_store: parameter '", name, "' registered twice");
-    param_info info{std::move(name), shape, total_, shape.numel(), init, weight_decay};
+    STRATA_CHECK(shard.parts >= 1 && shard.index >= 0 && shard.index < shard.parts && shard.blocks >= 1 &&
+                     shard.full[shard.dim] % (static_cast<std::int64_t>(shard.parts) * shard.blocks) == 0,
+                 "parameter_store: '", name, "' of shape ", shard.full.str(), " cannot be split into ", shard.parts,
+                 " x ", shard.blocks, " pieces along dimension ", shard.dim);
+    param_info info{std::move(name), shape, total_, shape.numel(), init, weight_decay, 1, shard};
     STRATA_CHECK(info.numel > 0, "parameter_store: parameter '", info.name, "' has shape ",
                  shape.str(), " with no elements");
     total_ += info.numel;
@@ -146,10 +201,19 @@ class parameter_store {
 
  private:
   void initialize(const param_info& e) {
+    // Each element from its index in the full tensor: a shard starts as its piece of the serial
+    // model's tensor; padding starts (and, having no gradient, stays) at zero.
     const std::uint64_t id = parameter_id(e.name);
     T* w = weights_.data() + e.offset;
-    for (std::int64_t i = 0; i < e.numel; ++i)
-      w[i] = convert<T>(initial_value(e.init, seed_.value, id, static_cast<std::uint64_t>(i)));
+    const bool whole = !e.shard.sharded() && e.shard.real_rows < 0;
+    for (std::int64_t i = 0; i < e.numel; ++i) {
+      if (!whole && e.shard.is_padding(i)) {
+        w[i] = convert<T>(0.0);
+        continue;
+      }
+      const auto g = static_cast<std::uint64_t>(whole ? i : e.shard.global_index(i));
+      w[i] = convert<T>(initial_value(e.init, seed_.value, id, g));
+    }
   }
 
   memory_ledger* ledger_;

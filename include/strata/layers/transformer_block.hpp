@@ -1,6 +1,10 @@
 // strata/layers/transformer_block.hpp - a pre-LayerNorm Transformer block (GPT-2's):
 //
 //   r = x + attn(ln_1(x));   y = r + mlp(ln_2(r))        x, r, y: [B, T, C]
+//
+// Under tensor parallelism attention and MLP are one tensor-parallel region each; LayerNorms and
+// residuals see whole activations (or, under sequence parallelism, [B, T/t, C]: this rank's
+// tokens). recompute_core(true) hands selective recomputation to the attention.
 #pragma once
 #include <cstdint>
 
@@ -22,14 +26,15 @@ class transformer_block {
     double eps = 1e-5;
     double init_std = 0.02;
     double proj_init_std = 0.02;  // residual projections; GPT-2 uses 0.02/sqrt(2·layers)
+    tensor_split tp{};
   };
 
-  static constexpr typename layernorm<P>::config ln_config(const config& c) { return {c.channels, c.eps}; }
+  static constexpr typename layernorm<P>::config ln_config(const config& c) { return {c.channels, c.eps, c.tp}; }
   static constexpr typename attention<P>::config attn_config(const config& c) {
-    return {c.channels, c.heads, c.init_std, c.proj_init_std};
+    return {c.channels, c.heads, c.init_std, c.proj_init_std, c.tp};
   }
   static constexpr typename mlp<P>::config mlp_config(const config& c) {
-    return {c.channels, c.hidden, c.init_std, c.proj_init_std};
+    return {c.channels, c.hidden, c.init_std, c.proj_init_std, c.tp};
   }
 
   static constexpr std::int64_t param_count(const config& c) {
@@ -39,7 +44,7 @@ class transformer_block {
   static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
     return 2 * layernorm<P>::forward_flops(ln_config(c), batch, seq) +
            attention<P>::forward_flops(attn_config(c), batch, seq) + mlp<P>::forward_flops(mlp_config(c), batch, seq) +
-           2 * batch * seq * c.channels;  // two residual adds
+           2 * c.tp.local_rows(batch * seq) * c.channels;  // two residual adds
   }
   static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
     return 2 * forward_flops(c, batch, seq);
@@ -48,7 +53,15 @@ class transformer_block {
     return 2 * layernorm<P>::activation_bytes(ln_config(c), batch, seq) +
            attention<P>::activation_bytes(attn_config(c), batch, seq) +
            mlp<P>::activation_bytes(mlp_config(c), batch, seq) +
-           2 * batch * seq * c.channels * static_cast<std::int64_t>(sizeof(T));  // r and y
+           2 * c.tp.local_rows(batch * seq) * c.channels * static_cast<std::int64_t>(sizeof(T));  // r and y
+  }
+  // The output alone: what a fully recomputed block keeps.
+  static constexpr std::int64_t output_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
+    return c.tp.local_rows(batch * seq) * c.channels * static_cast<std::int64_t>(sizeof(T));
+  }
+  // What selective recomputation drops: the attention probabilities.
+  static constexpr std::int64_t core_activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
+    return attention<P>::core_activation_bytes(attn_config(c), batch, seq);
   }
 
   transformer_block(module_scope<P> scope, config c)
@@ -58,6 +71,8 @@ class transformer_block {
         attn_(scope / "attn", attn_config(c)),
         ln_2_(scope / "ln_2", ln_config(c)),
         mlp_(scope / "mlp", mlp_config(c)) {}
+
+  void recompute_core(bool on) { attn_.recompute_core(on); }
 
   tensor_view<const T> forward(tensor_view<const T> x) {
     const std::int64_t n = x.numel();
@@ -81,6 +96,15 @@ class transformer_block {
     buffer<T> dx = ln_1_.backward(attn_.backward(dr));
     kernels::residual_forward(device{}, dx.data(), dx.data(), dr.data(), n);
     return dx;
+  }
+
+  void release_activations() {
+    ln_1_.release_activations();
+    attn_.release_activations();
+    ln_2_.release_activations();
+    mlp_.release_activations();
+    resid_ = buffer<T>();
+    out_ = buffer<T>();
   }
 
   template <class F>

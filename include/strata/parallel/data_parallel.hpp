@@ -19,7 +19,10 @@
 //            tied table stays for the whole pass), and all are freed when the pass ends.
 //            3Ψ(n-1)/n elements per rank per step: two gathers and one reduce-scatter.
 // Both move 2Ψ(n-1)/n elements per rank per step. Buckets follow backward order (dp_layout).
-// Gradient norms are global: squares summed over the owned pieces, then over the group.
+// Gradient norms are global: squares summed over the owned pieces, then over the group. With
+// tensor parallelism (options.tensor_group) each rank holds pieces of the sharded parameters
+// and a copy of the replicated ones: the squares are summed over that group too, a replicated
+// parameter's counted 1/t on each of the t ranks so that it counts once.
 //
 // Overlap: during the last micro-batch's backward the parameter store reports each parameter
 // whose gradient is final (layers call grad_written); the bucket whose last parameter that was
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "strata/comm/communicator.hpp"
+#include "strata/comm/group_ref.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/kernels/host/reduce.hpp"
 #include "strata/kernels/host/residual.hpp"
@@ -48,6 +52,7 @@ struct data_parallel_options {
   static constexpr int from_policy = -1;
   int zero_stage = from_policy;  // the policy's data<N, zero<S>> unless given here (e.g. by a flag)
   std::int64_t bucket_elems = 1 << 20;  // elements per gradient bucket (4 MiB of fp32)
+  group_ref tensor_group{};             // the tensor-parallel group, for global gradient norms
 };
 
 template <class P, communicator Comm>
@@ -225,11 +230,29 @@ class data_parallel {
 
   // Σ g² over the whole model's (reduced) gradients, the same on every rank.
   double grad_sum_of_squares() {
-    if (opt_.zero_stage == 0)
-      return kernels::sum_of_squares(device{}, params_->grads_data(), params_->size());
-    // ZeRO 1 and 2: the owned pieces, then summed over the group.
-    double local = kernels::sum_of_squares(device{}, reduced_.data(), layout_.owned_elements());
-    group_->all_reduce(std::span<double>(&local, 1), reduce_op::sum);
+    auto& tp = opt_.tensor_group;
+    if (tp.size() == 1) {
+      if (opt_.zero_stage == 0)
+        return kernels::sum_of_squares(device{}, params_->grads_data(), params_->size());
+      // ZeRO 1 and 2: the owned pieces, then summed over the group.
+      double local = kernels::sum_of_squares(device{}, reduced_.data(), layout_.owned_elements());
+      group_->all_reduce(std::span<double>(&local, 1), reduce_op::sum);
+      return local;
+    }
+    // Tensor parallel: parameter by parameter (segment by segment), replicated ones weighted 1/t.
+    const double replicated = 1.0 / tp.size();
+    double local = 0;
+    if (opt_.zero_stage == 0) {
+      const T* g = params_->grads_data();
+      for (const auto& e : params_->entries())
+        local += (e.shard.sharded() ? 1.0 : replicated) * kernels::sum_of_squares(device{}, g + e.offset, e.numel);
+    } else {
+      for (const auto& seg : layout_.owned_segments())
+        local += (sharded_at(seg.flat) ? 1.0 : replicated) *
+                 kernels::sum_of_squares(device{}, reduced_.data() + seg.state, seg.count);
+      group_->all_reduce(std::span<double>(&local, 1), reduce_op::sum);
+    }
+    tp.all_reduce(std::span<double>(&local, 1), reduce_op::sum);
     return local;
   }
 
@@ -249,6 +272,13 @@ class data_parallel {
       pending.push_back(group_->all_gather_async(in, out, std::span<const std::size_t>(b.counts)));
     }
     for (auto& h : pending) h.wait();
+  }
+
+  // Whether the parameter at flat offset `flat` is split over the tensor-parallel group.
+  bool sharded_at(std::int64_t flat) const {
+    for (const auto& e : params_->entries())
+      if (flat >= e.offset && flat < e.offset + e.numel) return e.shard.sharded();
+    return false;
   }
 
   // The mean of a per-rank value (the loss) over the group.

@@ -1,0 +1,103 @@
+// strata/comm/group_ref.hpp - a process group behind one small, non-template interface.
+//
+// Layers are templates on the policy, not on the communicator, yet tensor-parallel layers talk
+// to their group inside forward and backward. group_ref lets them: it refers to any
+// communicator (MPI, NCCL, MPI-on-device) and forwards the few collectives layers use, with
+// the element type as a run-time value. The communicator keeps counting what moves, under its
+// own name. An empty group_ref is a group of one: every collective is the identity.
+//
+//   strata::group_ref tp(mesh.tp());
+//   tp.all_reduce(std::span<float>(x, n));
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "strata/comm/communicator.hpp"
+#include "strata/core/error.hpp"
+
+namespace strata {
+
+class group_ref {
+ public:
+  group_ref() = default;  // a group of one
+  template <communicator Comm>
+  explicit group_ref(Comm& c) : impl_(std::make_shared<adapter<Comm>>(c)) {}
+
+  int size() const { return impl_ ? impl_->size() : 1; }
+  int rank() const { return impl_ ? impl_->rank() : 0; }
+  std::string name() const { return impl_ ? impl_->name() : std::string("self"); }
+
+  // In place over the group.
+  template <comm_scalar T>
+  void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) {
+    if (impl_ && size() > 1) impl_->all_reduce(data.data(), data.size(), comm_dtype_of<T>, op);
+  }
+  // out = every rank's `in` (equal sizes), in rank order.
+  template <comm_scalar T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    STRATA_CHECK(out.size() == in.size() * static_cast<std::size_t>(size()), "group_ref::all_gather on ", name(),
+                 ": output holds ", out.size(), " elements, expected ", in.size(), " x ", size());
+    if (!impl_ || size() == 1) {
+      if (out.data() != in.data()) std::copy(in.begin(), in.end(), out.begin());
+      return;
+    }
+    impl_->all_gather(in.data(), out.data(), in.size(), comm_dtype_of<T>);
+  }
+  // out = the sum over ranks of this rank's part of `in` (size() equal parts).
+  template <comm_scalar T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out) {
+    STRATA_CHECK(in.size() == out.size() * static_cast<std::size_t>(size()), "group_ref::reduce_scatter on ",
+                 name(), ": input holds ", in.size(), " elements, expected ", out.size(), " x ", size());
+    if (!impl_ || size() == 1) {
+      if (out.data() != in.data()) std::copy(in.begin(), in.end(), out.begin());
+      return;
+    }
+    impl_->reduce_scatter(in.data(), out.data(), out.size(), comm_dtype_of<T>);
+  }
+
+ private:
+  struct erased {
+    virtual ~erased() = default;
+    virtual int size() const = 0;
+    virtual int rank() const = 0;
+    virtual std::string name() const = 0;
+    virtual void all_reduce(void* data, std::size_t n, comm_dtype d, reduce_op op) = 0;
+    virtual void all_gather(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
+    virtual void reduce_scatter(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
+  };
+  template <class Comm>
+  struct adapter final : erased {
+    explicit adapter(Comm& c) : comm(&c) {}
+    int size() const override { return comm->size(); }
+    int rank() const override { return comm->rank(); }
+    std::string name() const override { return std::string(comm->name()); }
+    void all_reduce(void* data, std::size_t n, comm_dtype d, reduce_op op) override {
+      visit_dtype(d, [&](auto id) {
+        using T = typename decltype(id)::type;
+        comm->all_reduce(std::span<T>(static_cast<T*>(data), n), op);
+      });
+    }
+    void all_gather(const void* in, void* out, std::size_t n_each, comm_dtype d) override {
+      visit_dtype(d, [&](auto id) {
+        using T = typename decltype(id)::type;
+        comm->all_gather(std::span<const T>(static_cast<const T*>(in), n_each),
+                         std::span<T>(static_cast<T*>(out), n_each * static_cast<std::size_t>(comm->size())));
+      });
+    }
+    void reduce_scatter(const void* in, void* out, std::size_t n_each, comm_dtype d) override {
+      visit_dtype(d, [&](auto id) {
+        using T = typename decltype(id)::type;
+        comm->reduce_scatter(std::span<const T>(static_cast<const T*>(in), n_each * static_cast<std::size_t>(comm->size())),
+                             std::span<T>(static_cast<T*>(out), n_each), reduce_op::sum);
+      });
+    }
+    Comm* comm;
+  };
+  std::shared_ptr<erased> impl_;
+};
+
+}  // namespace strata

@@ -1,0 +1,137 @@
+// strata/layers/tensor_parallel.hpp - what a layer needs to run sharded over a tensor-parallel
+// group, and the conjugate operators at the edges of a sharded region, written once.
+//
+// Megatron-style tensor parallelism over t ranks: a column-parallel layer splits its output
+// features (each rank computes out/t of them from the whole input), a row-parallel layer splits
+// its input features (each rank's product is a partial sum of the whole output). A region is
+// column-parallel layer, local work, row-parallel layer; its edges are:
+//
+//                   entering (before column-parallel)     leaving (after row-parallel)
+//   tensor only     forward identity                       forward all-reduce
+//                   backward all-reduce                    backward identity
+//   + sequence      forward all-gather along the sequence  forward reduce-scatter along it
+//     parallel      backward reduce-scatter                backward all-gather
+//
+// Between regions (LayerNorm, residuals) activations are whole on every rank (tensor only) or
+// a 1/t piece of the tokens (sequence parallel). Under sequence parallelism a rank's activations
+// [B, T/t, C] hold tokens r·(B·T/t) .. (r+1)·(B·T/t)-1 of the flattened [B·T] tokens: a
+// contiguous piece, so the gathers and scatters need no reordering, and every op between
+// regions works token by token, so which tokens a rank holds does not matter to it.
+//
+// A layer written outside strata uses the same two edges: enter_forward/enter_backward and
+// leave_forward/leave_backward below.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "strata/comm/group_ref.hpp"
+#include "strata/core/dtype.hpp"
+#include "strata/core/error.hpp"
+#include "strata/core/memory.hpp"
+#include "strata/core/tensor.hpp"
+
+namespace strata {
+
+// The tensor-parallel split a layer's costs and shapes depend on.
+struct tensor_split {
+  int degree = 1;
+  bool sequence_parallel = false;
+
+  bool operator==(const tensor_split&) const = default;
+  // Rows of activations held between regions, out of `rows` tokens.
+  constexpr std::int64_t local_rows(std::int64_t rows) const { return sequence_parallel ? rows / degree : rows; }
+};
+
+// Which half of a linear layer's weight a rank holds.
+enum class tensor_split_kind { none, column, row };
+
+// A model's tensor-parallel group and mode. Default: a group of one (nothing is split).
+class tensor_parallel {
+ public:
+  tensor_parallel() = default;
+  tensor_parallel(group_ref group, bool sequence_parallel) : group_(std::move(group)), sp_(sequence_parallel) {}
+
+  int degree() const { return group_.size(); }
+  int rank() const { return group_.rank(); }
+  bool sequence_parallel() const { return sp_ && degree() > 1; }
+  tensor_split split() const { return {degree(), sp_}; }
+  group_ref& group() { return group_; }
+
+  // Checks a layer's configured split against the group it runs in (the same words on every rank).
+  void check(const tensor_split& configured, const std::string& who) const {
+    STRATA_CHECK(configured.degree == degree() && configured.sequence_parallel == sp_, who,
+                 ": configured for tensor parallelism tp=", configured.degree,
+                 configured.sequence_parallel ? " with" : " without", " sequence parallelism, but runs in a group of ",
+                 degree(), sp_ ? " with" : " without", " it");
+  }
+
+  // Entering a region: the whole input of a column-parallel layer. Under sequence parallelism
+  // the local [B, T/t, C] pieces are gathered into `full` ([B, T, C]); otherwise x is returned.
+  template <class T>
+  tensor_view<const T> enter_forward(tensor_view<const T> x, buffer<T>& full, memory_ledger& ledger,
+                                     memory_category category = memory_category::activations) {
+    if (!sequence_parallel()) return x;
+    strata::shape s = x.shape;
+    s.dims[static_cast<std::size_t>(s.rank - 2)] *= degree();
+    if (static_cast<std::int64_t>(full.size()) != s.numel())
+      full = buffer<T>(ledger, category, static_cast<std::size_t>(s.numel()));
+    group_.all_gather(std::span<const T>(x.data, static_cast<std::size_t>(x.numel())),
+                      std::span<T>(full.data(), full.size()));
+    return {full.data(), s};
+  }
+  // Entering a region, backward: the input gradient a column-parallel layer computed from its
+  // output features is a partial sum; all-reduced in place, or reduce-scattered to this rank's
+  // tokens (a new buffer).
+  template <class T>
+  buffer<T> enter_backward(buffer<T>&& dx, memory_ledger& ledger) {
+    if (degree() == 1) return std::move(dx);
+    if (!sequence_parallel()) {
+      group_.all_reduce(std::span<T>(dx.data(), dx.size()));
+      return std::move(dx);
+    }
+    buffer<T> mine(ledger, memory_category::activations, dx.size() / static_cast<std::size_t>(degree()));
+    group_.reduce_scatter(std::span<const T>(dx.data(), dx.size()), std::span<T>(mine.data(), mine.size()));
+    return mine;
+  }
+
+  // Leaving a region: a row-parallel layer's partial sums [B, T, C]. All-reduced in place
+  // (returns a view of `partial`), or reduce-scattered into `out` ([B, T/t, C]).
+  template <class T>
+  tensor_view<const T> leave_forward(buffer<T>& partial, strata::shape full_shape, buffer<T>& out, memory_ledger& ledger) {
+    if (!sequence_parallel()) {
+      group_.all_reduce(std::span<T>(partial.data(), partial.size()));
+      return {partial.data(), full_shape};
+    }
+    strata::shape s = full_shape;
+    s.dims[static_cast<std::size_t>(s.rank - 2)] /= degree();
+    if (static_cast<std::int64_t>(out.size()) != s.numel())
+      out = buffer<T>(ledger, memory_category::activations, static_cast<std::size_t>(s.numel()));
+    group_.reduce_scatter(std::span<const T>(partial.data(), partial.size()), std::span<T>(out.data(), out.size()));
+    return {out.data(), s};
+  }
+  // Leaving a region, backward: the output gradient for every token. Under sequence
+  // parallelism the local pieces are gathered into `full`; otherwise dy itself is returned.
+  template <class T>
+  const buffer<T>& leave_backward(const buffer<T>& dy, buffer<T>& full, memory_ledger& ledger) {
+    if (!sequence_parallel()) return dy;
+    full = buffer<T>(ledger, memory_category::activations, dy.size() * static_cast<std::size_t>(degree()));
+    group_.all_gather(std::span<const T>(dy.data(), dy.size()), std::span<T>(full.data(), full.size()));
+    return full;
+  }
+
+  // Gradients of replicated parameters (LayerNorm gains and biases) that this rank computed
+  // from its own tokens only, under sequence parallelism: summed over the group in place. The
+  // caller then adds them to the parameters' gradients. Without sequence parallelism every rank
+  // saw every token, and nothing needs to move.
+  template <class T>
+  void sum_partial_gradients(std::span<T> partial) {
+    if (sequence_parallel()) group_.all_reduce(partial);
+  }
+
+ private:
+  group_ref group_;
+  bool sp_ = false;
+};
+
+}  // namespace strata
