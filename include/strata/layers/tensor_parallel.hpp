@@ -30,8 +30,34 @@
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/core/tensor.hpp"
+#include "strata/policy/parallel.hpp"
 
 namespace strata {
+
+// Compile-time fit of a static tensor degree to a model's shape:
+//   static_assert(st::tensor_layout_fits<Layout, /*heads*/ 12, /*ffn width*/ 3072>);
+// A degree that does not divide them fails to compile in tensor_degree_divides_heads<5, 12> (or
+// ..._ffn_width<5, 3074>), which names the numbers. A dynamic degree passes here and is checked
+// at start-up, with the words "tensor parallelism tp=5 does not divide heads = 12".
+template <int Degree, std::int64_t Heads>
+struct tensor_degree_divides_heads {
+  static_assert(Heads % Degree == 0, "strata::tensor: the tensor-parallel degree must divide the attention heads");
+  static constexpr bool value = true;
+};
+template <int Degree, std::int64_t Width>
+struct tensor_degree_divides_ffn_width {
+  static_assert(Width % Degree == 0, "strata::tensor: the tensor-parallel degree must divide the FFN width");
+  static constexpr bool value = true;
+};
+namespace detail {
+template <int Degree, std::int64_t Heads, std::int64_t FfnWidth>
+constexpr bool tensor_fits() {
+  if constexpr (is_dynamic(Degree)) return true;
+  else return tensor_degree_divides_heads<Degree, Heads>::value && tensor_degree_divides_ffn_width<Degree, FfnWidth>::value;
+}
+}  // namespace detail
+template <parallel_layout Layout, std::int64_t Heads, std::int64_t FfnWidth>
+inline constexpr bool tensor_layout_fits = detail::tensor_fits<Layout::tp, Heads, FfnWidth>();
 
 // The tensor-parallel split a layer's costs and shapes depend on.
 struct tensor_split {

@@ -66,7 +66,7 @@ class transformer_block {
 
   transformer_block(module_scope<P> scope, config c)
       : scope_(scope),
-        cfg_(c),
+        cfg_(validated(scope, c)),
         ln_1_(scope / "ln_1", ln_config(c)),
         attn_(scope / "attn", attn_config(c)),
         ln_2_(scope / "ln_2", ln_config(c)),
@@ -118,6 +118,14 @@ class transformer_block {
 
  private:
   using device = typename P::device;
+  // The shape errors first (they name the numbers), before any layer is built.
+  static const config& validated(const module_scope<P>& scope, const config& c) {
+    STRATA_CHECK(c.tp.degree >= 1 && c.heads % c.tp.degree == 0, scope.qualify("attn"), ": tensor parallelism tp=",
+                 c.tp.degree, " does not divide heads = ", c.heads);
+    STRATA_CHECK(c.hidden % c.tp.degree == 0, scope.qualify("mlp"), ": tensor parallelism tp=", c.tp.degree,
+                 " does not divide the FFN width hidden = ", c.hidden);
+    return c;
+  }
   module_scope<P> scope_;
   config cfg_;
   layernorm<P> ln_1_;
