@@ -15,12 +15,14 @@
 // passes, 1 otherwise, 2 when there is no GPU.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_harness.cuh"
@@ -442,6 +444,222 @@ void test_cross_entropy(std::int64_t N, std::int64_t V, std::int64_t Vp) {
   check("cross_entropy_forward_backward (amp scale)", dt, sh, rel_error(dl8.host(), grad8), tol_for<T>());
 }
 
+// Tensor-parallel embedding pieces: the table split into R shards of ceil(V / R) rows (the last
+// shorter), each shard's kernels run on both sides. The lookup is a copy and must be bitwise
+// equal; the rest against the host within tol_for<T>() (fp32 1e-5, bf16/fp16 1e-2), the token
+// backward also run twice for determinism.
+template <class T>
+void test_embedding_tp(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t V, std::int64_t R) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({B, T_, C, V, R});
+  const std::int64_t count = B * T_, Vl = (V + R - 1) / R;
+  rng r(150);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < tokens.size(); ++i)  // half from a few ids (long runs), half spread over V
+    tokens[i] = std::int32_t(i % 2 ? r.next() % 37 : r.next() % std::uint64_t(V));
+  tokens[3] = std::int32_t(V - 1);
+  dvec<std::int32_t> dtok(tokens);
+  const auto g = random_vec<T>(std::size_t(count * C), -1, 1, 151);
+  dvec<T> dg(g);
+
+  bool lookup_bitwise = true;
+  double bwd_rel = 0;
+  bool bwd_bitwise = true, bwd_deterministic = true;
+  for (std::int64_t shard = 0; shard < R; ++shard) {
+    const std::int64_t v_begin = shard * Vl, rows_here = std::min(Vl, V - v_begin);
+    const auto wte_local = random_vec<T>(std::size_t(rows_here * C), -1, 1, std::uint64_t(152 + shard));
+    std::vector<T> out(std::size_t(count * C));
+    k::embedding_lookup_range(H, out.data(), tokens.data(), wte_local.data(), count, C, v_begin, rows_here, V);
+    dvec<T> dwte(wte_local), dout(random_vec<T>(std::size_t(count * C), -1, 1, 160));  // overwritten
+    k::embedding_lookup_range(D, dout.get(), dtok.get(), dwte.get(), count, C, v_begin, rows_here, V);
+    lookup_bitwise = lookup_bitwise && bitwise_equal(dout.host(), out);
+
+    auto gw = random_vec<T>(std::size_t(rows_here * C), -1, 1, std::uint64_t(170 + shard));
+    dvec<T> dgw(gw), dgw2(gw);
+    k::token_embedding_backward(H, gw.data(), g.data(), tokens.data(), count, C, v_begin, rows_here);
+    k::token_embedding_backward(D, dgw.get(), dg.get(), dtok.get(), count, C, v_begin, rows_here);
+    k::token_embedding_backward(D, dgw2.get(), dg.get(), dtok.get(), count, C, v_begin, rows_here);
+    const auto got = dgw.host();
+    bwd_rel = std::max(bwd_rel, rel_error(got, gw));
+    bwd_bitwise = bwd_bitwise && bitwise_equal(got, gw);
+    bwd_deterministic = bwd_deterministic && bitwise_equal(dgw2.host(), got);
+  }
+  check_true("embedding_lookup_range", dt, sh, lookup_bitwise, "every shard bitwise equal to the host");
+  check("token_embedding_backward", dt, sh, bwd_rel, tol_for<T>(),
+        bwd_bitwise ? "every shard bitwise equal to the host" : "max over shards");
+  check_true("token_embedding_backward (deterministic)", dt, sh, bwd_deterministic, "two runs bitwise equal");
+
+  // Positions: the whole batch, and a sequence-parallel piece starting mid-sequence.
+  const auto wpe = random_vec<T>(std::size_t(T_ * C), -1, 1, 180);
+  dvec<T> dwpe(wpe);
+  for (const auto [first, n] : {std::pair<std::int64_t, std::int64_t>{0, count},
+                                std::pair<std::int64_t, std::int64_t>{T_ / 2 + 1, count / 2}}) {
+    auto x = random_vec<T>(std::size_t(n * C), -1, 1, 181);
+    dvec<T> dx(x);
+    k::position_embedding_add(H, x.data(), wpe.data(), n, T_, first, C);
+    k::position_embedding_add(D, dx.get(), dwpe.get(), n, T_, first, C);
+    const auto got = dx.host();
+    check(first == 0 ? "position_embedding_add" : "position_embedding_add (piece)", dt,
+          shape_str({n, T_, first, C}), rel_error(got, x), tol_for<T>(),
+          bitwise_equal(got, x) ? "bitwise equal to the host" : "");
+  }
+  {
+    auto gp = random_vec<T>(std::size_t(T_ * C), -1, 1, 182);
+    dvec<T> dgp(gp);
+    k::position_embedding_backward(H, gp.data(), g.data(), B, T_, C);
+    k::position_embedding_backward(D, dgp.get(), dg.get(), B, T_, C);
+    const auto got = dgp.host();
+    check("position_embedding_backward", dt, sh, rel_error(got, gp), tol_for<T>(),
+          bitwise_equal(got, gp) ? "bitwise equal to the host" : "");
+  }
+
+  // Bad ids are reported by the next check, naming them.
+  auto reported = [](const std::string& want, const std::string& where) {
+    std::string msg;
+    try {
+      gpu::check_device_errors();
+    } catch (const st::error& e) {
+      msg = e.what();
+    }
+    return std::pair<bool, std::string>{msg.find(want) != std::string::npos && msg.find(where) != std::string::npos,
+                                        msg.empty() ? "no error raised" : msg};
+  };
+  {
+    std::vector<std::int32_t> bad = tokens;
+    bad[5] = std::int32_t(V + 7);
+    dvec<std::int32_t> dbad(bad);
+    dvec<T> dwte(random_vec<T>(std::size_t(Vl * C), -1, 1, 183)), dout(std::size_t(count * C));
+    k::embedding_lookup_range(D, dout.get(), dbad.get(), dwte.get(), count, C, 0, Vl, V);
+    const auto [ok, msg] = reported("token id " + std::to_string(V + 7), "position 5");
+    check_true("embedding_lookup_range (bad token reported)", dt, sh, ok, msg);
+  }
+  {
+    std::vector<std::int32_t> bad = tokens;
+    bad[6] = -2;
+    dvec<std::int32_t> dbad(bad);
+    dvec<T> dgw(std::size_t(Vl * C));
+    k::token_embedding_backward(D, dgw.get(), dg.get(), dbad.get(), count, C, 0, Vl);
+    const auto [ok, msg] = reported("token id -2", "position 6");
+    check_true("token_embedding_backward (negative token reported)", dt, sh, ok, msg);
+  }
+}
+
+// Vocabulary-parallel cross-entropy with R shards of Vl columns (R * Vl >= V; a shard may hold
+// only padding). The all-reduces between the steps are done here on the host (max, then sums in
+// shard order), for the host and the CUDA pieces alike. Checks: row_max bitwise equal (a max is
+// exact); sums and losses within 1e-5 (fp32) / 1e-3 (bf16, fp16; the same float arithmetic, only
+// the summation order differs); the gradient within tol_for<T>(); and the assembled CUDA loss
+// and gradient against the whole-row host cross_entropy_forward_backward over [N, R * Vl].
+template <class T>
+void test_vocab_parallel_cross_entropy(std::int64_t N, std::int64_t V, std::int64_t Vl, std::int64_t R) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({N, V, Vl, R});
+  const std::int64_t Vp = R * Vl;
+  const double loss_tol = tol_for<T>() < 1e-4 ? 1e-5 : 1e-3;
+  const auto logits = random_vec<T>(std::size_t(N * Vp), -4, 4, 260);
+  rng r(261);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+  for (auto& t : targets) t = std::int32_t(r.next() % std::uint64_t(V));
+  targets[0] = std::int32_t(V - 1);
+  targets[std::size_t(N - 1)] = 0;
+  dvec<std::int32_t> dtargets(targets);
+  const float dloss = 1.0f / float(N);
+
+  // Shard s of the logits: columns [s * Vl, (s + 1) * Vl) of every row, as [N, Vl].
+  std::vector<std::vector<T>> shard(static_cast<std::size_t>(R));
+  for (std::int64_t s = 0; s < R; ++s) {
+    auto& x = shard[std::size_t(s)];
+    x.resize(std::size_t(N * Vl));
+    for (std::int64_t i = 0; i < N; ++i)
+      std::memcpy(x.data() + i * Vl, logits.data() + i * Vp + s * Vl, std::size_t(Vl) * sizeof(T));
+  }
+  std::vector<dvec<T>> dshard;
+  for (const auto& x : shard) dshard.emplace_back(x);
+
+  const std::size_t n = static_cast<std::size_t>(N);
+  // 1. max
+  std::vector<float> hmax(n, -INFINITY), dmax(n, -INFINITY);
+  bool max_bitwise = true;
+  dvec<float> dm(n);
+  for (std::int64_t s = 0; s < R; ++s) {
+    std::vector<float> h(n);
+    k::vocab_parallel_max(H, h.data(), shard[std::size_t(s)].data(), targets.data(), N, Vl, s * Vl, V);
+    k::vocab_parallel_max(D, dm.get(), dshard[std::size_t(s)].get(), dtargets.get(), N, Vl, s * Vl, V);
+    const auto d = dm.host();
+    max_bitwise = max_bitwise && bitwise_equal(d, h);
+    for (std::size_t i = 0; i < n; ++i) {
+      hmax[i] = std::max(hmax[i], h[i]);
+      dmax[i] = std::max(dmax[i], d[i]);
+    }
+  }
+  check_true("vocab_parallel_max", dt, sh, max_bitwise, "every shard bitwise equal to the host");
+
+  // 2. sums
+  std::vector<float> hsum(2 * n, 0.0f), dsum(2 * n, 0.0f);
+  double sums_rel = 0;
+  dvec<float> dmax_d(dmax), ds(2 * n);
+  for (std::int64_t s = 0; s < R; ++s) {
+    std::vector<float> h(2 * n);
+    k::vocab_parallel_sums(H, h.data(), shard[std::size_t(s)].data(), hmax.data(), targets.data(), N, Vl, s * Vl, V);
+    k::vocab_parallel_sums(D, ds.get(), dshard[std::size_t(s)].get(), dmax_d.get(), dtargets.get(), N, Vl, s * Vl, V);
+    const auto d = ds.host();
+    sums_rel = std::max(sums_rel, rel_error(d, h));
+    for (std::size_t i = 0; i < 2 * n; ++i) {
+      hsum[i] += h[i];
+      dsum[i] += d[i];
+    }
+  }
+  check("vocab_parallel_sums", dt, sh, sums_rel, loss_tol, "max over shards");
+
+  // 3. finish: losses only, then losses and the gradient in place.
+  dvec<float> dsum_d(dsum), dlosses(n);
+  std::vector<float> hlosses(n);
+  double loss_rel = 0, grad_rel = 0;
+  std::vector<T> assembled(std::size_t(N * Vp));
+  for (std::int64_t s = 0; s < R; ++s) {
+    k::vocab_parallel_finish<T>(H, hlosses.data(), nullptr, hmax.data(), hsum.data(), targets.data(), N, Vl, s * Vl, V,
+                                dloss);
+    k::vocab_parallel_finish<T>(D, dlosses.get(), nullptr, dmax_d.get(), dsum_d.get(), dtargets.get(), N, Vl, s * Vl,
+                                V, dloss);
+    loss_rel = std::max(loss_rel, rel_error(dlosses.host(), hlosses));
+    auto grad = shard[std::size_t(s)];
+    k::vocab_parallel_finish(H, hlosses.data(), grad.data(), hmax.data(), hsum.data(), targets.data(), N, Vl, s * Vl,
+                             V, dloss);
+    k::vocab_parallel_finish(D, dlosses.get(), dshard[std::size_t(s)].get(), dmax_d.get(), dsum_d.get(),
+                             dtargets.get(), N, Vl, s * Vl, V, dloss);
+    const auto got = dshard[std::size_t(s)].host();
+    loss_rel = std::max(loss_rel, rel_error(dlosses.host(), hlosses));
+    grad_rel = std::max(grad_rel, rel_error(got, grad));
+    for (std::int64_t i = 0; i < N; ++i)
+      std::memcpy(assembled.data() + i * Vp + s * Vl, got.data() + i * Vl, std::size_t(Vl) * sizeof(T));
+  }
+  check("vocab_parallel_finish (loss)", dt, sh, loss_rel, loss_tol, "with and without logits, max over shards");
+  check("vocab_parallel_finish (dlogits)", dt, sh, grad_rel, tol_for<T>(), "max over shards");
+
+  // End to end against the whole-row host kernel.
+  auto whole = logits;
+  std::vector<float> whole_losses(n);
+  k::cross_entropy_forward_backward(H, whole_losses.data(), whole.data(), targets.data(), N, V, Vp, dloss);
+  check("vocab_parallel (loss vs whole rows)", dt, sh, rel_error(dlosses.host(), whole_losses), loss_tol);
+  check("vocab_parallel (dlogits vs whole rows)", dt, sh, rel_error(assembled, whole), tol_for<T>());
+
+  // A target outside [0, V): reported by the next check (vocab_parallel_max records it), NaN loss.
+  auto bad = targets;
+  bad[2] = std::int32_t(V + 3);
+  dvec<std::int32_t> dbad(bad);
+  k::vocab_parallel_max(D, dm.get(), dshard[0].get(), dbad.get(), N, Vl, 0, V);
+  std::string msg;
+  try {
+    gpu::check_device_errors();
+  } catch (const st::error& e) {
+    msg = e.what();
+  }
+  k::vocab_parallel_finish<T>(D, dlosses.get(), nullptr, dmax_d.get(), dsum_d.get(), dbad.get(), N, Vl, 0, V, dloss);
+  const bool nan_loss = std::isnan(dlosses.host()[2]);
+  check_true("vocab_parallel_max (bad target reported)", dt, sh,
+             msg.find("target " + std::to_string(V + 3)) != std::string::npos &&
+                 msg.find("position 2") != std::string::npos && nan_loss,
+             (msg.empty() ? "no error raised" : msg) + (nan_loss ? "; NaN loss" : "; loss not NaN"));
+}
+
 template <class T, class M>
 void test_adamw(std::int64_t n) {
   const std::string dt = std::string(st::dtype_name<T>()) + "/" + st::dtype_name<M>();
@@ -727,6 +945,13 @@ int main(int argc, char** argv) {
     test_cross_entropy<bf16>(64, 50257, 50304);
     test_cross_entropy<bf16>(33, 1001, 1003);  // Vp not a multiple of the pack: the scalar path
     test_cross_entropy<fp16>(16, 5000, 5008);
+    test_embedding_tp<float>(4, 64, 768, 1000, 2);
+    test_embedding_tp<bf16>(4, 64, 768, 1000, 3);
+    test_embedding_tp<bf16>(3, 50, 100, 77, 4);  // C not a multiple of the pack: the scalar path
+    test_vocab_parallel_cross_entropy<float>(64, 50257, 25152, 2);
+    test_vocab_parallel_cross_entropy<bf16>(64, 50257, 25152, 2);
+    test_vocab_parallel_cross_entropy<bf16>(33, 1001, 251, 5);  // scalar path; the last shard is all padding
+    test_vocab_parallel_cross_entropy<fp16>(16, 5000, 1256, 4);
     test_adamw<float, float>(100003);
     test_adamw<bf16, float>(100003);
     test_adamw<fp16, float>(4099);

@@ -127,6 +127,14 @@ class trainer {
     if constexpr (std::is_same_v<Sync, no_sync<Model>>) own_sync_.model = &model;
     o.schedule.validate();
     STRATA_CHECK(o.micro_batch >= 0, "trainer: micro_batch (", o.micro_batch, ") must be >= 0");
+    if constexpr (std::is_same_v<Sync, no_sync<Model>>) {
+      // A rank of a tensor-parallel model holds pieces: its own squares are not the global
+      // gradient norm, and clipping by them would silently differ from the serial model.
+      for (const auto& e : model.parameters().entries())
+        STRATA_CHECK(!e.shard.sharded(), "trainer: parameter '", e.name,
+                     "' is split over a tensor-parallel group; train with a synchronizer that knows the group "
+                     "(data_parallel with options.tensor_group, over a data-parallel group of one if need be)");
+    }
   }
   static loss_scaler::options scaler_options(const trainer_options& o) {
     loss_scaler::options s;
