@@ -373,3 +373,131 @@ TEST_CASE("bad tensor-parallel shapes fail with the numbers") {
   CHECK_THROWS_WITH_AS(block(st::module_scope<P32>(ctx, "c"), block::config{32, 4, 128, 1e-5, 0.02, 0.02, {2, false}}),
                        doctest::Contains("configured for tensor parallelism tp=2"), st::error);
 }
+
+namespace {
+
+// A layer written outside strata: a SwiGLU feed-forward block, y = down(silu(gate(x)) * up(x)).
+// It splits like strata's MLP by building on strata's column- and row-parallel linears, which
+// carry the region edges: nothing in strata knows about it.
+template <class P>
+struct swiglu {
+  using policy = P;
+  using T = typename P::storage;
+  struct config {
+    std::int64_t channels = 0, hidden = 0;
+    st::tensor_split tp{};
+  };
+  static constexpr typename st::linear<P>::config in_config(const config& c) {
+    return {c.channels, c.hidden, false, 0.02, st::tensor_split_kind::column, c.tp, 1};
+  }
+  static constexpr typename st::linear<P>::config out_config(const config& c) {
+    return {c.hidden, c.channels, false, 0.02, st::tensor_split_kind::row, c.tp, 1};
+  }
+  static constexpr std::int64_t param_count(const config& c) {
+    return 2 * st::linear<P>::param_count(in_config(c)) + st::linear<P>::param_count(out_config(c));
+  }
+  static constexpr std::int64_t forward_flops(const config& c, std::int64_t b, std::int64_t s) {
+    return 2 * st::linear<P>::forward_flops(in_config(c), b, s) + st::linear<P>::forward_flops(out_config(c), b, s);
+  }
+  static constexpr std::int64_t backward_flops(const config& c, std::int64_t b, std::int64_t s) {
+    return 2 * forward_flops(c, b, s);
+  }
+  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t b, std::int64_t s) {
+    return 2 * st::linear<P>::activation_bytes(in_config(c), b, s) + b * s * c.hidden / c.tp.degree * std::int64_t(sizeof(T)) +
+           st::linear<P>::activation_bytes(out_config(c), b, s);
+  }
+
+  swiglu(st::module_scope<P> scope, config c)
+      : scope_(scope), gate(scope / "gate", in_config(c)), up(scope / "up", in_config(c)), down(scope / "down", out_config(c)) {}
+
+  static double silu(double z) { return z / (1 + std::exp(-z)); }
+  static double silu_grad(double z) {
+    const double sig = 1 / (1 + std::exp(-z));
+    return sig * (1 + z * (1 - sig));
+  }
+
+  st::tensor_view<const T> forward(st::tensor_view<const T> x) {
+    g_ = gate.forward(x);
+    u_ = up.forward(x);
+    st::ensure_size(h_, scope_.ledger(), st::memory_category::activations, g_.numel());
+    for (std::int64_t i = 0; i < g_.numel(); ++i) h_[std::size_t(i)] = T(silu(g_.data[i]) * u_.data[i]);
+    return down.forward({h_.data(), g_.shape});
+  }
+  st::buffer<T> backward(const st::buffer<T>& dy) {
+    auto dh = down.backward(dy);
+    st::buffer<T> dg(scope_.ledger(), st::memory_category::activations, dh.size()), du(scope_.ledger(), st::memory_category::activations, dh.size());
+    for (std::size_t i = 0; i < dh.size(); ++i) {
+      dg[i] = T(dh[i] * u_.data[i] * silu_grad(g_.data[i]));
+      du[i] = T(dh[i] * silu(g_.data[i]));
+    }
+    auto dx = gate.backward(dg);
+    auto dx_up = up.backward(du);
+    for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dx_up[i];
+    return dx;
+  }
+  template <class F>
+  void visit_parameters(F&& f) const {
+    gate.visit_parameters(f);
+    up.visit_parameters(f);
+    down.visit_parameters(f);
+  }
+
+  st::module_scope<P> scope_;
+  st::linear<P> gate, up, down;
+  st::tensor_view<const T> g_, u_;
+  st::buffer<T> h_;
+};
+static_assert(st::hidden_layer<swiglu<P32>>);
+
+using P64 = st::policy<st::host, st::serial, st::fp64>;
+
+struct swiglu_result {
+  std::vector<double> y, dx, grads;  // y and dx for this rank's tokens; grads in the serial layout
+};
+
+swiglu_result run_swiglu(st::mpi_communicator* tp, bool sp) {
+  constexpr std::int64_t b = 2, s = 8, h = 16, f = 32;
+  const int t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
+  st::memory_ledger ledger;
+  st::model_context<P64> ctx(ledger, st::seed{4}, tp ? st::tensor_parallel(st::group_ref(*tp), sp) : st::tensor_parallel());
+  swiglu<P64> layer(st::module_scope<P64>(ctx, "ffn"), {h, f, {t, tp && sp}});
+  ctx.params().materialize();
+  ctx.params().zero_grads();
+  // Every rank builds the whole input and gradient; under SP it passes its own tokens.
+  const std::int64_t rows = b * s, mine = tp && sp ? rows / t : rows, first = tp && sp ? r * mine : 0;
+  std::vector<double> x(std::size_t(mine * h));
+  st::buffer<double> dy(ledger, st::memory_category::activations, std::size_t(mine * h));
+  for (std::int64_t i = 0; i < mine * h; ++i) {
+    x[std::size_t(i)] = strata_test::raw_value(21, 0, std::size_t(first * h + i));
+    dy[std::size_t(i)] = strata_test::raw_value(22, 0, std::size_t(first * h + i));
+  }
+  swiglu_result out;
+  auto y = layer.forward({x.data(), {b, mine / b, h}});
+  out.y.assign(y.data, y.data + y.numel());
+  auto dx = layer.backward(dy);
+  out.dx.assign(dx.data(), dx.data() + dx.size());
+  auto& p = ctx.params();
+  st::group_ref group = tp ? st::group_ref(*tp) : st::group_ref();
+  out.grads = st::gather_full_weights(p, std::span<const double>(p.grads_data(), std::size_t(p.size())), group);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a layer written outside strata splits over the group through strata's linears") {
+  auto& world = strata_test::world().comm();
+  auto tp = world.split(0, world.rank(), "tp");
+  const auto ref = run_swiglu(nullptr, false);
+  for (bool sp : {false, true}) {
+    CAPTURE(sp);
+    const auto got = run_swiglu(&tp, sp);
+    // Under SP this rank holds tokens [r·rows/t, (r+1)·rows/t) of the serial output.
+    const std::size_t offset = sp ? std::size_t(tp.rank()) * got.y.size() : 0;
+    double worst = 0;
+    for (std::size_t i = 0; i < got.y.size(); ++i) worst = std::max(worst, std::abs(got.y[i] - ref.y[offset + i]));
+    for (std::size_t i = 0; i < got.dx.size(); ++i) worst = std::max(worst, std::abs(got.dx[i] - ref.dx[offset + i]));
+    REQUIRE(got.grads.size() == ref.grads.size());
+    for (std::size_t i = 0; i < got.grads.size(); ++i) worst = std::max(worst, std::abs(got.grads[i] - ref.grads[i]));
+    CHECK(worst <= 1e-12);  // fp64: only the summation order differs
+  }
+}
