@@ -491,8 +491,8 @@ void test_embedding_tp(std::int64_t B, std::int64_t T_, std::int64_t C, std::int
   // Positions: the whole batch, and a sequence-parallel piece starting mid-sequence.
   const auto wpe = random_vec<T>(std::size_t(T_ * C), -1, 1, 180);
   dvec<T> dwpe(wpe);
-  for (const auto [first, n] : {std::pair<std::int64_t, std::int64_t>{0, count},
-                                std::pair<std::int64_t, std::int64_t>{T_ / 2 + 1, count / 2}}) {
+  for (const auto& [first, n] : {std::pair<std::int64_t, std::int64_t>{0, count},
+                                 std::pair<std::int64_t, std::int64_t>{T_ / 2 + 1, count / 2}}) {
     auto x = random_vec<T>(std::size_t(n * C), -1, 1, 181);
     dvec<T> dx(x);
     k::position_embedding_add(H, x.data(), wpe.data(), n, T_, first, C);
