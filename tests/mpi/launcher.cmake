@@ -1,6 +1,6 @@
 # How tests start MPI jobs: strata_mpi_launch N strata_mpi_after_np PROGRAM, with strata_mpi_env
 # in the test's ENVIRONMENT. OpenMPI needs --oversubscribe (ranks > cores) and, as root, two
-# variables; both are set only for OpenMPI. Included by tests/mpi and tests/dp.
+# variables; both are set only for OpenMPI. Included by tests/mpi, tests/dp, tests/tp and tests/cli.
 include_guard(DIRECTORY)
 execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE strata_mpiexec_version
                 ERROR_VARIABLE strata_mpiexec_version RESULT_VARIABLE strata_mpiexec_rc)
@@ -18,3 +18,18 @@ if(strata_openmpi)
   list(APPEND strata_mpi_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 endif()
 
+
+# strata_add_mpi_suite(PREFIX TARGET SOURCE RANKS...): one doctest executable (with the MPI main and
+# the examples on its include path), run as ctest tests PREFIX.npN under mpiexec at each rank count.
+function(strata_add_mpi_suite prefix target source)
+  add_executable(${target} ${source} ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cpp)
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/examples)
+  target_link_libraries(${target} PRIVATE strata::strata MPI::MPI_CXX doctest::doctest)
+  target_compile_options(${target} PRIVATE -Wall -Wextra)
+  foreach(np IN LISTS ARGN)
+    add_test(NAME ${prefix}.np${np}
+             COMMAND ${strata_mpi_launch} ${np} ${strata_mpi_after_np} $<TARGET_FILE:${target}> --no-colors)
+    set_tests_properties(${prefix}.np${np} PROPERTIES TIMEOUT 300 PROCESSORS ${np} LABELS mpi
+                         ENVIRONMENT "${strata_mpi_env};STRATA_COMM_TIMEOUT=120")
+  endforeach()
+endfunction()
