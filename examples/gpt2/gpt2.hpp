@@ -83,6 +83,9 @@ struct model {
   st::parameter_store<T>& parameters() { return ctx.params(); }
   const dims& shape() const { return d; }
 
+  // The shape checks the constructor makes, for models built from these layers in other ways.
+  static void check(const dims& d, const st::tensor_parallel& tp) { validated(d, tp); }
+
   dims d;
   st::model_context<P> ctx;
   st::embedding<P> embed;

@@ -9,13 +9,17 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <strata/comm/launch.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/parallel/data_parallel.hpp>
 
 #include "gpt2.hpp"
+#include "gpt2_pipeline.hpp"
 
 namespace st = strata;
 
@@ -32,6 +36,9 @@ struct run_options {
   int dp = st::dynamic, zero = 0, tp = 1;
   bool sp = false;
   std::string recompute = "none";
+  int pp = 1, microbatches = 0, virtual_chunks = 1;
+  std::string schedule = "1f1b";
+  std::vector<std::int64_t> stage_layers;
   std::int64_t bucket_elems = 1 << 20;
 };
 
@@ -113,21 +120,55 @@ std::vector<std::int32_t> sample(Model& model, std::vector<std::int32_t> tokens,
   return tokens;
 }
 
-template <class P>
+// The per-stage busy and idle seconds of the last step, gathered over the pipeline group, as the
+// metrics' "pipeline" object (with the schedule's analytic bubble beside them).
+template <class Model>
+std::string pipeline_json(Model& model, st::mpi_communicator& pp) {
+  const auto& st_ = model.last_step();
+  const double mine[2] = {st_.busy_seconds, st_.idle_seconds};
+  std::vector<double> all(2 * std::size_t(pp.size()));
+  pp.all_gather(std::span<const double>(mine, 2), std::span<double>(all));
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "{\"schedule\":\"%s\",\"analytic_bubble\":%.6g,\"stages\":[",
+                std::string(st::schedule_label(model.placement().shape.schedule)).c_str(),
+                st::analytic_bubble(model.placement().shape));
+  std::string s = buf;
+  for (int q = 0; q < pp.size(); ++q) {
+    const double busy = all[2 * std::size_t(q)], idle = all[2 * std::size_t(q) + 1];
+    std::snprintf(buf, sizeof buf, "%s{\"busy_s\":%.6g,\"idle_s\":%.6g,\"idle_share\":%.6g}", q ? "," : "", busy, idle,
+                  busy + idle > 0 ? idle / (busy + idle) : 0.0);
+    s += buf;
+  }
+  return s + "]}";
+}
+
+template <class P, bool Pipelined>
 int train(const run_options& o, st::world& world) {
-  using model_t = gpt2::model<P>;
-  // The layout: tensor parallelism over --tp ranks, data parallelism over whatever the launch
-  // leaves (or --dp, checked against it).
-  using layout = st::parallel<st::data<st::dynamic>, st::tensor<st::dynamic>>;
-  st::process_mesh mesh(world, st::resolve_layout<layout>(world.size(), {.dp = o.dp, .tp = o.tp}));
+  using model_t = std::conditional_t<Pipelined, gpt2::staged_model<P>, gpt2::model<P>>;
+  // The layout: pipeline stages over --pp ranks, tensor parallelism over --tp, data parallelism
+  // over whatever the launch leaves (or --dp, checked against it).
+  using layout = st::parallel<st::data<st::dynamic>, st::tensor<st::dynamic>, st::pipeline<st::dynamic>>;
+  const int microbatches = o.microbatches > 0 ? o.microbatches : 1;
+  st::process_mesh mesh(world, st::resolve_layout<layout>(world.size(), {.dp = o.dp, .tp = o.tp, .pp = o.pp}));
   const bool lead = world.rank() == 0;
 
   st::memory_ledger ledger;
-  model_t model(ledger, o.dims, st::seed{o.seed}, st::tensor_parallel(st::group_ref(mesh.tp()), o.sp),
-                st::parse_recompute_mode(o.recompute));
+  st::tensor_parallel tp(st::group_ref(mesh.tp()), o.sp);
+  const auto recompute = st::parse_recompute_mode(o.recompute);
+  std::optional<model_t> built;
+  if constexpr (Pipelined) {
+    gpt2::pipeline_placement place{{st::parse_pipeline_schedule(o.schedule), o.pp, microbatches, o.virtual_chunks},
+                                   mesh.position().pp_rank, o.stage_layers};
+    built.emplace(ledger, o.dims, st::seed{o.seed}, tp, recompute, place, st::group_ref(mesh.pp()),
+                  mesh.embedding() ? st::group_ref(*mesh.embedding()) : st::group_ref());
+  } else {
+    built.emplace(ledger, o.dims, st::seed{o.seed}, tp, recompute);
+  }
+  model_t& model = *built;
   st::data_parallel<P, st::mpi_communicator> dp(
       model.parameters(), mesh.dp(),
-      {.zero_stage = o.zero, .bucket_elems = o.bucket_elems, .tensor_group = st::group_ref(mesh.tp())});
+      {.zero_stage = o.zero, .bucket_elems = o.bucket_elems, .tensor_group = st::group_ref(mesh.tp()),
+       .pipeline_group = st::group_ref(mesh.pp())});
   st::adamw<P> opt(model.parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
                    dp.optimizer_segments(), dp.optimizer_elements(), dp.state_weights());
 
@@ -140,6 +181,13 @@ int train(const run_options& o, st::world& world) {
 
   st::trainer_options topt;
   topt.micro_batch = o.micro_batch;
+  if constexpr (Pipelined) {
+    // The schedule's micro-batches split this rank's share of the batch.
+    const auto rows = dp.local_rows(o.batch).second;
+    STRATA_CHECK(rows % microbatches == 0, "gpt2_train: ", rows, " sequences per data-parallel rank (--batch ", o.batch,
+                 ") do not split into --microbatches ", microbatches);
+    topt.micro_batch = rows / microbatches;
+  }
   topt.schedule = {o.lr, o.lr / 10, std::min(o.warmup, o.steps), o.steps};
   topt.grad_clip = o.grad_clip;
   st::trainer train(model, opt, topt, dp);
@@ -157,22 +205,39 @@ int train(const run_options& o, st::world& world) {
                 o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
                 (long long)o.dims.seq, (long long)(o.micro_batch ? o.micro_batch : o.batch / mesh.layout().dp),
                 mesh.layout().dp, o.zero, mesh.layout().tp, o.sp ? " + sequence parallel" : "", o.recompute.c_str());
+    if constexpr (Pipelined) {
+      const auto& sh = model.placement().shape;
+      std::printf("pipeline: %d stages, %s, %d micro-batches of %lld, %d chunks per stage; analytic bubble %.3f\n",
+                  sh.stages, std::string(st::schedule_label(sh.schedule)).c_str(), sh.microbatches,
+                  (long long)topt.micro_batch, sh.chunks, st::analytic_bubble(sh));
+    }
   }
   const auto start = std::chrono::steady_clock::now();
   for (int s = 0; s < o.steps; ++s) {
     mesh.reset_counters();
     auto r = train.step(data.next_batch(o.batch, o.dims.seq));
+    std::string pipeline, idle;
+    if constexpr (Pipelined) {
+      if (!o.metrics.empty()) pipeline = pipeline_json(model, mesh.pp());  // collective over the stages
+      const auto& last = model.last_step();
+      char buf[48];
+      std::snprintf(buf, sizeof buf, " | idle %4.1f%%", 100.0 * last.idle_seconds / (last.busy_seconds + last.idle_seconds));
+      idle = buf;
+    }
     if (!lead) continue;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double eta = elapsed / (s + 1) * (o.steps - s - 1);
-    std::printf("step %4d/%d | loss %.4f | %8.0f tok/s | lr %.2e | norm %6.3f | %s elapsed | ETA %s%s\n", s + 1,
+    std::printf("step %4d/%d | loss %.4f | %8.0f tok/s | lr %.2e | norm %6.3f | %s elapsed | ETA %s%s%s\n", s + 1,
                 o.steps, r.loss, double(r.tokens) / r.seconds, r.lr, r.grad_norm, format_duration(elapsed).c_str(),
-                format_duration(eta).c_str(), r.applied ? "" : " | skipped (fp16 overflow)");
+                format_duration(eta).c_str(), idle.c_str(), r.applied ? "" : " | skipped (fp16 overflow)");
     std::fflush(stdout);
-    if (metrics) metrics->write(r, ledger, mesh.counters_json());
+    if (metrics) metrics->write(r, ledger, mesh.counters_json(), pipeline);
   }
 
-  if (o.sample_tokens > 0) {
+  if constexpr (Pipelined) {
+    if (lead && o.sample_tokens > 0) std::printf("sample: skipped (generation runs unsplit; pipeline stages hold part of the model)\n");
+    return 0;
+  } else if (o.sample_tokens > 0) {
     // Every rank samples the same tokens in step (under ZeRO-3 each forward gathers weights, a
     // collective); rank 0 prints them.
     const bool bytes = o.dims.vocab <= 256 && o.data.empty();
@@ -189,6 +254,14 @@ int train(const run_options& o, st::world& world) {
     std::printf("\n");
   }
   return 0;
+}
+
+template <bool Pipelined>
+int dispatch(const run_options& o, st::world& world) {
+  using serial = st::serial;
+  if (o.precision == "fp32") return train<st::policy<st::host, serial, st::fp32>, Pipelined>(o, world);
+  if (o.precision == "bf16") return train<st::policy<st::host, serial, st::mixed<st::bf16, float>>, Pipelined>(o, world);
+  return train<st::policy<st::host, serial, st::mixed<st::fp16, float>>, Pipelined>(o, world);
 }
 
 }  // namespace
@@ -235,6 +308,15 @@ int main(int argc, char** argv) {
   app.add_flag("--sp", o.sp, "sequence parallelism within the tensor-parallel group (--seq divisible by --tp)");
   app.add_option("--recompute", o.recompute, "activation recomputation of the blocks: none, selective or full")
       ->check(CLI::IsMember({"none", "selective", "full"}))->capture_default_str();
+  app.add_option("--pp", o.pp, "pipeline stages (the blocks split over them)")->check(positive)->capture_default_str();
+  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b or interleaved")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))->capture_default_str();
+  app.add_option("--microbatches", o.microbatches, "micro-batches per step and data-parallel rank, under --pp (default 1)")
+      ->check(positive);
+  app.add_option("--virtual", o.virtual_chunks, "model chunks per stage (interleaved schedule)")->check(positive)
+      ->capture_default_str();
+  app.add_option("--stage-layers", o.stage_layers, "blocks per virtual stage, in order (default: even)")
+      ->delimiter(',');
   app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -245,10 +327,11 @@ int main(int argc, char** argv) {
         if (o.micro_batch > 0)
           STRATA_CHECK(o.batch % o.micro_batch == 0, "gpt2_train: --batch ", o.batch,
                        " is not a multiple of --micro-batch ", o.micro_batch);
-        using serial = st::serial;
-        if (o.precision == "fp32") return train<st::policy<st::host, serial, st::fp32>>(o, world);
-        if (o.precision == "bf16") return train<st::policy<st::host, serial, st::mixed<st::bf16, float>>>(o, world);
-        return train<st::policy<st::host, serial, st::mixed<st::fp16, float>>>(o, world);
+        STRATA_CHECK(o.microbatches == 0 || o.pp > 1 || o.virtual_chunks > 1,
+                     "gpt2_train: --microbatches ", o.microbatches, " needs --pp > 1 (or --virtual); use --micro-batch "
+                     "for gradient accumulation without a pipeline");
+        if (o.pp > 1 || o.virtual_chunks > 1) return dispatch<true>(o, world);
+        return dispatch<false>(o, world);
       },
       "gpt2_train");
 }

@@ -47,6 +47,22 @@ class group_ref {
     }
     impl_->all_gather(in.data(), out.data(), in.size(), comm_dtype_of<T>);
   }
+  // From `root` to every rank, in place.
+  template <comm_scalar T>
+  void broadcast(std::span<T> data, int root) {
+    if (impl_ && size() > 1) impl_->broadcast(data.data(), data.size(), comm_dtype_of<T>, root);
+  }
+  // Point to point within the group; the buffers belong to the call until its handle is waited on.
+  template <comm_scalar T>
+  comm_handle send_async(std::span<const T> data, int peer, int tag) {
+    STRATA_CHECK(impl_, "group_ref::send_async: a group of one has no peer ", peer);
+    return impl_->send(data.data(), data.size(), comm_dtype_of<T>, peer, tag);
+  }
+  template <comm_scalar T>
+  comm_handle recv_async(std::span<T> data, int peer, int tag) {
+    STRATA_CHECK(impl_, "group_ref::recv_async: a group of one has no peer ", peer);
+    return impl_->recv(data.data(), data.size(), comm_dtype_of<T>, peer, tag);
+  }
   // out = the sum over ranks of this rank's part of `in` (size() equal parts).
   template <comm_scalar T>
   void reduce_scatter(std::span<const T> in, std::span<T> out) {
@@ -68,6 +84,9 @@ class group_ref {
     virtual void all_reduce(void* data, std::size_t n, comm_dtype d, reduce_op op) = 0;
     virtual void all_gather(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
     virtual void reduce_scatter(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
+    virtual void broadcast(void* data, std::size_t n, comm_dtype d, int root) = 0;
+    virtual comm_handle send(const void* data, std::size_t n, comm_dtype d, int peer, int tag) = 0;
+    virtual comm_handle recv(void* data, std::size_t n, comm_dtype d, int peer, int tag) = 0;
   };
   template <class Comm>
   struct adapter final : erased {
@@ -93,6 +112,24 @@ class group_ref {
         using T = typename decltype(id)::type;
         comm->reduce_scatter(std::span<const T>(static_cast<const T*>(in), n_each * static_cast<std::size_t>(comm->size())),
                              std::span<T>(static_cast<T*>(out), n_each), reduce_op::sum);
+      });
+    }
+    void broadcast(void* data, std::size_t n, comm_dtype d, int root) override {
+      visit_dtype(d, [&](auto id) {
+        using T = typename decltype(id)::type;
+        comm->broadcast(std::span<T>(static_cast<T*>(data), n), root);
+      });
+    }
+    comm_handle send(const void* data, std::size_t n, comm_dtype d, int peer, int tag) override {
+      return visit_dtype(d, [&](auto id) {
+        using T = typename decltype(id)::type;
+        return comm->send_async(std::span<const T>(static_cast<const T*>(data), n), peer, tag);
+      });
+    }
+    comm_handle recv(void* data, std::size_t n, comm_dtype d, int peer, int tag) override {
+      return visit_dtype(d, [&](auto id) {
+        using T = typename decltype(id)::type;
+        return comm->recv_async(std::span<T>(static_cast<T*>(data), n), peer, tag);
       });
     }
     Comm* comm;

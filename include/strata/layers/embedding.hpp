@@ -33,6 +33,12 @@ class embedding {
   static constexpr std::int64_t padded_vocab(const config& c) {
     return (c.vocab + c.tp.degree - 1) / c.tp.degree * c.tp.degree;
   }
+  // Where tensor-parallel rank r's piece of the token table sits (the whole table when t = 1);
+  // a pipeline's last stage registers its copy of a tied table with the same.
+  static tensor_shard token_table_shard(const config& c, int r) {
+    if (c.tp.degree == 1) return tensor_shard{{c.vocab, c.channels}};
+    return {{padded_vocab(c), c.channels}, 0, c.tp.degree, r, 1, c.vocab};
+  }
   static constexpr std::int64_t param_count(const config& c) {
     return (padded_vocab(c) / c.tp.degree + c.max_seq) * c.channels;
   }
@@ -52,8 +58,7 @@ class embedding {
                  "), max_seq (", c.max_seq, ") and channels (", c.channels, ") must be positive");
     auto& tp = scope.tensor();
     tp.check(c.tp, scope.qualify("embedding"));
-    tensor_shard table{{padded_vocab(c), c.channels}};
-    if (c.tp.degree > 1) table = {{padded_vocab(c), c.channels}, 0, c.tp.degree, tp.rank(), 1, c.vocab};
+    const tensor_shard table = token_table_shard(c, tp.rank());
     rows_here_ = padded_vocab(c) / c.tp.degree;
     first_row_ = rows_here_ * (c.tp.degree > 1 ? tp.rank() : 0);
     wte_ = scope_.add_parameter("wte", table, init_rule::normal_with_std(c.init_std), true);
@@ -113,6 +118,11 @@ class embedding {
     }
     p.grad_written(wte_);
     p.grad_written(wpe_);
+  }
+
+  void release_activations() {
+    out_ = buffer<T>();
+    tokens_ = buffer<std::int32_t>();
   }
 
   template <class F>

@@ -67,7 +67,8 @@ class lm_head {
   }
   lm_head(module_scope<P> scope, config c, tied_to tie) : scope_(scope), cfg_(c), weight_(tie.table), tied_(true) {
     check_config();
-    scope_.params().add_writer(weight_);  // its gradient is final only after both backwards
+    // Its gradient is final only after both backwards (a shared copy's writers are counted once).
+    if (!scope_.context().sharing_parameters()) scope_.params().add_writer(weight_);
     const auto& shared = scope_.params().info(weight_);
     const strata::shape expected{local_vocab(c), c.channels};
     STRATA_CHECK(shared.shape == expected, scope_.qualify("lm_head"), ": tied table '",
@@ -139,6 +140,13 @@ class lm_head {
                              logits_.data(), x, p.weights(weight_), rows, cfg_.channels, local_vocab(cfg_));
     p.grad_written(weight_);
     return tp.enter_backward(std::move(dx), ledger);
+  }
+
+  void release_activations() {
+    logits_ = buffer<T>();
+    whole_logits_ = buffer<T>();
+    losses_ = buffer<A>();
+    targets_ = buffer<std::int32_t>();
   }
 
   template <class F>

@@ -32,10 +32,18 @@ class model_context {
   memory_ledger& ledger() { return params_.ledger(); }
   strata::tensor_parallel& tensor() { return tp_; }
 
+  // While on, layers built in this context reuse parameters already registered under the same
+  // names instead of registering new ones: a pipeline stage builds one copy of its layers per
+  // micro-batch in flight (each keeps its own activations), all sharing one set of weights and
+  // gradients.
+  void share_parameters(bool on) { share_ = on; }
+  bool sharing_parameters() const { return share_; }
+
  private:
   parameter_store<T> params_;
   strata::workspace workspace_;
   strata::tensor_parallel tp_;
+  bool share_ = false;
 };
 
 template <class P>
@@ -53,11 +61,20 @@ class module_scope {
     return prefix_.empty() ? std::string(leaf) : prefix_ + "." + std::string(leaf);
   }
   param_handle add_parameter(std::string_view leaf, strata::shape shape, init_rule init, bool decay) {
-    return ctx_->params().add(qualify(leaf), shape, init, decay);
+    return add_parameter(leaf, tensor_shard{shape}, init, decay);
   }
   // This rank's piece of a tensor-parallel parameter (see tensor_shard).
   param_handle add_parameter(std::string_view leaf, tensor_shard shard, init_rule init, bool decay) {
-    return ctx_->params().add(qualify(leaf), init, decay, shard);
+    const std::string name = qualify(leaf);
+    if (ctx_->sharing_parameters()) {
+      const param_handle h = ctx_->params().find(name);
+      if (h.valid()) {
+        STRATA_CHECK(ctx_->params().info(h).shape == shard.local(), "module_scope: shared parameter '", name,
+                     "' has shape ", ctx_->params().info(h).shape.str(), ", a copy asks for ", shard.local().str());
+        return h;
+      }
+    }
+    return ctx_->params().add(name, init, decay, shard);
   }
 
   model_context<P>& context() const { return *ctx_; }

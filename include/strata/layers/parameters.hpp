@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -79,6 +80,9 @@ struct param_info {
   bool weight_decay = false;  // AdamW decays matrices, not biases or norm gains
   int writers = 1;            // layers whose backward adds to its gradient (2 for a tied table)
   tensor_shard shard;         // this rank's piece under tensor parallelism (whole when not sharded)
+  bool replica = false;       // a copy of a parameter another pipeline stage owns (a tied table on
+                              // the last stage): its gradient is summed with the owner's and it
+                              // counts once, there
 };
 
 template <class T>
@@ -108,6 +112,18 @@ class parameter_store {
     total_ += info.numel;
     entries_.push_back(std::move(info));
     return {static_cast<int>(entries_.size()) - 1};
+  }
+
+  // The parameter registered as `name`, or an invalid handle.
+  param_handle find(std::string_view name) const {
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].name == name) return {static_cast<int>(i)};
+    return {};
+  }
+  // Marks h as a pipeline stage's copy of a parameter another stage owns (see param_info).
+  void mark_replica(param_handle h) {
+    info(h);
+    entries_[static_cast<std::size_t>(h.index)].replica = true;
   }
 
   // Another layer's backward also adds to this parameter's gradient (a tied table).

@@ -130,6 +130,11 @@ class recompute {
     return dx;
   }
 
+  void release_activations() {
+    if constexpr (requires(L& l) { l.release_activations(); }) inner_.release_activations();
+    out_ = buffer<T>();
+  }
+
   template <class F>
   void visit_parameters(F&& f) const {
     inner_.visit_parameters(f);

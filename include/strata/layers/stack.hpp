@@ -35,13 +35,14 @@ class stack {
 
   // Static count.
   stack(module_scope<policy> scope, config c) requires(Count != dynamic) : stack(scope, c, Count) {}
-  // Run-time count (must equal Count when that is static).
-  stack(module_scope<policy> scope, config c, std::int64_t count) {
+  // Run-time count (must equal Count when that is static). `first` numbers the copies from there
+  // on ("h.4" .. "h.7" for a pipeline stage holding layers 4-7 of a longer stack).
+  stack(module_scope<policy> scope, config c, std::int64_t count, std::int64_t first = 0) {
     STRATA_CHECK(count >= 1, scope.qualify("stack"), ": layer count (", count, ") must be >= 1");
     STRATA_CHECK(Count == dynamic || count == Count, scope.qualify("stack"), ": layer count ", count,
                  " differs from the static count ", Count);
     layers_.reserve(static_cast<std::size_t>(count));
-    for (std::int64_t i = 0; i < count; ++i) layers_.emplace_back(scope / static_cast<int>(i), c);
+    for (std::int64_t i = 0; i < count; ++i) layers_.emplace_back(scope / static_cast<int>(first + i), c);
   }
 
   tensor_view<const T> forward(tensor_view<const T> x) {
@@ -52,6 +53,12 @@ class stack {
     buffer<T> d = layers_.back().backward(dout);
     for (auto i = layers_.size() - 1; i-- > 0;) d = layers_[i].backward(d);
     return d;
+  }
+
+  // Lets every copy go of what forward kept (when the layer can).
+  void release_activations() {
+    if constexpr (requires(Layer& l) { l.release_activations(); })
+      for (auto& l : layers_) l.release_activations();
   }
 
   template <class F>

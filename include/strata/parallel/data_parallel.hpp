@@ -22,7 +22,9 @@
 // Gradient norms are global: squares summed over the owned pieces, then over the group. With
 // tensor parallelism (options.tensor_group) each rank holds pieces of the sharded parameters
 // and a copy of the replicated ones: the squares are summed over that group too, a replicated
-// parameter's counted 1/t on each of the t ranks so that it counts once.
+// parameter's counted 1/t on each of the t ranks so that it counts once. With pipeline
+// parallelism (options.pipeline_group) each stage holds its own layers: the squares are summed
+// over the stages, a stage's copy of a parameter another stage owns (a tied table) counting 0.
 //
 // Overlap: during the last micro-batch's backward the parameter store reports each parameter
 // whose gradient is final (layers call grad_written); the bucket whose last parameter that was
@@ -53,6 +55,7 @@ struct data_parallel_options {
   int zero_stage = from_policy;  // the policy's data<N, zero<S>> unless given here (e.g. by a flag)
   std::int64_t bucket_elems = 1 << 20;  // elements per gradient bucket (4 MiB of fp32)
   group_ref tensor_group{};             // the tensor-parallel group, for global gradient norms
+  group_ref pipeline_group{};           // the pipeline group, likewise
 };
 
 template <class P, communicator Comm>
@@ -231,7 +234,8 @@ class data_parallel {
   // Σ g² over the whole model's (reduced) gradients, the same on every rank.
   double grad_sum_of_squares() {
     auto& tp = opt_.tensor_group;
-    if (tp.size() == 1) {
+    auto& pp = opt_.pipeline_group;
+    if (tp.size() == 1 && pp.size() == 1) {
       if (opt_.zero_stage == 0)
         return kernels::sum_of_squares(device{}, params_->grads_data(), params_->size());
       // ZeRO 1 and 2: the owned pieces, then summed over the group.
@@ -239,20 +243,19 @@ class data_parallel {
       group_->all_reduce(std::span<double>(&local, 1), reduce_op::sum);
       return local;
     }
-    // Tensor parallel: parameter by parameter (segment by segment), replicated ones weighted 1/t.
-    const double replicated = 1.0 / tp.size();
+    // Parameter by parameter (segment by segment), each weighted by how often it is counted.
     double local = 0;
     if (opt_.zero_stage == 0) {
       const T* g = params_->grads_data();
       for (const auto& e : params_->entries())
-        local += (e.shard.sharded() ? 1.0 : replicated) * kernels::sum_of_squares(device{}, g + e.offset, e.numel);
+        local += norm_weight(e) * kernels::sum_of_squares(device{}, g + e.offset, e.numel);
     } else {
       for (const auto& seg : layout_.owned_segments())
-        local += (sharded_at(seg.flat) ? 1.0 : replicated) *
-                 kernels::sum_of_squares(device{}, reduced_.data() + seg.state, seg.count);
+        local += norm_weight(entry_at(seg.flat)) * kernels::sum_of_squares(device{}, reduced_.data() + seg.state, seg.count);
       group_->all_reduce(std::span<double>(&local, 1), reduce_op::sum);
     }
     tp.all_reduce(std::span<double>(&local, 1), reduce_op::sum);
+    pp.all_reduce(std::span<double>(&local, 1), reduce_op::sum);
     return local;
   }
 
@@ -274,11 +277,15 @@ class data_parallel {
     for (auto& h : pending) h.wait();
   }
 
-  // Whether the parameter at flat offset `flat` is split over the tensor-parallel group.
-  bool sharded_at(std::int64_t flat) const {
+  // The parameter at flat offset `flat`, and its weight in the global gradient norm.
+  const param_info& entry_at(std::int64_t flat) const {
     for (const auto& e : params_->entries())
-      if (flat >= e.offset && flat < e.offset + e.numel) return e.shard.sharded();
-    return false;
+      if (flat >= e.offset && flat < e.offset + e.numel) return e;
+    fail("data_parallel: no parameter at flat offset ", flat);
+  }
+  double norm_weight(const param_info& e) const {
+    if (e.replica) return 0.0;
+    return e.shard.sharded() ? 1.0 : 1.0 / opt_.tensor_group.size();
   }
 
   // The mean of a per-rank value (the loss) over the group.

@@ -40,7 +40,9 @@ inline void json_bytes_by_category(std::string& out, const memory_ledger& ledger
 }  // namespace detail
 
 // `comm`, when given, is a JSON object of bytes per group (process_mesh::counters_json()).
-inline std::string metrics_line(const step_result& r, const memory_ledger& ledger, std::string_view comm = {}) {
+// `comm` and `pipeline` are JSON objects added as they are (empty: left out).
+inline std::string metrics_line(const step_result& r, const memory_ledger& ledger, std::string_view comm = {},
+                                std::string_view pipeline = {}) {
   std::string s = "{\"step\":" + std::to_string(r.step) + ",\"loss\":";
   detail::json_number(s, r.loss);
   s += ",\"lr\":";
@@ -61,6 +63,10 @@ inline std::string metrics_line(const step_result& r, const memory_ledger& ledge
     s += ",\"comm\":";
     s += comm;
   }
+  if (!pipeline.empty()) {
+    s += ",\"pipeline\":";
+    s += pipeline;
+  }
   s += '}';
   return s;
 }
@@ -75,8 +81,9 @@ class metrics_file {
   metrics_file& operator=(const metrics_file&) = delete;
   ~metrics_file() { std::fclose(f_); }
 
-  void write(const step_result& r, const memory_ledger& ledger, std::string_view comm = {}) {
-    const std::string line = metrics_line(r, ledger, comm) + "\n";
+  void write(const step_result& r, const memory_ledger& ledger, std::string_view comm = {},
+             std::string_view pipeline = {}) {
+    const std::string line = metrics_line(r, ledger, comm, pipeline) + "\n";
     STRATA_CHECK(std::fputs(line.c_str(), f_) >= 0 && std::fflush(f_) == 0, "writing metrics file '", path_,
                  "' failed");
   }

@@ -67,6 +67,13 @@ struct no_sync {
   double mean(double v) { return v; }
 };
 
+// A model split over pipeline stages runs a whole step's micro-batches itself, under its
+// schedule (examples/gpt2/gpt2_pipeline.hpp); the trainer hands it the rows and reduces after.
+template <class M>
+concept pipelined_model = requires(M& m, tensor_view<const std::int32_t> tokens, std::int64_t rows, int n, double s) {
+  { m.run_microbatches(tokens, tokens, rows, n, s) } -> std::convertible_to<double>;
+};
+
 template <class Model, class Optimizer, class Sync = no_sync<Model>>
 class trainer {
  public:
@@ -90,14 +97,23 @@ class trainer {
     r.step = step_;
     r.loss_scale = scaler_.scale();
     double loss_sum = 0;
-    for (std::int64_t m = 0; m < n_micro; ++m) {
-      const std::int64_t at = first_row + m * micro;
-      loss_sum += model_->forward(batch.input_view(at, micro), batch.target_view(at, micro),
-                                  r.loss_scale / static_cast<double>(n_micro));
-      sync_->after_forward();
-      sync_->before_backward(m == n_micro - 1);
-      model_->backward();
-      sync_->after_backward(m == n_micro - 1);
+    if constexpr (pipelined_model<Model>) {
+      // Every forward and backward of the step happens inside; no gradient is reported ready
+      // while the schedule runs, so the synchronizer reduces them all once it is done.
+      loss_sum = model_->run_microbatches(batch.input_view(first_row, rows), batch.target_view(first_row, rows), micro,
+                                          static_cast<int>(n_micro), r.loss_scale / static_cast<double>(n_micro));
+      sync_->before_backward(true);
+      sync_->after_backward(true);
+    } else {
+      for (std::int64_t m = 0; m < n_micro; ++m) {
+        const std::int64_t at = first_row + m * micro;
+        loss_sum += model_->forward(batch.input_view(at, micro), batch.target_view(at, micro),
+                                    r.loss_scale / static_cast<double>(n_micro));
+        sync_->after_forward();
+        sync_->before_backward(m == n_micro - 1);
+        model_->backward();
+        sync_->after_backward(m == n_micro - 1);
+      }
     }
     r.loss = sync_->mean(loss_sum / static_cast<double>(n_micro));
 
@@ -127,6 +143,14 @@ class trainer {
     if constexpr (std::is_same_v<Sync, no_sync<Model>>) own_sync_.model = &model;
     o.schedule.validate();
     STRATA_CHECK(o.micro_batch >= 0, "trainer: micro_batch (", o.micro_batch, ") must be >= 0");
+    if constexpr (pipelined_model<Model>) {
+      if constexpr (requires { sync.zero_stage(); })
+        STRATA_CHECK(sync.zero_stage() <= 1, "trainer: pipeline parallelism works with ZeRO 0 or 1, not ", sync.zero_stage(),
+                     " (ZeRO-2/3 would reduce gradients or gather weights for every micro-batch of every stage)");
+    }
+    if constexpr (std::is_same_v<Sync, no_sync<Model>> && pipelined_model<Model>)
+      fail("trainer: a model split over pipeline stages needs a synchronizer that knows the pipeline group "
+           "(data_parallel with options.pipeline_group) for its global gradient norm");
     if constexpr (std::is_same_v<Sync, no_sync<Model>>) {
       // A rank of a tensor-parallel model holds pieces: its own squares are not the global
       // gradient norm, and clipping by them would silently differ from the serial model.

@@ -1,0 +1,207 @@
+// strata/parallel/pipeline.hpp - runs a pipeline schedule on one stage.
+//
+// The executor walks this stage's action list (pipeline_schedule.hpp) once per step. Before an
+// action it posts the receive that action needs and the one the next action needs, so a
+// message arrives while the stage computes; it then waits for its input, computes, and sends
+// its output asynchronously (activations to the next virtual stage, input gradients to the
+// previous one). Each in-flight micro-batch keeps its own activations (the stage model holds one
+// copy of its layers per micro-batch) and its received input, until its backward. Gradients
+// accumulate in the stage's parameter store over the micro-batches; the optimizer steps once.
+//
+// What a stage model provides (examples/gpt2/gpt2_pipeline.hpp is one):
+//   using T = ...;                                       // the storage type
+//   tensor_view<const T> pipeline_forward(int chunk, int microbatch, tensor_view<const T> input,
+//       tensor_view<const int32_t> inputs, tensor_view<const int32_t> targets, double grad_scale, double& loss);
+//       // input: the previous virtual stage's activation (empty on virtual stage 0, which reads
+//       // `inputs`); returns this chunk's output, or sets `loss` on the last virtual stage
+//   buffer<T> pipeline_backward(int chunk, int microbatch, const buffer<T>* output_grad);
+//       // output_grad is null on the last virtual stage; returns the input's gradient (empty on
+//       // virtual stage 0) and lets the micro-batch's activations go
+//   strata::shape pipeline_activation_shape(std::int64_t sequences) const;  // what flows between stages
+//
+// Per step it records each stage's busy time (computing), idle time (waiting for messages: the
+// bubble, plus transfer time not hidden) and the activation bytes it held after each forward,
+// from which the number of micro-batches in flight follows.
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "strata/comm/group_ref.hpp"
+#include "strata/core/memory.hpp"
+#include "strata/core/tensor.hpp"
+#include "strata/parallel/pipeline_schedule.hpp"
+
+namespace strata {
+
+struct pipeline_step_stats {
+  double busy_seconds = 0, idle_seconds = 0;
+  int peak_in_flight = 0;               // chunk-micro-batches forwarded, not yet backwarded
+  std::size_t peak_activation_bytes = 0;   // activations held after a forward, most over the step
+  std::size_t first_forward_bytes = 0;     // what the first forward added (one chunk-micro-batch)
+};
+
+template <class Stage>
+class pipeline_executor {
+ public:
+  using T = typename Stage::T;
+
+  // `pp`: the pipeline group, ranks = stages in order; `ledger`: the stage's memory books.
+  pipeline_executor(Stage& stage, group_ref pp, pipeline_shape shape, memory_ledger& ledger)
+      : stage_(&stage), pp_(std::move(pp)), shape_(shape), ledger_(&ledger) {
+    shape_.validate();
+    STRATA_CHECK(pp_.size() == shape_.stages, "pipeline: the pipeline group has ", pp_.size(), " ranks but the schedule ",
+                 shape_.stages, " stages");
+    STRATA_CHECK(2 * shape_.microbatches * shape_.virtual_stages() <= 32767, "pipeline: ", shape_.microbatches,
+                 " micro-batches x ", shape_.virtual_stages(), " virtual stages need more message tags than MPI promises");
+    actions_ = pipeline_actions(shape_, pp_.rank());
+  }
+
+  const pipeline_shape& shape() const { return shape_; }
+  const pipeline_step_stats& last_step() const { return stats_; }
+
+  // One step over `microbatches` micro-batches of `rows` sequences each. Returns the sum of their
+  // losses, the same on every stage.
+  // inputs, targets: [microbatches·rows, T] token ids, micro-batch m at rows m·rows ...
+  double run(tensor_view<const std::int32_t> inputs, tensor_view<const std::int32_t> targets, std::int64_t rows,
+             int microbatches, double grad_scale) {
+    STRATA_CHECK(microbatches == shape_.microbatches, "pipeline: the step has ", microbatches,
+                 " micro-batches but the schedule was built for ", shape_.microbatches);
+    const int M = shape_.microbatches, V = shape_.chunks, p = shape_.stages, s = pp_.rank();
+    const int last_virtual = shape_.virtual_stages() - 1;
+    const strata::shape act_shape = stage_->pipeline_activation_shape(rows);
+    const auto act_count = static_cast<std::size_t>(act_shape.numel());
+    const auto slot = [&](int m, int c) { return static_cast<std::size_t>(m * V + c); };
+    STRATA_CHECK(inputs.shape.rank == 2 && inputs.shape[0] == M * rows && targets.shape == inputs.shape,
+                 "pipeline: expected ", M, " x ", rows, " sequences of inputs and targets, got ", inputs.shape.str(),
+                 " and ", targets.shape.str());
+    const std::int64_t seq = inputs.shape[1];
+    const auto tokens_of = [&](tensor_view<const std::int32_t> all, int m) {
+      return tensor_view<const std::int32_t>{all.data + std::int64_t(m) * rows * seq, {rows, seq}};
+    };
+    std::vector<buffer<T>> received(static_cast<std::size_t>(M * V)), out_grads(received.size()),
+        sent_grads(received.size());
+    std::vector<comm_handle> input_recv(received.size()), grad_recv(received.size()), act_send(received.size()),
+        grad_send(received.size());
+    std::vector<bool> posted(actions_.size(), false);
+    stats_ = {};
+    int in_flight = 0;
+    const std::size_t base = ledger_->current(memory_category::activations);
+    double loss_sum = 0;
+    const int prev = (s + p - 1) % p, next = (s + 1) % p;
+    const auto tag = [&](int m, int v, bool grad) { return (m * shape_.virtual_stages() + v) * 2 + (grad ? 1 : 0); };
+
+    // Posts the receive action i needs (none for virtual stage 0's forward or the last one's backward).
+    const auto post = [&](std::size_t i) {
+      if (i >= actions_.size() || posted[i]) return;
+      posted[i] = true;
+      const auto& a = actions_[i];
+      const int v = shape_.virtual_stage(s, a.chunk);
+      const auto k = slot(a.microbatch, a.chunk);
+      if (a.kind == pipeline_action::forward && v > 0) {
+        received[k] = buffer<T>(*ledger_, memory_category::activations, act_count);
+        input_recv[k] = receive(received[k], prev, tag(a.microbatch, v, false));
+      } else if (a.kind == pipeline_action::backward && v < last_virtual) {
+        out_grads[k] = buffer<T>(*ledger_, memory_category::activations, act_count);
+        grad_recv[k] = receive(out_grads[k], next, tag(a.microbatch, v, true));
+      }
+    };
+
+    for (std::size_t i = 0; i < actions_.size(); ++i) {
+      post(i);
+      post(i + 1);
+      const auto& a = actions_[i];
+      const int v = shape_.virtual_stage(s, a.chunk);
+      const auto k = slot(a.microbatch, a.chunk);
+      auto t0 = clock::now();
+      if (a.kind == pipeline_action::forward) {
+        input_recv[k].wait();
+        auto t1 = clock::now();
+        double loss = 0;
+        auto out = stage_->pipeline_forward(
+            a.chunk, a.microbatch, v > 0 ? tensor_view<const T>{received[k].data(), act_shape} : tensor_view<const T>{},
+            tokens_of(inputs, a.microbatch), tokens_of(targets, a.microbatch), grad_scale, loss);
+        auto t2 = clock::now();
+        if (v == last_virtual) loss_sum += loss;
+        else act_send[k] = send(out.data, act_count, next, tag(a.microbatch, v + 1, false));
+        account(t0, t1, t2);
+        ++in_flight;
+        stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight);
+        const std::size_t held = ledger_->current(memory_category::activations) - base;
+        if (stats_.first_forward_bytes == 0) stats_.first_forward_bytes = held;
+        stats_.peak_activation_bytes = std::max(stats_.peak_activation_bytes, held);
+      } else {
+        grad_recv[k].wait();
+        act_send[k].wait();  // the layer's output buffer goes with its activations
+        auto t1 = clock::now();
+        buffer<T> input_grad = stage_->pipeline_backward(a.chunk, a.microbatch, v < last_virtual ? &out_grads[k] : nullptr);
+        auto t2 = clock::now();
+        out_grads[k] = buffer<T>();
+        received[k] = buffer<T>();
+        if (v > 0) {
+          sent_grads[k] = std::move(input_grad);
+          grad_send[k] = send(sent_grads[k].data(), act_count, prev, tag(a.microbatch, v - 1, true));
+        }
+        account(t0, t1, t2);
+        --in_flight;
+      }
+    }
+    const auto t0 = clock::now();
+    for (auto& h : act_send) h.wait();
+    for (auto& h : grad_send) h.wait();
+    stats_.idle_seconds += seconds(t0, clock::now());
+    // Only the last stage saw the losses; every stage reports them.
+    pp_.all_reduce(std::span<double>(&loss_sum, 1));
+    return loss_sum;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+  // t0: the action began, t1: its input had arrived, t2: its computation ended.
+  void account(clock::time_point t0, clock::time_point t1, clock::time_point t2) {
+    stats_.idle_seconds += seconds(t0, t1);
+    stats_.busy_seconds += seconds(t1, t2);
+  }
+  // A message from this very stage to itself (one stage holding several chunks) is a copy, made
+  // whichever of send and receive comes first.
+  comm_handle receive(buffer<T>& into, int peer, int tag) {
+    if (peer != pp_.rank()) return pp_.recv_async(std::span<T>(into.data(), into.size()), peer, tag);
+    for (auto it = local_.begin(); it != local_.end(); ++it)
+      if (it->tag == tag && it->into == nullptr) {
+        std::copy(it->data.begin(), it->data.end(), into.data());
+        local_.erase(it);
+        return {};
+      }
+    local_.push_back({tag, &into, {}});
+    return {};
+  }
+  comm_handle send(const T* data, std::size_t count, int peer, int tag) {
+    if (peer != pp_.rank()) return pp_.send_async(std::span<const T>(data, count), peer, tag);
+    for (auto it = local_.begin(); it != local_.end(); ++it)
+      if (it->tag == tag && it->into != nullptr) {
+        std::copy(data, data + count, it->into->data());
+        local_.erase(it);
+        return {};
+      }
+    local_.push_back({tag, nullptr, std::vector<T>(data, data + count)});
+    return {};
+  }
+
+  struct local_message {
+    int tag;
+    buffer<T>* into;      // a posted receive, or
+    std::vector<T> data;  // a send that came first
+  };
+  Stage* stage_;
+  group_ref pp_;
+  pipeline_shape shape_;
+  memory_ledger* ledger_;
+  std::vector<pipeline_action> actions_;
+  std::vector<local_message> local_;
+  pipeline_step_stats stats_;
+};
+
+}  // namespace strata
