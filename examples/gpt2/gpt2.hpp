@@ -104,7 +104,8 @@ struct model {
                  " needs --seq divisible by it, got ", d.seq);
     return d;
   }
-  model(const dims& dd, st::memory_ledger& ledger, st::seed seed, st::tensor_parallel tp, st::recompute_mode r)
+  // tp by reference: the public constructor's validated(d, tp) must see it before it moves here.
+  model(const dims& dd, st::memory_ledger& ledger, st::seed seed, st::tensor_parallel&& tp, st::recompute_mode r)
       : d(dd),
         ctx(ledger, seed, std::move(tp)),
         embed(st::module_scope<P>(ctx), embed_config(dd, ctx.tensor().split())),

@@ -20,7 +20,7 @@
 #include <strata/comm/launch.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/parallel/data_parallel.hpp>
-#include <strata/parallel/tensor_parallel.hpp>
+#include <strata/parallel/gather.hpp>
 #include <strata/strata.hpp>
 
 #include "../mpi/mpi_test.hpp"

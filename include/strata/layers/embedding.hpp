@@ -85,7 +85,7 @@ class embedding {
                                  cfg_.channels, cfg_.vocab);
       return {out_.data(), {batch_, seq_, cfg_.channels}};
     }
-    STRATA_CHECK(!tp.sequence_parallel() || seq_ % cfg_.tp.degree == 0, scope_.qualify("forward"),
+    STRATA_CHECK(!tp.sequence_parallel() || seq_ % cfg_.tp.degree == 0, scope_.qualify("embedding"),
                  ": sequence parallelism over tp=", cfg_.tp.degree, " needs a sequence length divisible by it, got ", seq_);
     // This rank's rows of the table, the pieces summed over the group, then the positions.
     buffer<T> partial;

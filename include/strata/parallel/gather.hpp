@@ -1,0 +1,85 @@
+// strata/parallel/gather.hpp - the serial model's weights from a sharded one.
+//
+// Under tensor parallelism a rank holds a piece of each sharded parameter (tensor_shard says
+// where each element sits in the full tensor); under pipeline parallelism a stage holds the
+// parameters of its layers. These put the pieces back together, laid out like the serial
+// model's flat weight buffer (the same parameters in the same order, full shapes, vocabulary
+// padding dropped), so a split model can be compared with, or saved as, the unsplit one.
+// Collective over the groups named.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/comm/group_ref.hpp"
+#include "strata/core/dtype.hpp"
+#include "strata/layers/parameters.hpp"
+
+namespace strata {
+
+// One parameter, whole: its tensor-parallel pieces gathered over `tp` (as double).
+// `weights`: this rank's flat weights, indexed like the store.
+template <class T>
+std::vector<double> gather_full_parameter(const param_info& e, std::span<const T> weights, group_ref& tp) {
+  const T* mine = weights.data() + e.offset;
+  const tensor_shard& s = e.shard;
+  const std::int64_t cols = s.full.rank >= 2 ? s.full[1] : 1;
+  const std::int64_t kept = s.real_rows < 0 ? s.full.numel() : s.real_rows * cols;
+  std::vector<double> tensor(static_cast<std::size_t>(s.sharded() ? s.full.numel() : kept));
+  if (!s.sharded()) {
+    for (std::int64_t i = 0; i < kept; ++i) tensor[static_cast<std::size_t>(i)] = convert<double>(mine[i]);
+    return tensor;
+  }
+  std::vector<double> piece(static_cast<std::size_t>(e.numel)), pieces(piece.size() * static_cast<std::size_t>(s.parts));
+  for (std::int64_t i = 0; i < e.numel; ++i) piece[static_cast<std::size_t>(i)] = convert<double>(mine[i]);
+  tp.all_gather(std::span<const double>(piece), std::span<double>(pieces));
+  for (int q = 0; q < s.parts; ++q) {
+    const tensor_shard theirs = s.of_rank(q);
+    for (std::int64_t i = 0; i < e.numel; ++i)
+      tensor[static_cast<std::size_t>(theirs.global_index(i))] = pieces[static_cast<std::size_t>(q * e.numel + i)];
+  }
+  tensor.resize(static_cast<std::size_t>(kept));
+  return tensor;
+}
+
+// Every parameter of this rank's store, whole, in the store's order (tensor parallelism only).
+template <class T>
+std::vector<double> gather_full_weights(const parameter_store<T>& store, std::span<const T> weights, group_ref& tp) {
+  std::vector<double> out;
+  for (const auto& e : store.entries()) {
+    const auto whole = gather_full_parameter(e, weights, tp);
+    out.insert(out.end(), whole.begin(), whole.end());
+  }
+  return out;
+}
+
+// The whole model in the serial order `names` (with each parameter's element count), from the
+// stages of the pipeline group `pp` and the pieces of the tensor group `tp`: each parameter
+// comes from the first stage that owns it (not a replica), broadcast to every stage.
+template <class T>
+std::vector<double> gather_model_weights(const parameter_store<T>& store, std::span<const T> weights,
+                                         const std::vector<std::pair<std::string, std::int64_t>>& names, group_ref& tp,
+                                         group_ref& pp) {
+  std::vector<double> out;
+  for (const auto& [name, count] : names) {
+    const param_handle h = store.find(name);
+    const bool mine = h.valid() && !store.info(h).replica;
+    double owner = mine ? double(pp.size() - pp.rank()) : 0.0;  // the lowest stage that owns it wins
+    pp.all_reduce(std::span<double>(&owner, 1), reduce_op::max);
+    STRATA_CHECK(owner > 0, "gather_model_weights: no pipeline stage holds '", name, "'");
+    const int root = pp.size() - static_cast<int>(owner);
+    std::vector<double> values(static_cast<std::size_t>(count));
+    if (mine) {
+      auto whole = gather_full_parameter(store.info(h), weights, tp);
+      STRATA_CHECK(static_cast<std::int64_t>(whole.size()) == count, "gather_model_weights: '", name, "' has ",
+                   whole.size(), " elements here, ", count, " in the serial model");
+      if (pp.rank() == root) values = std::move(whole);
+    }
+    pp.broadcast(std::span<double>(values), root);
+    out.insert(out.end(), values.begin(), values.end());
+  }
+  return out;
+}
+
+}  // namespace strata
