@@ -38,9 +38,9 @@ namespace strata {
 
 struct pipeline_step_stats {
   double busy_seconds = 0, idle_seconds = 0;
-  int peak_in_flight = 0;               // chunk-micro-batches forwarded, not yet backwarded
-  std::size_t peak_activation_bytes = 0;   // activations held after a forward, most over the step
-  std::size_t first_forward_bytes = 0;     // what the first forward added (one chunk-micro-batch)
+  int peak_in_flight = 0;                // chunk-micro-batches forwarded, not yet backwarded
+  std::size_t peak_activation_bytes = 0;  // held by the step's micro-batches after a forward, at most
+  std::size_t largest_chunk_bytes = 0;    // what one chunk-micro-batch holds (its input included), at most
 };
 
 template <class Stage>
@@ -86,9 +86,16 @@ class pipeline_executor {
     std::vector<comm_handle> input_recv(received.size()), grad_recv(received.size()), act_send(received.size()),
         grad_send(received.size());
     std::vector<bool> posted(actions_.size(), false);
+    std::vector<std::size_t> posted_bytes(actions_.size() + 1, 0);
     stats_ = {};
     int in_flight = 0;
+    // Activation bytes the step's micro-batches hold: the ledger's, less the receive posted for
+    // the next action (it belongs to that one) and input gradients still on their way out.
     const std::size_t base = ledger_->current(memory_category::activations);
+    std::size_t in_transit = 0;
+    const auto held = [&](std::size_t i) {
+      return ledger_->current(memory_category::activations) - base - posted_bytes[i + 1] - in_transit;
+    };
     double loss_sum = 0;
     const int prev = (s + p - 1) % p, next = (s + 1) % p;
     const auto tag = [&](int m, int v, bool grad) { return (m * shape_.virtual_stages() + v) * 2 + (grad ? 1 : 0); };
@@ -103,13 +110,24 @@ class pipeline_executor {
       if (a.kind == pipeline_action::forward && v > 0) {
         received[k] = buffer<T>(*ledger_, memory_category::activations, act_count);
         input_recv[k] = receive(received[k], prev, tag(a.microbatch, v, false));
+        posted_bytes[i] = received[k].bytes();
       } else if (a.kind == pipeline_action::backward && v < last_virtual) {
         out_grads[k] = buffer<T>(*ledger_, memory_category::activations, act_count);
         grad_recv[k] = receive(out_grads[k], next, tag(a.microbatch, v, true));
+        posted_bytes[i] = out_grads[k].bytes();
       }
+    };
+    // Input gradients whose sends have finished are let go.
+    const auto collect_sent = [&] {
+      for (std::size_t k = 0; k < sent_grads.size(); ++k)
+        if (!sent_grads[k].empty() && grad_send[k].test()) {
+          in_transit -= sent_grads[k].bytes();
+          sent_grads[k] = buffer<T>();
+        }
     };
 
     for (std::size_t i = 0; i < actions_.size(); ++i) {
+      collect_sent();
       post(i);
       post(i + 1);
       const auto& a = actions_[i];
@@ -119,6 +137,7 @@ class pipeline_executor {
       if (a.kind == pipeline_action::forward) {
         input_recv[k].wait();
         auto t1 = clock::now();
+        const std::size_t before = held(i) - posted_bytes[i];  // this forward's input counts as its own
         double loss = 0;
         auto out = stage_->pipeline_forward(
             a.chunk, a.microbatch, v > 0 ? tensor_view<const T>{received[k].data(), act_shape} : tensor_view<const T>{},
@@ -129,9 +148,9 @@ class pipeline_executor {
         account(t0, t1, t2);
         ++in_flight;
         stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight);
-        const std::size_t held = ledger_->current(memory_category::activations) - base;
-        if (stats_.first_forward_bytes == 0) stats_.first_forward_bytes = held;
-        stats_.peak_activation_bytes = std::max(stats_.peak_activation_bytes, held);
+        const std::size_t now = held(i);
+        stats_.largest_chunk_bytes = std::max(stats_.largest_chunk_bytes, now - before);
+        stats_.peak_activation_bytes = std::max(stats_.peak_activation_bytes, now);
       } else {
         grad_recv[k].wait();
         act_send[k].wait();  // the layer's output buffer goes with its activations
@@ -142,6 +161,7 @@ class pipeline_executor {
         received[k] = buffer<T>();
         if (v > 0) {
           sent_grads[k] = std::move(input_grad);
+          in_transit += sent_grads[k].bytes();
           grad_send[k] = send(sent_grads[k].data(), act_count, prev, tag(a.microbatch, v - 1, true));
         }
         account(t0, t1, t2);
