@@ -27,8 +27,28 @@
 #include <vector>
 
 #include "strata/core/error.hpp"
+#include "strata/core/extents.hpp"
+#include "strata/policy/parallel.hpp"
 
 namespace strata {
+
+// Compile-time fit of a static pipeline to a model's depth:
+//   static_assert(st::pipeline_layout_fits<Layout, /*layers*/ 12>);
+// Layers that do not split evenly over stages x virtual chunks fail to compile in
+// pipeline_chunks_divide_layers<8, 12> (which names the numbers); a dynamic degree passes here
+// and is checked at start-up ("pipeline: 12 layers do not split evenly over ..."), and a model
+// may also give its layers per stage explicitly.
+template <int Chunks, std::int64_t Layers>
+struct pipeline_chunks_divide_layers {
+  static_assert(Layers % Chunks == 0,
+                "strata::pipeline: the layers must split evenly over stages x virtual chunks (or be given per stage)");
+  static constexpr bool value = true;
+};
+template <parallel_layout Layout, std::int64_t Layers>
+inline constexpr bool pipeline_layout_fits = [] {
+  if constexpr (is_dynamic(Layout::pp)) return true;
+  else return pipeline_chunks_divide_layers<Layout::pp * Layout::virtual_chunks, Layers>::value;
+}();
 
 enum class pipeline_schedule_kind { gpipe, one_f_one_b, interleaved };
 
