@@ -81,7 +81,7 @@ struct plan_result {
   std::int64_t microbatches = 1;                     // per step and data-parallel rank
   double flops_per_step = 0;        // the whole model, one iteration, recomputation included
   double model_flops_per_step = 0;  // the same without recomputation (for MFU)
-  double flops_per_rank = 0;        // the busiest rank's share of flops_per_step
+  double flops_per_rank = 0;        // the busiest stage's FLOPs per step, over its dp·t ranks
   comm_plan comm_bytes{};
   double bubble_fraction = 0;
 
@@ -169,8 +169,10 @@ constexpr plan_result plan_gpt(const model_shape& m, const batch& b, const plan_
                " x micro-batches of ", b.micro);
   STRATA_CHECK(p == 1 || L.zero_stage <= 1, "plan: pipeline parallelism works with ZeRO 0 or 1, not ", L.zero_stage);
   const std::int64_t M = b.global / (dp * b.micro);
-  STRATA_CHECK(V == 1 || M % p == 0, "interleaved 1F1B needs microbatches (", M, ") divisible by the pipeline degree (", p,
-               ")");
+  STRATA_CHECK(V == 1 || setup.schedule == pipeline_schedule_kind::interleaved, "plan: ", V,
+               " virtual chunks per stage need the interleaved schedule");
+  STRATA_CHECK(V == 1 || M % p == 0, "plan: interleaved 1F1B needs microbatches (", M,
+               ") divisible by the pipeline degree (", p, ")");
   const tensor_split split{t, sp};
 
   typename embedding<P>::config emb{m.vocab, m.seq, m.hidden, 0.02, split};
@@ -259,13 +261,22 @@ constexpr plan_result plan_gpt(const model_shape& m, const batch& b, const plan_
     const double bwd = double(embedding<P>::backward_flops(e1, B, s)) +
                        double(m.layers) * double(transformer_block<P>::backward_flops(b1, B, s)) +
                        double(layernorm<P>::backward_flops(n1, B, s)) + double(lm_head<P>::backward_flops(h1, B, s));
-    double again = 0;  // recomputation
-    if (setup.recompute == recompute_mode::full) again = double(m.layers) * double(transformer_block<P>::forward_flops(b1, B, s));
+    const double block_fwd = double(transformer_block<P>::forward_flops(b1, B, s));
+    const double block_bwd = double(transformer_block<P>::backward_flops(b1, B, s));
+    double block_again = 0;  // recomputation
+    if (setup.recompute == recompute_mode::full) block_again = block_fwd;
     if (setup.recompute == recompute_mode::selective)
-      again = double(m.layers) * double(attention<P>::core_flops(transformer_block<P>::attn_config(b1), B, s));
+      block_again = double(attention<P>::core_flops(transformer_block<P>::attn_config(b1), B, s));
     r.model_flops_per_step = fwd + bwd;
-    r.flops_per_step = fwd + bwd + again;
-    r.flops_per_rank = r.flops_per_step / double(dp * t * p);
+    r.flops_per_step = fwd + bwd + double(m.layers) * block_again;
+    // The busiest stage: its blocks plus the embedding (first) or the final LayerNorm and head
+    // (last), shared by its dp·t ranks.
+    const double stage_blocks = double(per_stage) * (block_fwd + block_bwd + block_again);
+    const double first = double(embedding<P>::forward_flops(e1, B, s) + embedding<P>::backward_flops(e1, B, s));
+    const double last = double(layernorm<P>::forward_flops(n1, B, s) + layernorm<P>::backward_flops(n1, B, s) +
+                               lm_head<P>::forward_flops(h1, B, s) + lm_head<P>::backward_flops(h1, B, s));
+    const double busiest = p == 1 ? stage_blocks + first + last : stage_blocks + std::max(first, last);
+    r.flops_per_rank = busiest / double(dp * t);
   }
 
   // Communication per rank per step (bytes).
@@ -283,10 +294,9 @@ constexpr plan_result plan_gpt(const model_shape& m, const batch& b, const plan_
     // more forward's pair under full recomputation); sequence parallel: the same volume as
     // gathers and scatters, plus 2 re-gathers in backward and the LayerNorm gradient sums.
     const double bsh = double(mb * s * m.hidden) * S;
-    const int passes = setup.recompute == recompute_mode::full ? 3 : 2;
-    double per_block = passes * plan_detail::all_reduce(bsh, t);
-    if (sp) per_block += 2 * plan_detail::half_ring(bsh, t) * (setup.recompute == recompute_mode::full ? 1.5 : 1.0) +
-                         2 * plan_detail::all_reduce(double(2 * m.hidden) * S, t);
+    const int passes = setup.recompute == recompute_mode::full ? 3 : 2;  // forward, backward (, forward again)
+    double per_block = 2.0 * passes * plan_detail::all_reduce(bsh, t);
+    if (sp) per_block += 2 * plan_detail::half_ring(bsh, t) + 2 * plan_detail::all_reduce(double(2 * m.hidden) * S, t);
     double per_micro = double(per_stage) * per_block;
     // The embedding leaves its region once; the head enters one (and its loss needs 3 all-reduces of b·s).
     per_micro += plan_detail::all_reduce(bsh, t) + plan_detail::all_reduce(bsh, t) +

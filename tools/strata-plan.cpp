@@ -1,0 +1,850 @@
+// strata-plan - what a training layout costs per rank, before anything runs.
+//
+// Three modes, all built on include/strata/plan/plan.hpp:
+//
+//   strata-plan --layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 50304
+//               --global-batch 512 --micro-batch 8 --dp 8 --zero 1 [--json]
+//       the plan of one layout: memory per rank by category, FLOPs, communication, bubble
+//   strata-plan --params 70e9 --precision bf16 --optimizer adamw [--master none] [--json]
+//       the back-of-envelope model state of N parameters
+//   strata-plan --search --gpus 64 --hw a100_80gb <shape flags> --global-batch 512 [--json]
+//       every layout of the GPUs that fits, ranked by a stated step-time model
+//
+// Exit codes: 0 done; 1 the plan cannot be made (a layout that does not suit the shape, or a
+// search where nothing fits); 2 bad or inconsistent flags.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <strata/plan/plan.hpp>
+
+namespace st = strata;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Text and JSON formatting
+// ---------------------------------------------------------------------------------------------
+
+std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string printf_string(const char* format, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  return buf;
+}
+
+// 124475904 -> "124,475,904".
+std::string grouped(std::int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+// Decimal gigabytes (1 GB = 1e9 bytes, as the device presets state memory).
+std::string gb(double bytes) {
+  const double g = bytes / 1e9;
+  if (g == 0) return "0";
+  if (std::fabs(g) >= 10) return printf_string("%.1f", g);
+  if (std::fabs(g) >= 1) return printf_string("%.2f", g);
+  return printf_string("%.3g", g);
+}
+
+std::string percent(double share) { return printf_string("%.1f%%", 100.0 * share); }
+
+// 3.88e17 -> "388 PFLOP" (unit after an SI prefix).
+std::string si(double v, const char* unit) {
+  static const char* const prefixes[] = {"", "k", "M", "G", "T", "P", "E", "Z"};
+  int k = 0;
+  while (std::fabs(v) >= 1000 && k < 7) {
+    v /= 1000;
+    ++k;
+  }
+  return printf_string("%.3g %s%s", v, prefixes[k], unit);
+}
+
+std::string seconds_text(double s) {
+  if (s >= 1000) return printf_string("%.0f s", s);
+  if (s >= 1) return printf_string("%.4g s", s);
+  if (s >= 1e-3) return printf_string("%.4g ms", s * 1e3);
+  return printf_string("%.3g us", s * 1e6);
+}
+
+// JSON values as text. Doubles take the shortest form that reads back to the same value (stable
+// across runs); integers are written whole; a non-finite number (never expected) becomes null.
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  if (v == std::floor(v) && std::fabs(v) < 9e15) return std::to_string(static_cast<std::int64_t>(v));
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, res.ptr);
+}
+std::string json_number(std::int64_t v) { return std::to_string(v); }
+std::string json_number(int v) { return std::to_string(v); }
+std::string json_bool(bool v) { return v ? "true" : "false"; }
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += printf_string("\\u%04x", static_cast<unsigned>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// A JSON object with its keys in insertion order: add(key, already-formatted value).
+class json_object {
+ public:
+  json_object& add(std::string_view key, std::string value) {
+    fields_.emplace_back(std::string(key), std::move(value));
+    return *this;
+  }
+  json_object& add(std::string_view key, const json_object& value) { return add(key, value.str()); }
+  std::string str() const {
+    std::string out = "{";
+    for (std::size_t i = 0; i < fields_.size(); ++i)
+      out += (i ? "," : "") + json_string(fields_[i].first) + ":" + fields_[i].second;
+    return out + "}";
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> fields_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Flags
+// ---------------------------------------------------------------------------------------------
+
+// A mistake in the flags themselves: reported like CLI11's own and exits 2.
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// "--tp: must be >= 1, got 0" / "--tp: expected an integer, got 'two'".
+CLI::Validator whole_number_from(long long lo) {
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        long long v = 0;
+        const char* end = text.data() + text.size();
+        const auto res = std::from_chars(text.data(), end, v);
+        if (text.empty() || res.ec != std::errc{} || res.ptr != end) return "expected an integer, got '" + text + "'";
+        if (v < lo) return "must be >= " + std::to_string(lo) + ", got " + text;
+        return {};
+      },
+      ">=" + std::to_string(lo));
+}
+
+// A number strictly above 0 and at most 1 (the efficiency).
+CLI::Validator fraction_above_zero() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (text.empty() || used != text.size() || !std::isfinite(v)) return "expected a number, got '" + text + "'";
+        if (v <= 0 || v > 1) return "must be in (0, 1], got " + text;
+        return {};
+      },
+      "(0,1]");
+}
+
+// A parameter count written whole (70000000000) or in exponent form (70e9, 1.3e9).
+constexpr double max_param_count = 1e15;
+std::int64_t parse_param_count(const std::string& text, std::string* why) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size() || !std::isfinite(v)) {
+    *why = "expected a parameter count such as 70e9 or 70000000000, got '" + text + "'";
+    return 0;
+  }
+  if (v < 1 || v > max_param_count) {
+    *why = "must be between 1 and 1e15, got " + text;
+    return 0;
+  }
+  if (v != std::floor(v)) {
+    *why = "must be a whole number of parameters, got " + text;
+    return 0;
+  }
+  return static_cast<std::int64_t>(v);
+}
+CLI::Validator param_count() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::string why;
+        parse_param_count(text, &why);
+        return why;
+      },
+      "N");
+}
+
+std::string preset_names() {
+  std::string names;
+  for (const auto& d : st::hw::presets) names += (names.empty() ? "" : ", ") + std::string(d.name);
+  return names;
+}
+CLI::Validator device_preset() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (st::hw::find(text)) return {};
+        return "unknown device '" + text + "'; the presets are " + preset_names();
+      },
+      "NAME");
+}
+
+struct options {
+  // model shape
+  std::int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0, ffn = 0;
+  std::int64_t global_batch = 0, micro_batch = 1;
+  // layout
+  int dp = 1, tp = 1, pp = 1, virtual_chunks = 1, zero = 0;
+  bool sp = false;
+  std::string recompute = "none", precision = "bf16", optimizer = "adamw", schedule;
+  std::string hw = "h100_80gb";
+  bool json = false;
+  // back-of-envelope
+  std::string params, master;
+  // search
+  bool search = false;
+  int gpus = 0, top = 10;
+  double efficiency = 0.5;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Planning helpers
+// ---------------------------------------------------------------------------------------------
+
+int storage_bytes_of(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
+
+std::string precision_text(const std::string& precision) {
+  return precision == "fp32" ? "fp32 (the weights are their own master copy)" : precision + " with fp32 master weights";
+}
+
+st::plan_result plan_with(const std::string& precision, const st::model_shape& m, const st::batch& b,
+                          const st::plan_setup& s) {
+  if (precision == "fp32") return st::plan_gpt<st::fp32>(m, b, s);
+  if (precision == "fp16") return st::plan_gpt<st::mixed<st::fp16, float>>(m, b, s);
+  return st::plan_gpt<st::mixed<st::bf16, float>>(m, b, s);
+}
+
+std::string schedule_tag(st::pipeline_schedule_kind k) {
+  switch (k) {
+    case st::pipeline_schedule_kind::gpipe: return "gpipe";
+    case st::pipeline_schedule_kind::interleaved: return "interleaved_1f1b";
+    default: return "one_f_one_b";
+  }
+}
+
+// One layout as the planner takes it. microbatches: per step and data-parallel rank.
+st::plan_setup make_setup(int dp, int tp, int pp, int v, int zero, bool sp, std::int64_t microbatches,
+                          st::recompute_mode rc, st::optimizer_kind opt, st::pipeline_schedule_kind schedule) {
+  st::plan_setup s;
+  s.layout.dp = dp;
+  s.layout.tp = tp;
+  s.layout.pp = pp;
+  s.layout.virtual_chunks = v;
+  s.layout.zero_stage = zero;
+  s.layout.sequence_parallel = sp;
+  s.layout.microbatches = static_cast<int>(std::max<std::int64_t>(microbatches, 1));
+  s.layout.schedule = schedule_tag(schedule);
+  s.recompute = rc;
+  s.optimizer = opt;
+  s.schedule = schedule;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step-time model (the ranking of --search; plan mode prints the same estimate)
+// ---------------------------------------------------------------------------------------------
+//
+// An analytic estimate, meant to order layouts rather than to predict a wall clock:
+//
+//   peak        = the device's dense peak for the storage precision (16-bit or fp32)
+//   T_compute   = flops_per_rank / (efficiency x peak)
+//                 (the plan's flops_per_rank: one step's FLOPs, recomputation included, over
+//                 dp x tp x pp ranks)
+//   placement   : ranks are numbered tp fastest, then dp, then pp, so a tp group spans tp
+//                 consecutive ranks, a dp group (dp-1)·tp+1 ranks, a pp group (pp-1)·dp·tp+1.
+//                 A group uses the intra-node bandwidth and latency when every copy of it lies
+//                 within one node of gpus_per_node ranks, and the inter-node ones otherwise.
+//   T_tp        = comm_bytes.tp / bw(tp) + latency(tp) x 4 x (layers / pp) x microbatches
+//                 (about four tensor-parallel collectives per block and micro-batch; 0 at tp 1)
+//   T_pp        = comm_bytes.pp / bw(pp)
+//   T_dp        = comm_bytes.dp / bw(dp)   (not overlapped with compute: conservative)
+//   T_step      = (T_compute + T_tp + T_pp) / (1 - bubble) + T_dp
+//
+// comm_bytes are the plan's per-rank ring volumes per step; the embedding group's all-reduce of
+// the tied table is not part of the model. Reported with it:
+//   tokens_per_s   = global_batch x seq / T_step
+//   tflops_per_gpu = model_flops_per_step / T_step / gpus / 1e12   (model FLOPs: no recomputation)
+//   mfu            = tflops_per_gpu x 1e12 / peak
+
+struct step_estimate {
+  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
+  double tokens_per_s = 0, tflops_per_gpu = 0, mfu = 0;
+  bool tp_intra = true, dp_intra = true, pp_intra = true;
+};
+
+// Whether every copy of the group along one axis (members `stride` ranks apart, `size` of them)
+// lies within one node, ranks numbered tp fastest, then dp, then pp.
+bool group_within_node(int ranks, int per_node, int stride, int size) {
+  if (size <= 1) return true;
+  for (int r = 0; r < ranks; ++r) {
+    if ((r / stride) % size != 0) continue;  // r is not the first member of its copy
+    if (r / per_node != (r + (size - 1) * stride) / per_node) return false;
+  }
+  return true;
+}
+
+step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, const st::model_shape& m,
+                            const st::batch& b, const st::hw::device_spec& d, int storage_bytes, double efficiency) {
+  const int tp = s.layout.tp, dp = s.layout.dp, pp = s.layout.pp, gpus = tp * dp * pp;
+  const double peak = d.peak_flops(storage_bytes);
+  step_estimate e;
+  e.tp_intra = group_within_node(gpus, d.gpus_per_node, 1, tp);
+  e.dp_intra = group_within_node(gpus, d.gpus_per_node, tp, dp);
+  e.pp_intra = group_within_node(gpus, d.gpus_per_node, tp * dp, pp);
+  const auto bw = [&](bool intra) { return intra ? d.intra_node_bandwidth : d.inter_node_bandwidth; };
+  const double tp_latency = e.tp_intra ? d.intra_node_latency : d.inter_node_latency;
+
+  e.compute_s = r.flops_per_rank / (efficiency * peak);
+  if (tp > 1) {
+    const double collectives = 4.0 * double(m.layers / pp) * double(r.microbatches);
+    e.tp_s = r.comm_bytes.tp / bw(e.tp_intra) + tp_latency * collectives;
+  }
+  if (pp > 1) e.pp_s = r.comm_bytes.pp / bw(e.pp_intra);
+  if (dp > 1) e.dp_s = r.comm_bytes.dp / bw(e.dp_intra);
+  e.step_s = (e.compute_s + e.tp_s + e.pp_s) / (1.0 - r.bubble_fraction) + e.dp_s;
+  e.tokens_per_s = double(b.global) * double(m.seq) / e.step_s;
+  e.tflops_per_gpu = r.model_flops_per_step / e.step_s / double(gpus) / 1e12;
+  e.mfu = e.tflops_per_gpu * 1e12 / peak;
+  return e;
+}
+
+json_object estimate_json(const step_estimate& e) {
+  json_object o;
+  o.add("step_time_s", json_number(e.step_s))
+      .add("compute_s", json_number(e.compute_s))
+      .add("tp_s", json_number(e.tp_s))
+      .add("pp_s", json_number(e.pp_s))
+      .add("dp_s", json_number(e.dp_s))
+      .add("tokens_per_s", json_number(e.tokens_per_s))
+      .add("tflops_per_gpu", json_number(e.tflops_per_gpu))
+      .add("mfu", json_number(e.mfu));
+  return o;
+}
+
+std::string shape_text(const st::model_shape& m) {
+  return printf_string("GPT: %lld layers, hidden %lld, %lld heads, FFN %lld, seq %lld, vocab %lld", (long long)m.layers,
+                       (long long)m.hidden, (long long)m.heads, (long long)m.ffn_width(), (long long)m.seq,
+                       (long long)m.vocab);
+}
+
+std::string device_text(const st::hw::device_spec& d, int storage_bytes) {
+  return printf_string("%s: %g GB, %s/s peak (%s), %d per node, %g GB/s in a node, %g GB/s between nodes",
+                       std::string(d.name).c_str(), d.memory_bytes / 1e9,
+                       si(d.peak_flops(storage_bytes), "FLOP").c_str(), storage_bytes <= 2 ? "16-bit" : "fp32",
+                       d.gpus_per_node, d.intra_node_bandwidth / 1e9, d.inter_node_bandwidth / 1e9);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mode 1: the plan of one layout
+// ---------------------------------------------------------------------------------------------
+
+int run_plan(const options& o, const st::model_shape& m, const st::hw::device_spec& d) {
+  const st::batch b{o.micro_batch, o.global_batch};
+  auto schedule = o.virtual_chunks > 1 ? st::pipeline_schedule_kind::interleaved : st::pipeline_schedule_kind::one_f_one_b;
+  if (!o.schedule.empty()) schedule = st::parse_pipeline_schedule(o.schedule);
+  if (o.virtual_chunks > 1 && schedule != st::pipeline_schedule_kind::interleaved)
+    throw usage_error("--virtual " + std::to_string(o.virtual_chunks) + " needs --schedule interleaved, got --schedule " +
+                      o.schedule);
+  const std::int64_t per_dp = o.dp * o.micro_batch;
+  const std::int64_t microbatches = o.global_batch % per_dp == 0 ? o.global_batch / per_dp : 1;
+  const auto opt = o.optimizer == "sgd" ? st::optimizer_kind::sgd : st::optimizer_kind::adamw;
+  const st::plan_setup setup = make_setup(o.dp, o.tp, o.pp, o.virtual_chunks, o.zero, o.sp, microbatches,
+                                          st::parse_recompute_mode(o.recompute), opt, schedule);
+  const st::plan_result r = plan_with(o.precision, m, b, setup);
+  const int storage = storage_bytes_of(o.precision);
+  const bool fits = r.fits(d);
+  const step_estimate e = estimate_step(r, setup, m, b, d, storage, o.efficiency);
+  const bool sp = o.sp && o.tp > 1;
+  const double mem = d.memory_bytes;
+
+  if (o.json) {
+    json_object layout;
+    layout.add("dp", json_number(o.dp))
+        .add("tp", json_number(o.tp))
+        .add("pp", json_number(o.pp))
+        .add("virtual", json_number(o.virtual_chunks))
+        .add("zero", json_number(o.zero))
+        .add("micro_batch", json_number(o.micro_batch))
+        .add("microbatches", json_number(r.microbatches))
+        .add("sp", json_bool(sp))
+        .add("recompute", json_string(o.recompute))
+        .add("schedule", json_string(st::schedule_label(schedule)))
+        .add("precision", json_string(o.precision))
+        .add("optimizer", json_string(o.optimizer));
+    json_object comm;
+    comm.add("dp", json_number(r.comm_bytes.dp))
+        .add("tp", json_number(r.comm_bytes.tp))
+        .add("pp", json_number(r.comm_bytes.pp))
+        .add("embedding", json_number(r.comm_bytes.embedding));
+    json_object out;
+    out.add("hw", json_string(d.name))
+        .add("device_memory_bytes", json_number(mem))
+        .add("layout", layout)
+        .add("global_batch", json_number(o.global_batch))
+        .add("params_total", json_number(r.params_total))
+        .add("params_per_rank", json_number(r.params_per_rank))
+        .add("params_bytes", json_number(r.params_bytes))
+        .add("grads_bytes", json_number(r.grads_bytes))
+        .add("master_bytes", json_number(r.master_bytes))
+        .add("optimizer_bytes", json_number(r.optimizer_bytes))
+        .add("model_state_bytes", json_number(r.model_state_bytes()))
+        .add("activation_bytes", json_number(r.activation_bytes))
+        .add("activation_bytes_per_microbatch", json_number(r.activation_bytes_per_microbatch))
+        .add("in_flight", json_number(r.in_flight))
+        .add("comm_buffer_bytes", json_number(r.comm_buffer_bytes))
+        .add("total_bytes", json_number(r.total_bytes()))
+        .add("memory_fraction", json_number(double(r.total_bytes()) / mem))
+        .add("fits", json_bool(fits))
+        .add("flops_per_step", json_number(r.flops_per_step))
+        .add("model_flops_per_step", json_number(r.model_flops_per_step))
+        .add("flops_per_rank", json_number(r.flops_per_rank))
+        .add("comm_bytes", comm)
+        .add("bubble_fraction", json_number(r.bubble_fraction))
+        .add("estimate", estimate_json(e))
+        .add("efficiency", json_number(o.efficiency));
+    std::printf("%s\n", out.str().c_str());
+    return 0;
+  }
+
+  const int ranks = o.dp * o.tp * o.pp;
+  std::printf("strata-plan: %s (%s parameters)\n", shape_text(m).c_str(), grouped(r.params_total).c_str());
+  std::printf("layout:   dp %d x tp %d x pp %d = %d rank%s, ZeRO-%d, %s, recompute %s", o.dp, o.tp, o.pp, ranks,
+              ranks == 1 ? "" : "s", o.zero,
+              sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
+  if (o.pp > 1 || o.virtual_chunks > 1)
+    std::printf(", %s schedule, %d chunk%s per stage", std::string(st::schedule_label(schedule)).c_str(),
+                o.virtual_chunks, o.virtual_chunks > 1 ? "s" : "");
+  std::printf("\n");
+  std::printf("training: %s, %s; global batch %lld = dp %d x %lld micro-batch%s of %lld\n",
+              precision_text(o.precision).c_str(), opt == st::optimizer_kind::adamw ? "AdamW" : "SGD with momentum",
+              (long long)o.global_batch, o.dp, (long long)r.microbatches, r.microbatches == 1 ? "" : "es",
+              (long long)o.micro_batch);
+  std::printf("device:   %s\n", device_text(d, storage).c_str());
+
+  const auto shard = [&](int from_stage) {
+    return o.zero >= from_stage && o.dp > 1 ? printf_string(", ZeRO-%d shard of %d", o.zero, o.dp) : std::string();
+  };
+  const auto row = [&](const std::string& label, double bytes) {
+    std::printf("  %-50s %10s %8s\n", label.c_str(), gb(bytes).c_str(), percent(bytes / mem).c_str());
+  };
+  std::printf("\nmemory per rank (the busiest)%*s %10s %8s\n", 24, "", "GB", "of dev");
+  row("parameters (" + grouped(r.params_per_rank) + " on this rank" + shard(3) + ")", double(r.params_bytes));
+  row("gradients" + (shard(2).empty() ? std::string() : " (" + shard(2).substr(2) + ")"), double(r.grads_bytes));
+  row(r.master_bytes ? "master weights (fp32" + shard(1) + ")" : std::string("master weights (none)"),
+      double(r.master_bytes));
+  row(printf_string("optimizer moments (%d x fp32%s)", opt == st::optimizer_kind::adamw ? 2 : 1, shard(1).c_str()),
+      double(r.optimizer_bytes));
+  row("model state", double(r.model_state_bytes()));
+  row(printf_string("activations (%d in flight x %s GB)", r.in_flight,
+                    gb(double(r.activation_bytes) / std::max(r.in_flight, 1)).c_str()),
+      double(r.activation_bytes));
+  row("communication buffers", double(r.comm_buffer_bytes));
+  row("total", double(r.total_bytes()));
+  if (fits)
+    std::printf("  fits %s: yes, %s GB to spare\n", std::string(d.name).c_str(),
+                gb(mem - double(r.total_bytes())).c_str());
+  else
+    std::printf("  fits %s: NO, %s GB over%s\n", std::string(d.name).c_str(), gb(double(r.total_bytes()) - mem).c_str(),
+                double(r.model_state_bytes()) > mem ? " (the model state alone does not fit)" : "");
+
+  const auto flop_row = [](const char* label, double f) {
+    std::printf("  %-50s %10.3e %13s\n", label, f, si(f, "FLOP").c_str());
+  };
+  std::printf("\ncompute per step%*s %10s\n", 37, "", "FLOP");
+  flop_row("whole model, with recomputation", r.flops_per_step);
+  flop_row("whole model, without recomputation", r.model_flops_per_step);
+  flop_row("per rank (spread evenly over the ranks)", r.flops_per_rank);
+
+  std::printf("\ncommunication per rank per step%*s %10s\n", 22, "", "GB");
+  const auto comm_row = [&](const std::string& label, double bytes) {
+    std::printf("  %-50s %10s\n", label.c_str(), gb(bytes).c_str());
+  };
+  comm_row(printf_string("dp (%d rank%s, %s)", o.dp, o.dp == 1 ? "" : "s",
+                         o.zero >= 3   ? "gathers and reduce-scatters per micro-batch"
+                         : o.zero == 2 ? "reduce-scatter per micro-batch, gather once"
+                                       : "gradient all-reduce"),
+           r.comm_bytes.dp);
+  comm_row(printf_string("tp (%d rank%s%s)", o.tp, o.tp == 1 ? "" : "s", sp ? ", sequence parallel" : ""),
+           r.comm_bytes.tp);
+  comm_row(printf_string("pp (%d stage%s, activations and their gradients)", o.pp, o.pp == 1 ? "" : "s"),
+           r.comm_bytes.pp);
+  comm_row("embedding (tied table, first and last stage)", r.comm_bytes.embedding);
+  comm_row("total", r.comm_bytes.total());
+
+  std::printf("\npipeline bubble: %s", percent(r.bubble_fraction).c_str());
+  if (o.pp > 1)
+    std::printf(" ((pp-1)/(virtual x microbatches + pp-1) = %d/%lld)\n", o.pp - 1,
+                (long long)(o.virtual_chunks * r.microbatches + o.pp - 1));
+  else
+    std::printf(" (no pipeline)\n");
+  std::printf("estimate (the --search model at efficiency %g): step %s, %s tokens/s, %.1f TFLOP/s per GPU, MFU %s\n",
+              o.efficiency, seconds_text(e.step_s).c_str(), grouped(std::llround(e.tokens_per_s)).c_str(),
+              e.tflops_per_gpu, percent(e.mfu).c_str());
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mode 2: the back-of-envelope model state
+// ---------------------------------------------------------------------------------------------
+
+int run_model_state(const options& o, const st::hw::device_spec& d) {
+  std::string why;
+  const std::int64_t n = parse_param_count(o.params, &why);
+  if (!why.empty()) throw usage_error("--params: " + why);
+  const bool fp32 = o.precision == "fp32";
+  // fp32 weights are their own master copy; 16-bit ones keep an fp32 copy unless --master none.
+  const std::string master = fp32 ? "none" : (o.master.empty() ? "fp32" : o.master);
+  st::model_state_options mo;
+  mo.storage_bytes = storage_bytes_of(o.precision);
+  mo.master_bytes = master == "fp32" ? 4 : 0;
+  mo.moment_bytes = 4;
+  mo.optimizer = o.optimizer == "sgd" ? st::optimizer_kind::sgd : st::optimizer_kind::adamw;
+  mo.dp = o.dp;
+  mo.zero = o.zero;
+  const st::plan_result r = st::model_state_plan(n, mo);
+  const double total = double(r.model_state_bytes()), mem = d.memory_bytes;
+  const double devices = total / mem;
+  const int moments = mo.optimizer == st::optimizer_kind::adamw ? 2 : 1;
+  const double train_flops = 6.0 * double(n), infer_flops = 2.0 * double(n);
+
+  if (o.json) {
+    json_object out;
+    out.add("hw", json_string(d.name))
+        .add("device_memory_bytes", json_number(mem))
+        .add("precision", json_string(o.precision))
+        .add("master", json_string(master))
+        .add("optimizer", json_string(o.optimizer))
+        .add("dp", json_number(o.dp))
+        .add("zero", json_number(o.zero))
+        .add("params_total", json_number(r.params_total))
+        .add("params_per_rank", json_number(r.params_per_rank))
+        .add("params_bytes", json_number(r.params_bytes))
+        .add("grads_bytes", json_number(r.grads_bytes))
+        .add("master_bytes", json_number(r.master_bytes))
+        .add("optimizer_bytes", json_number(r.optimizer_bytes))
+        .add("model_state_bytes", json_number(r.model_state_bytes()))
+        .add("total_bytes", json_number(r.model_state_bytes()))
+        .add("devices", json_number(devices))
+        .add("fits", json_bool(total <= mem))
+        .add("train_flops_per_token", json_number(train_flops))
+        .add("inference_flops_per_token", json_number(infer_flops));
+    std::printf("%s\n", out.str().c_str());
+    return 0;
+  }
+
+  std::printf("strata-plan: model state of %s parameters per rank (dp %d, ZeRO-%d), no activations\n",
+              grouped(n).c_str(), o.dp, o.zero);
+  std::printf("  %s weights and gradients, %s, %s (%d fp32 moment%s)\n\n", o.precision.c_str(),
+              fp32                ? "which are their own master copy"
+              : master == "fp32" ? "an fp32 master copy"
+                                 : "no master copy",
+              moments == 2 ? "AdamW" : "SGD with momentum", moments, moments == 2 ? "s" : "");
+  const auto row = [](const char* label, double bytes, const std::string& note) {
+    std::printf("  %-10s %10s GB%s\n", label, gb(bytes).c_str(), note.c_str());
+  };
+  row("weights", double(r.params_bytes), printf_string("   (%d bytes each)", mo.storage_bytes));
+  row("gradients", double(r.grads_bytes), printf_string("   (%d bytes each)", mo.storage_bytes));
+  row("master", double(r.master_bytes), master == "fp32" ? "   (4 bytes each)" : "   (none)");
+  row("moments", double(r.optimizer_bytes), printf_string("   (%d x 4 bytes each)", moments));
+  row("total", total,
+      printf_string("   = %s x %s (%g GB)%s", devices >= 10 ? printf_string("%.1f", devices).c_str()
+                                                            : printf_string("%.3g", devices).c_str(),
+                    std::string(d.name).c_str(), mem / 1e9, total <= mem ? ", fits one" : ""));
+  std::printf("\nFLOPs per token: training 6N = %.3g, inference 2N = %.3g\n", train_flops, infer_flops);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mode 3: the search
+// ---------------------------------------------------------------------------------------------
+
+struct candidate {
+  int dp = 1, tp = 1, pp = 1, v = 1, zero = 0;
+  std::int64_t micro = 1;
+  bool sp = false;
+  st::recompute_mode recompute = st::recompute_mode::none;
+  st::plan_result plan;
+  step_estimate est;
+};
+
+const char* recompute_name(st::recompute_mode r) {
+  switch (r) {
+    case st::recompute_mode::selective: return "selective";
+    case st::recompute_mode::full: return "full";
+    default: return "none";
+  }
+}
+
+int run_search(const options& o, const st::model_shape& m, const st::hw::device_spec& d) {
+  const int G = o.gpus;
+  const auto opt = o.optimizer == "sgd" ? st::optimizer_kind::sgd : st::optimizer_kind::adamw;
+  const int storage = storage_bytes_of(o.precision);
+  const std::int64_t B = o.global_batch;
+  std::vector<candidate> fitting;
+  std::int64_t considered = 0;
+
+  for (int tp = 1; tp <= std::min(G, d.gpus_per_node); ++tp) {
+    if (G % tp || m.heads % tp || m.ffn_width() % tp) continue;
+    for (int pp = 1; pp <= G / tp; ++pp) {
+      if ((G / tp) % pp || m.layers % pp) continue;
+      const int dp = G / (tp * pp);
+      if (B % dp) continue;
+      for (const int v : {1, 2, 4}) {
+        if (v > 1 && (pp == 1 || m.layers % (pp * v))) continue;
+        const auto schedule = v > 1 ? st::pipeline_schedule_kind::interleaved : st::pipeline_schedule_kind::one_f_one_b;
+        for (const std::int64_t micro : {1, 2, 4, 8}) {
+          if ((B / dp) % micro) continue;
+          const std::int64_t M = B / (dp * micro);
+          if (v > 1 && M % pp) continue;
+          for (int zero = 0; zero <= 3; ++zero) {
+            if (pp > 1 && zero > 1) continue;
+            if (dp == 1 && zero > 0) continue;  // nothing to shard over: the same plan as ZeRO-0
+            for (const bool sp : {false, true}) {
+              if (sp && (tp == 1 || m.seq % tp)) continue;
+              for (const auto rc : {st::recompute_mode::none, st::recompute_mode::selective, st::recompute_mode::full}) {
+                candidate c{dp, tp, pp, v, zero, micro, sp, rc, {}, {}};
+                const st::plan_setup s = make_setup(dp, tp, pp, v, zero, sp, M, rc, opt, schedule);
+                const st::batch b{micro, B};
+                try {
+                  c.plan = plan_with(o.precision, m, b, s);
+                } catch (const st::error&) {
+                  continue;  // a combination the planner refuses is not a candidate
+                }
+                ++considered;
+                if (!c.plan.fits(d)) continue;
+                c.est = estimate_step(c.plan, s, m, b, d, storage, o.efficiency);
+                fitting.push_back(c);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Fastest first; equal times prefer fewer bytes, then the simpler layout.
+  std::sort(fitting.begin(), fitting.end(), [](const candidate& a, const candidate& b) {
+    if (a.est.step_s != b.est.step_s) return a.est.step_s < b.est.step_s;
+    if (a.plan.total_bytes() != b.plan.total_bytes()) return a.plan.total_bytes() < b.plan.total_bytes();
+    return std::tuple(a.pp, a.tp, a.v, a.zero, a.micro, a.sp, int(a.recompute)) <
+           std::tuple(b.pp, b.tp, b.v, b.zero, b.micro, b.sp, int(b.recompute));
+  });
+  const std::size_t shown = std::min<std::size_t>(fitting.size(), std::size_t(o.top));
+
+  if (fitting.empty()) {
+    if (o.json) std::printf("[]\n");
+    std::fprintf(stderr,
+                 "strata-plan: error: none of the %lld layouts of %d x %s fits its memory (%g GB per GPU); "
+                 "try more GPUs or a device with more memory\n",
+                 (long long)considered, G, std::string(d.name).c_str(), d.memory_bytes / 1e9);
+    return 1;
+  }
+
+  if (o.json) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < shown; ++i) {
+      const candidate& c = fitting[i];
+      json_object j;
+      j.add("dp", json_number(c.dp))
+          .add("tp", json_number(c.tp))
+          .add("pp", json_number(c.pp))
+          .add("virtual", json_number(c.v))
+          .add("zero", json_number(c.zero))
+          .add("micro_batch", json_number(c.micro))
+          .add("sp", json_bool(c.sp))
+          .add("recompute", json_string(recompute_name(c.recompute)))
+          .add("step_time_s", json_number(c.est.step_s))
+          .add("tokens_per_s", json_number(c.est.tokens_per_s))
+          .add("tflops_per_gpu", json_number(c.est.tflops_per_gpu))
+          .add("mfu", json_number(c.est.mfu))
+          .add("total_bytes", json_number(c.plan.total_bytes()));
+      out += (i ? "," : "") + j.str();
+    }
+    std::printf("%s]\n", out.c_str());
+    return 0;
+  }
+
+  std::printf("strata-plan --search: %s, global batch %lld\n", shape_text(m).c_str(), (long long)B);
+  std::printf("on %d x %s\n", G, device_text(d, storage).c_str());
+  std::printf("%s, %s; step-time model: compute at %g of peak, ranks placed tp, dp, pp (see --help)\n",
+              precision_text(o.precision).c_str(), opt == st::optimizer_kind::adamw ? "AdamW" : "SGD with momentum",
+              o.efficiency);
+  std::printf("%lld layouts considered, %zu fit; the best %zu:\n\n", (long long)considered, fitting.size(), shown);
+  std::printf("%3s %4s %3s %3s %3s %4s %3s %3s %-9s %9s %12s %11s %6s %9s %7s\n", "#", "dp", "tp", "pp", "v", "zero",
+              "mb", "sp", "recompute", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "GB/rank", "of dev");
+  for (std::size_t i = 0; i < shown; ++i) {
+    const candidate& c = fitting[i];
+    std::printf("%3zu %4d %3d %3d %3d %4d %3lld %3s %-9s %9s %12s %11.1f %6s %9s %7s\n", i + 1, c.dp, c.tp, c.pp, c.v,
+                c.zero, (long long)c.micro, c.sp ? "on" : "off", recompute_name(c.recompute),
+                seconds_text(c.est.step_s).c_str(), grouped(std::llround(c.est.tokens_per_s)).c_str(),
+                c.est.tflops_per_gpu, percent(c.est.mfu).c_str(), gb(double(c.plan.total_bytes())).c_str(),
+                percent(double(c.plan.total_bytes()) / d.memory_bytes).c_str());
+  }
+  return 0;
+}
+
+const char* const search_model_help = R"(
+Search step-time model (ranks the layouts; an estimate, not a measurement):
+  T_compute = flops_per_rank / (efficiency x peak FLOP/s of the precision)
+  ranks are placed tp fastest, then dp, then pp; a group uses the intra-node bandwidth and
+  latency when each copy of it lies within one node, the inter-node ones otherwise
+  T_tp   = comm_bytes.tp / bw(tp) + latency(tp) x 4 x layers/pp x micro-batches
+  T_pp   = comm_bytes.pp / bw(pp)
+  T_dp   = comm_bytes.dp / bw(dp)          (not overlapped)
+  T_step = (T_compute + T_tp + T_pp) / (1 - bubble) + T_dp
+  tokens/s = global batch x seq / T_step; TFLOP/s per GPU = model FLOPs / T_step / GPUs
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  CLI::App app{
+      "strata-plan: memory, compute and communication per rank of a GPT training layout, before anything runs.\n"
+      "Plan one layout (shape flags), estimate the model state of N parameters (--params), or rank every\n"
+      "layout of --gpus devices that fits (--search). Exit codes: 0 done, 1 no plan, 2 bad flags."};
+  app.footer(search_model_help);
+  const auto positive = whole_number_from(1);
+
+  // Model shape.
+  std::vector<CLI::Option*> shape_flags;
+  shape_flags.push_back(app.add_option("--layers", o.layers, "transformer blocks")->check(positive));
+  shape_flags.push_back(app.add_option("--hidden", o.hidden, "model width")->check(positive));
+  shape_flags.push_back(app.add_option("--heads", o.heads, "attention heads (must divide --hidden)")->check(positive));
+  shape_flags.push_back(app.add_option("--seq", o.seq, "sequence length")->check(positive));
+  shape_flags.push_back(app.add_option("--vocab", o.vocab, "vocabulary size")->check(positive));
+  shape_flags.push_back(app.add_option("--ffn", o.ffn, "FFN width (default 4 x --hidden)")->check(positive));
+  auto* global_batch =
+      app.add_option("--global-batch", o.global_batch, "sequences per step over all ranks")->check(positive);
+  shape_flags.push_back(global_batch);
+
+  // Layout (plan mode; --search chooses these itself).
+  std::vector<CLI::Option*> layout_flags;
+  layout_flags.push_back(app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch")
+                             ->check(positive)->capture_default_str());
+  auto* dp = app.add_option("--dp", o.dp, "data-parallel degree")->check(positive)->capture_default_str();
+  auto* zero = app.add_option("--zero", o.zero, "ZeRO stage 0-3 (1: optimizer state, 2: + gradients, 3: + weights)")
+                   ->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
+  layout_flags.push_back(app.add_option("--tp", o.tp, "tensor-parallel degree")->check(positive)->capture_default_str());
+  layout_flags.push_back(app.add_option("--pp", o.pp, "pipeline stages")->check(positive)->capture_default_str());
+  layout_flags.push_back(app.add_option("--virtual", o.virtual_chunks, "model chunks per stage (interleaved schedule)")
+                             ->check(positive)->capture_default_str());
+  layout_flags.push_back(app.add_flag("--sp", o.sp, "sequence parallelism in the tensor-parallel group"));
+  layout_flags.push_back(app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full")
+                             ->check(CLI::IsMember({"none", "selective", "full"}))->capture_default_str());
+  layout_flags.push_back(
+      app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved (default 1f1b, "
+                                               "interleaved when --virtual > 1)")
+          ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"})));
+
+  // Training and device.
+  app.add_option("--precision", o.precision, "fp32, bf16 or fp16 (16-bit: with fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw (2 fp32 moments) or sgd (momentum: 1)")
+      ->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
+  app.add_option("--hw", o.hw, "device preset: " + preset_names())->check(device_preset())->capture_default_str();
+  app.add_flag("--json", o.json, "print one JSON value instead of the table");
+  auto* efficiency = app.add_option("--efficiency", o.efficiency, "share of the peak FLOP/s the step-time model assumes")
+                         ->check(fraction_above_zero())->capture_default_str();
+
+  // Back-of-envelope.
+  auto* params = app.add_option("--params", o.params, "model-state estimate for N parameters (70e9 or 70000000000)")
+                     ->check(param_count());
+  app.add_option("--master", o.master, "with --params: fp32 master copy or none (default fp32 for "
+                                                      "16-bit precisions)")
+                     ->check(CLI::IsMember({"fp32", "none"}))->needs(params);
+
+  // Search.
+  auto* search = app.add_flag("--search", o.search, "rank every layout of --gpus devices that fits");
+  app.add_option("--gpus", o.gpus, "with --search: number of devices")->check(positive)->needs(search);
+  app.add_option("--top", o.top, "with --search: how many layouts to show")->check(positive)->needs(search)
+      ->capture_default_str();
+
+  for (auto* f : shape_flags) params->excludes(f);
+  for (auto* f : layout_flags) {
+    params->excludes(f);
+    search->excludes(f);
+  }
+  params->excludes(search);
+  params->excludes(efficiency);
+  search->excludes(dp);
+  search->excludes(zero);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  const st::hw::device_spec& device = *st::hw::find(o.hw);
+  try {
+    if (!o.params.empty()) return run_model_state(o, device);
+
+    // Plan and search need a shape and a batch.
+    std::string missing;
+    const std::pair<const char*, std::int64_t> required[] = {{"--layers", o.layers}, {"--hidden", o.hidden},
+                                                             {"--heads", o.heads},   {"--seq", o.seq},
+                                                             {"--vocab", o.vocab},   {"--global-batch", o.global_batch}};
+    for (const auto& [name, value] : required)
+      if (value == 0) missing += (missing.empty() ? "" : ", ") + std::string(name);
+    if (o.search && o.gpus == 0) missing += (missing.empty() ? "" : ", ") + std::string("--gpus");
+    if (!missing.empty())
+      throw usage_error("missing " + missing +
+                        " (a plan needs --layers, --hidden, --heads, --seq, --vocab and --global-batch; "
+                        "--search also --gpus; or give --params N for the model-state estimate); see --help");
+    STRATA_CHECK(o.hidden % o.heads == 0, "--heads ", o.heads, " does not divide --hidden ", o.hidden);
+    const st::model_shape shape{o.vocab, o.seq, o.layers, o.heads, o.hidden, o.ffn};
+    return o.search ? run_search(o, shape, device) : run_plan(o, shape, device);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "strata-plan: error: %s\n", e.what());
+    return 2;
+  } catch (const st::error& e) {
+    std::string what = e.what();
+    if (what.rfind("plan: ", 0) == 0) what.erase(0, 6);
+    std::fprintf(stderr, "strata-plan: error: %s\n", what.c_str());
+    return 1;
+  }
+}
