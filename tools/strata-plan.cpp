@@ -29,6 +29,8 @@
 
 #include <strata/plan/plan.hpp>
 
+#include "common/cli_checks.hpp"
+
 namespace st = strata;
 
 namespace {
@@ -140,38 +142,6 @@ class json_object {
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-// "--tp: must be >= 1, got 0" / "--tp: expected an integer, got 'two'".
-CLI::Validator whole_number_from(long long lo) {
-  return CLI::Validator(
-      [lo](std::string& text) -> std::string {
-        long long v = 0;
-        const char* end = text.data() + text.size();
-        const auto res = std::from_chars(text.data(), end, v);
-        if (text.empty() || res.ec != std::errc{} || res.ptr != end) return "expected an integer, got '" + text + "'";
-        if (v < lo) return "must be >= " + std::to_string(lo) + ", got " + text;
-        return {};
-      },
-      ">=" + std::to_string(lo));
-}
-
-// A number strictly above 0 and at most 1 (the efficiency).
-CLI::Validator fraction_above_zero() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        std::size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (text.empty() || used != text.size() || !std::isfinite(v)) return "expected a number, got '" + text + "'";
-        if (v <= 0 || v > 1) return "must be in (0, 1], got " + text;
-        return {};
-      },
-      "(0,1]");
-}
 
 // A parameter count written whole (70000000000) or in exponent form (70e9, 1.3e9).
 constexpr double max_param_count = 1e15;
@@ -746,7 +716,7 @@ int main(int argc, char** argv) {
       "Plan one layout (shape flags), estimate the model state of N parameters (--params), or rank every\n"
       "layout of --gpus devices that fits (--search). Exit codes: 0 done, 1 no plan, 2 bad flags."};
   app.footer(search_model_help);
-  const auto positive = whole_number_from(1);
+  const auto positive = cli_checks::integer_at_least(1);
 
   // Model shape.
   std::vector<CLI::Option*> shape_flags;
@@ -787,7 +757,7 @@ int main(int argc, char** argv) {
   app.add_option("--hw", o.hw, "device preset: " + preset_names())->check(device_preset())->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON value instead of the table");
   auto* efficiency = app.add_option("--efficiency", o.efficiency, "share of the peak FLOP/s the step-time model assumes")
-                         ->check(fraction_above_zero())->capture_default_str();
+                         ->check(cli_checks::real_in(0, false, 1))->capture_default_str();
 
   // Back-of-envelope.
   auto* params = app.add_option("--params", o.params, "model-state estimate for N parameters (70e9 or 70000000000)")

@@ -18,6 +18,7 @@
 #include <strata/comm/mesh.hpp>
 #include <strata/parallel/data_parallel.hpp>
 
+#include "common/cli_checks.hpp"
 #include "gpt2.hpp"
 #include "gpt2_pipeline.hpp"
 
@@ -47,46 +48,6 @@ std::string format_duration(double s) {
   if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
   else std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
   return buf;
-}
-
-// Flag checks whose messages name the bound and the value ("--steps: must be >= 1, got -1").
-CLI::Validator integer_at_least(long long lo) {
-  return CLI::Validator(
-      [lo](std::string& text) -> std::string {
-        std::size_t used = 0;
-        long long v = 0;
-        try {
-          v = std::stoll(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != text.size() || text.empty()) return "expected an integer, got '" + text + "'";
-        if (v < lo) return "must be >= " + std::to_string(lo) + ", got " + text;
-        return {};
-      },
-      ">=" + std::to_string(lo));
-}
-std::string short_number(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", x);
-  return buf;
-}
-CLI::Validator real_at_least(double lo, bool inclusive) {
-  return CLI::Validator(
-      [lo, inclusive](std::string& text) -> std::string {
-        std::size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != text.size() || text.empty() || !std::isfinite(v)) return "expected a number, got '" + text + "'";
-        if (inclusive ? v < lo : v <= lo)
-          return std::string("must be ") + (inclusive ? ">= " : "> ") + short_number(lo) + ", got " + text;
-        return {};
-      },
-      (inclusive ? ">=" : ">") + short_number(lo));
 }
 
 // Draws a continuation of `prompt` one token at a time (temperature 0.8, seeded). Windows are
@@ -279,20 +240,20 @@ int main(int argc, char** argv) {
   st::world& world = *started;
   run_options o;
   CLI::App app{"gpt2_train: train the example GPT-2 with strata on the CPU"};
-  const auto positive = integer_at_least(1), non_negative = integer_at_least(0);
+  const auto positive = cli_checks::integer_at_least(1), non_negative = cli_checks::integer_at_least(0);
   app.add_option("--layers", o.dims.layers, "transformer blocks")->check(positive)->capture_default_str();
   app.add_option("--heads", o.dims.heads, "attention heads (must divide --d-model)")->check(positive)->capture_default_str();
   app.add_option("--d-model", o.dims.d_model, "model width")->check(positive)->capture_default_str();
   app.add_option("--seq", o.dims.seq, "sequence length")->check(positive)->capture_default_str();
-  app.add_option("--vocab", o.dims.vocab, "vocabulary size")->check(integer_at_least(2))->capture_default_str();
+  app.add_option("--vocab", o.dims.vocab, "vocabulary size")->check(cli_checks::integer_at_least(2))->capture_default_str();
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(positive)->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per forward/backward (0: whole batch)")
       ->check(non_negative)->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps")->check(positive)->capture_default_str();
   app.add_option("--warmup", o.warmup, "warm-up steps")->check(non_negative)->capture_default_str();
-  app.add_option("--lr", o.lr, "peak learning rate")->check(real_at_least(0, false))->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate")->check(cli_checks::real_in(0, false))->capture_default_str();
   app.add_option("--grad-clip", o.grad_clip, "max global gradient norm (0: off)")
-      ->check(real_at_least(0, true))->capture_default_str();
+      ->check(cli_checks::real_in(0, true))->capture_default_str();
   app.add_option("--seed", o.seed, "seed for initialization and data order")->capture_default_str();
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();

@@ -3,6 +3,7 @@
 // Every rank's input is a pure function of (seed, rank, index), so each rank computes every other
 // rank's input itself and the fp64 reference of any collective without communicating.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -72,5 +73,22 @@ inline double as_double(float x) { return x; }
 inline double as_double(double x) { return x; }
 inline double as_double(strata::bf16 x) { return static_cast<float>(x); }
 inline double as_double(strata::fp16 x) { return static_cast<float>(x); }
+
+// The layout tests' error measures: max_i |a_i - ref_i| / max_i |ref_i| (weights), and the
+// largest per-element relative error (per-step losses).
+inline double relative_error(const std::vector<double>& a, const std::vector<double>& ref) {
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < ref.size() && i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - ref[i]));
+    scale = std::max(scale, std::abs(ref[i]));
+  }
+  return a.size() == ref.size() ? worst / scale : INFINITY;
+}
+inline double elementwise_relative_error(const std::vector<double>& a, const std::vector<double>& ref) {
+  double worst = a.size() == ref.size() ? 0 : INFINITY;
+  for (std::size_t i = 0; i < ref.size() && i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - ref[i]) / std::abs(ref[i]));
+  return worst;
+}
 
 }  // namespace strata_test

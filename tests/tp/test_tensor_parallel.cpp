@@ -96,21 +96,9 @@ run_result tp_run(int tp, bool sp, int zero, st::recompute_mode r = st::recomput
   return out;
 }
 
-double weight_error(const run_result& a, const run_result& ref) {
-  REQUIRE(a.weights.size() == ref.weights.size());
-  double worst = 0, scale = 0;
-  for (std::size_t i = 0; i < ref.weights.size(); ++i) {
-    worst = std::max(worst, std::abs(a.weights[i] - ref.weights[i]));
-    scale = std::max(scale, std::abs(ref.weights[i]));
-  }
-  return worst / scale;
-}
-
+double weight_error(const run_result& a, const run_result& ref) { return strata_test::relative_error(a.weights, ref.weights); }
 double loss_error(const run_result& a, const run_result& ref) {
-  double worst = 0;
-  for (std::size_t s = 0; s < ref.losses.size(); ++s)
-    worst = std::max(worst, std::abs(a.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]));
-  return worst;
+  return strata_test::elementwise_relative_error(a.losses, ref.losses);
 }
 
 // The degrees this world can host: 1, 2, 4 where they divide the world size.
