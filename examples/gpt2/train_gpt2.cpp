@@ -17,6 +17,7 @@
 #include <strata/comm/launch.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/parallel/data_parallel.hpp>
+#include <strata/plan/plan.hpp>
 
 #include "common/cli_checks.hpp"
 #include "gpt2.hpp"
@@ -38,7 +39,7 @@ struct run_options {
   bool sp = false;
   std::string recompute = "none";
   int pp = 1, microbatches = 0, virtual_chunks = 1;
-  std::string schedule = "1f1b";
+  std::string schedule = "1f1b", hw;
   std::vector<std::int64_t> stage_layers;
   std::int64_t bucket_elems = 1 << 20;
 };
@@ -113,6 +114,34 @@ int train(const run_options& o, st::world& world) {
   st::process_mesh mesh(world, st::resolve_layout<layout>(world.size(), {.dp = o.dp, .tp = o.tp, .pp = o.pp}));
   const bool lead = world.rank() == 0;
 
+  // The plan, before anything is allocated: with --hw, a layout that does not fit the device
+  // stops here on every rank, naming the numbers.
+  {
+    st::plan_setup setup;
+    setup.layout = mesh.layout();
+    setup.layout.sequence_parallel = o.sp;
+    setup.layout.virtual_chunks = o.virtual_chunks;
+    setup.recompute = st::parse_recompute_mode(o.recompute);
+    setup.schedule = st::parse_pipeline_schedule(o.schedule);
+    const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch / mesh.layout().dp / microbatches;
+    const st::model_shape shape{o.dims.vocab, o.dims.seq, o.dims.layers, o.dims.heads, o.dims.d_model};
+    std::optional<st::plan_result> plan;
+    try {
+      if (micro > 0 && o.batch % (mesh.layout().dp * micro) == 0)
+        plan = st::plan_gpt<typename P::precision>(shape, {micro, o.batch}, setup);
+    } catch (const st::error&) {
+      // A shape the layout cannot split: the model's own checks below name it in their words.
+    }
+    if (plan && lead)
+      std::printf("plan: %.1f MB model state + %.1f MB activations per rank, %.3g FLOP per step\n",
+                  double(plan->model_state_bytes()) / 1e6, double(plan->activation_bytes) / 1e6, plan->flops_per_step);
+    if (plan && !o.hw.empty()) {
+      const auto* device = st::hw::find(o.hw);
+      STRATA_CHECK(device != nullptr, "gpt2_train: --hw ", o.hw, " is not a known device (a100_40gb, a100_80gb, "
+                   "h100_80gb, h200_141gb)");
+      plan->check_fits(*device);
+    }
+  }
   st::memory_ledger ledger;
   st::tensor_parallel tp(st::group_ref(mesh.tp()), o.sp);
   const auto recompute = st::parse_recompute_mode(o.recompute);
@@ -278,6 +307,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stage-layers", o.stage_layers, "blocks per virtual stage, in order (default: even)")
       ->delimiter(',');
+  app.add_option("--hw", o.hw, "check at start-up that the plan fits this device (a100_40gb, a100_80gb, h100_80gb, "
+                 "h200_141gb)");
   app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
