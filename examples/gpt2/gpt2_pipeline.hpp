@@ -142,7 +142,7 @@ struct staged_model {
     return {};
   }
   st::shape pipeline_activation_shape(std::int64_t sequences) const {
-    const auto split = const_cast<st::model_context<P>&>(ctx).tensor().split();
+    const auto split = ctx.tensor().split();
     return {sequences, split.sequence_parallel && split.degree > 1 ? d.seq / split.degree : d.seq, d.d_model};
   }
 

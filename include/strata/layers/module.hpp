@@ -31,6 +31,7 @@ class model_context {
   strata::workspace& workspace() { return workspace_; }
   memory_ledger& ledger() { return params_.ledger(); }
   strata::tensor_parallel& tensor() { return tp_; }
+  const strata::tensor_parallel& tensor() const { return tp_; }
 
   // While on, layers built in this context reuse parameters already registered under the same
   // names instead of registering new ones: a pipeline stage builds one copy of its layers per
