@@ -13,6 +13,11 @@ if(NOT TARGET MPI::MPI_CXX)
   find_package(MPI REQUIRED COMPONENTS CXX)
 endif()
 
+# JSON (safetensors headers) through Debian's nlohmann-json, header-only.
+if(NOT TARGET nlohmann_json::nlohmann_json)
+  find_package(nlohmann_json 3 REQUIRED)
+endif()
+
 if(NOT TARGET strata::openblas)
   set(_strata_arch_lib /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE})
   set(_strata_arch_inc /usr/include/${CMAKE_LIBRARY_ARCHITECTURE})

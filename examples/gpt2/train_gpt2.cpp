@@ -17,10 +17,12 @@
 #include <strata/comm/launch.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/parallel/data_parallel.hpp>
+#include <strata/parallel/gather.hpp>
 #include <strata/plan/plan.hpp>
 
 #include "common/cli_checks.hpp"
 #include "gpt2.hpp"
+#include "gpt2_hf.hpp"
 #include "gpt2_pipeline.hpp"
 
 namespace st = strata;
@@ -39,7 +41,7 @@ struct run_options {
   bool sp = false;
   std::string recompute = "none";
   int pp = 1, microbatches = 0, virtual_chunks = 1;
-  std::string schedule = "1f1b", hw;
+  std::string schedule = "1f1b", hw, export_path, init_from;
   std::vector<std::int64_t> stage_layers;
   std::int64_t bucket_elems = 1 << 20;
 };
@@ -155,6 +157,14 @@ int train(const run_options& o, st::world& world) {
     built.emplace(ledger, o.dims, st::seed{o.seed}, tp, recompute);
   }
   model_t& model = *built;
+  if (!o.init_from.empty()) {
+    // Every rank reads the file and keeps its own pieces, before the optimizer copies the weights.
+    auto& p = model.parameters();
+    const auto serial = gpt2::import_hf(o.init_from, o.dims);
+    st::scatter_model_weights(p, std::span<typename P::storage>(p.weights_data(), std::size_t(p.size())),
+                              gpt2::serial_names(o.dims), serial);
+    if (lead) std::printf("init-from: %s (%zu weights)\n", o.init_from.c_str(), serial.size());
+  }
   st::data_parallel<P, st::mpi_communicator> dp(
       model.parameters(), mesh.dp(),
       {.zero_stage = o.zero, .bucket_elems = o.bucket_elems, .tensor_group = st::group_ref(mesh.tp()),
@@ -222,6 +232,18 @@ int train(const run_options& o, st::world& world) {
                 format_duration(eta).c_str(), idle.c_str(), r.applied ? "" : " | skipped (fp16 overflow)");
     std::fflush(stdout);
     if (metrics) metrics->write(r, ledger, mesh.counters_json(), pipeline);
+  }
+
+  if (!o.export_path.empty()) {
+    // The whole model, gathered from every piece and stage, written by rank 0.
+    const auto local = dp.full_weights();
+    st::group_ref tp_group(mesh.tp()), pp_group(mesh.pp());
+    const auto serial = st::gather_model_weights(model.parameters(), std::span<const typename P::storage>(local),
+                                                 gpt2::serial_names(o.dims), tp_group, pp_group);
+    if (lead) {
+      gpt2::export_hf<typename P::storage>(o.export_path, o.dims, serial);
+      std::printf("export: %s (%zu weights, Hugging Face GPT-2 names)\n", o.export_path.c_str(), serial.size());
+    }
   }
 
   if constexpr (Pipelined) {
@@ -307,6 +329,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stage-layers", o.stage_layers, "blocks per virtual stage, in order (default: even)")
       ->delimiter(',');
+  app.add_option("--export", o.export_path, "write the trained weights to FILE as safetensors with GPT-2's names");
+  app.add_option("--init-from", o.init_from, "start from the weights in a GPT-2 safetensors FILE");
   app.add_option("--hw", o.hw, "check at start-up that the plan fits this device (a100_40gb, a100_80gb, h100_80gb, "
                  "h200_141gb)");
   app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)

@@ -82,4 +82,35 @@ std::vector<double> gather_model_weights(const parameter_store<T>& store, std::s
   return out;
 }
 
+// The inverse: sets this rank's weights (its pieces, its stage's parameters, replicas included)
+// from the serial model's flat weights `serial`, laid out as `names` says. Padding rows get zero.
+// Local, no communication: every rank reads what it needs from the same serial vector.
+template <class T>
+void scatter_model_weights(parameter_store<T>& store, std::span<T> weights,
+                           const std::vector<std::pair<std::string, std::int64_t>>& names,
+                           const std::vector<double>& serial) {
+  std::int64_t offset = 0;
+  for (const auto& [name, count] : names) {
+    const param_handle h = store.find(name);
+    if (h.valid()) {
+      const param_info& e = store.info(h);
+      T* mine = weights.data() + e.offset;
+      const bool whole = !e.shard.sharded() && e.shard.real_rows < 0;
+      STRATA_CHECK(!whole || e.numel == count, "scatter_model_weights: '", name, "' has ", e.numel, " elements here, ",
+                   count, " in the serial model");
+      for (std::int64_t i = 0; i < e.numel; ++i) {
+        if (!whole && e.shard.is_padding(i)) {
+          mine[i] = convert<T>(0.0);
+          continue;
+        }
+        const std::int64_t g = whole ? i : e.shard.global_index(i);
+        mine[i] = convert<T>(serial[static_cast<std::size_t>(offset + g)]);
+      }
+    }
+    offset += count;
+  }
+  STRATA_CHECK(offset == static_cast<std::int64_t>(serial.size()), "scatter_model_weights: the serial layout has ",
+               offset, " elements, the weights given ", serial.size());
+}
+
 }  // namespace strata
