@@ -13,6 +13,10 @@ if(NOT TARGET MPI::MPI_CXX)
   find_package(MPI REQUIRED COMPONENTS CXX)
 endif()
 
+# CRC-32 checksums of checkpoint files through zlib (Debian's zlib1g-dev).
+if(NOT TARGET ZLIB::ZLIB)
+  find_package(ZLIB REQUIRED)
+endif()
 # JSON (safetensors headers) through Debian's nlohmann-json, header-only.
 if(NOT TARGET nlohmann_json::nlohmann_json)
   find_package(nlohmann_json 3 REQUIRED)

@@ -19,6 +19,7 @@
 #include <strata/parallel/data_parallel.hpp>
 #include <strata/parallel/gather.hpp>
 #include <strata/plan/plan.hpp>
+#include <strata/train/checkpoint.hpp>
 
 #include "common/cli_checks.hpp"
 #include "gpt2.hpp"
@@ -42,16 +43,13 @@ struct run_options {
   std::string recompute = "none";
   int pp = 1, microbatches = 0, virtual_chunks = 1;
   std::string schedule = "1f1b", hw, export_path, init_from;
+  std::string save_dir;
+  int save_every = 0, keep = 0;
+  bool resume = false;
   std::vector<std::int64_t> stage_layers;
   std::int64_t bucket_elems = 1 << 20;
+  std::string progress = "auto";
 };
-
-std::string format_duration(double s) {
-  char buf[32];
-  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
-  else std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
-  return buf;
-}
 
 // Draws a continuation of `prompt` one token at a time (temperature 0.8, seeded). Windows are
 // padded at the end to a multiple of `multiple` (sequence parallelism splits the sequence);
@@ -117,7 +115,9 @@ int train(const run_options& o, st::world& world) {
   const bool lead = world.rank() == 0;
 
   // The plan, before anything is allocated: with --hw, a layout that does not fit the device
-  // stops here on every rank, naming the numbers.
+  // stops here on every rank, naming the numbers. The loop reports FLOP/s and MFU from it.
+  std::optional<st::plan_result> plan;
+  const st::hw::device_spec* device = nullptr;
   {
     st::plan_setup setup;
     setup.layout = mesh.layout();
@@ -127,7 +127,6 @@ int train(const run_options& o, st::world& world) {
     setup.schedule = st::parse_pipeline_schedule(o.schedule);
     const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch / mesh.layout().dp / microbatches;
     const st::model_shape shape{o.dims.vocab, o.dims.seq, o.dims.layers, o.dims.heads, o.dims.d_model};
-    std::optional<st::plan_result> plan;
     try {
       if (micro > 0 && o.batch % (mesh.layout().dp * micro) == 0)
         plan = st::plan_gpt<typename P::precision>(shape, {micro, o.batch}, setup);
@@ -138,7 +137,7 @@ int train(const run_options& o, st::world& world) {
       std::printf("plan: %.1f MB model state + %.1f MB activations per rank, %.3g FLOP per step\n",
                   double(plan->model_state_bytes()) / 1e6, double(plan->activation_bytes) / 1e6, plan->flops_per_step);
     if (plan && !o.hw.empty()) {
-      const auto* device = st::hw::find(o.hw);
+      device = st::hw::find(o.hw);
       STRATA_CHECK(device != nullptr, "gpt2_train: --hw ", o.hw, " is not a known device (a100_40gb, a100_80gb, "
                    "h100_80gb, h200_141gb)");
       plan->check_fits(*device);
@@ -192,8 +191,46 @@ int train(const run_options& o, st::world& world) {
   topt.grad_clip = o.grad_clip;
   st::trainer train(model, opt, topt, dp);
   dp.local_rows(o.batch);  // a batch that does not divide over the ranks fails here, on every rank
+
+  // Checkpoints: every rank saves its pieces; --resume continues from the newest complete one,
+  // whatever layout saved it.
+  std::optional<st::checkpointer> checkpoints;
+  const st::train_state_ref<P> state{model.parameters(), opt,
+                                     {.dp_rank = mesh.dp().rank(), .tp_rank = mesh.tp().rank(), .zero_stage = dp.zero_stage()}};
+  int first_step = 0;
+  if (!o.save_dir.empty()) {
+    const auto& l = mesh.layout();
+    checkpoints.emplace(st::checkpoint_options{o.save_dir, o.keep}, st::group_ref(mesh.world()),
+                        nlohmann::json{{"world", world.size()}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp},
+                                       {"zero", dp.zero_stage()}, {"sp", o.sp}, {"schedule", o.schedule},
+                                       {"virtual", o.virtual_chunks}},
+                        nlohmann::json{{"layers", o.dims.layers}, {"heads", o.dims.heads}, {"d_model", o.dims.d_model},
+                                       {"seq", o.dims.seq}, {"vocab", o.dims.vocab}});
+    if (o.resume) {
+      if (const auto loaded = checkpoints->resume(state)) {
+        const auto& pr = loaded->progress;
+        STRATA_CHECK(pr.seed == o.seed, "gpt2_train: the checkpoint in '", loaded->path, "' was trained with --seed ",
+                     pr.seed, "; this run has --seed ", o.seed, " (the data order would change)");
+        train.resume_at(pr.step, pr.scaler);
+        data.seek(pr.data_position);
+        first_step = pr.step;
+        if (lead)
+          std::printf("resume: %s (step %d, saved under %s)\n", loaded->path.c_str(), pr.step, loaded->layout.dump().c_str());
+      } else if (lead) {
+        std::printf("resume: no checkpoint in '%s' yet; starting at step 0\n", o.save_dir.c_str());
+      }
+    }
+  }
+  const auto save_checkpoint = [&](int steps_done) {
+    return checkpoints->save(st::train_progress{.step = steps_done, .optimizer_steps = opt.steps_taken(),
+                                                .scaler = train.scaler().snapshot(), .seed = o.seed,
+                                                .data_position = data.position()},
+                             state);
+  };
   std::unique_ptr<st::metrics_file> metrics;
-  if (lead && !o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics);
+  if (lead && !o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics, first_step > 0);
+  const auto fault = st::fault_injection::from_env();
+  std::string last_saved;
 
   if (lead) {
     std::printf("gpt2_train: %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n",
@@ -212,10 +249,12 @@ int train(const run_options& o, st::world& world) {
                   (long long)topt.micro_batch, sh.chunks, st::analytic_bubble(sh));
     }
   }
-  const auto start = std::chrono::steady_clock::now();
-  for (int s = 0; s < o.steps; ++s) {
+  st::progress progress(o.steps, st::parse_progress_style(o.progress));
+  for (int s = first_step; s < o.steps; ++s) {
+    if (fault.kill_at_step == s + 1 && fault.targets(world.rank(), world.size())) st::fault_injection::die("before a step");
     mesh.reset_counters();
     auto r = train.step(data.next_batch(o.batch, o.dims.seq));
+    if (checkpoints && o.save_every > 0 && (s + 1) % o.save_every == 0) last_saved = save_checkpoint(s + 1);
     std::string pipeline, idle;
     if constexpr (Pipelined) {
       if (!o.metrics.empty()) pipeline = pipeline_json(model, mesh.pp());  // collective over the stages
@@ -225,14 +264,21 @@ int train(const run_options& o, st::world& world) {
       idle = buf;
     }
     if (!lead) continue;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double eta = elapsed / (s + 1) * (o.steps - s - 1);
-    std::printf("step %4d/%d | loss %.4f | %8.0f tok/s | lr %.2e | norm %6.3f | %s elapsed | ETA %s%s%s\n", s + 1,
-                o.steps, r.loss, double(r.tokens) / r.seconds, r.lr, r.grad_norm, format_duration(elapsed).c_str(),
-                format_duration(eta).c_str(), idle.c_str(), r.applied ? "" : " | skipped (fp16 overflow)");
-    std::fflush(stdout);
-    if (metrics) metrics->write(r, ledger, mesh.counters_json(), pipeline);
+    progress.update(s + 1, r, idle);
+    if (s + 1 == o.steps) progress.end_line();  // what follows the loop prints on lines of its own
+    if (metrics) {
+      // MFU counts every rank of the launch against the device's peak for the storage precision.
+      const std::string comm = mesh.counters_json();
+      metrics->write(r, ledger,
+                     {.model_flops_per_step = plan ? plan->model_flops_per_step : 0.0,
+                      .peak_flops = device ? world.size() * device->peak_flops(int(sizeof(typename P::storage))) : 0.0,
+                      .skipped_steps = train.scaler().skipped_steps(), .comm = comm, .pipeline = pipeline});
+    }
   }
+
+  if (checkpoints && train.steps() > first_step && (o.save_every == 0 || train.steps() % o.save_every != 0))
+    last_saved = save_checkpoint(train.steps());  // the end of the run, unless just saved
+  if (lead && !last_saved.empty()) std::printf("checkpoint: %s\n", last_saved.c_str());
 
   if (!o.export_path.empty()) {
     // The whole model, gathered from every piece and stage, written by rank 0.
@@ -309,6 +355,8 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
   app.add_option("--metrics", o.metrics, "write one JSON line per step to FILE");
+  app.add_option("--progress", o.progress, "step display: auto (a bar on a terminal, else one line per step), bar or lines")
+      ->check(CLI::IsMember({"auto", "bar", "lines"}))->capture_default_str();
   app.add_option("--data", o.data, "glob of uint16 token shards (llm.c or nanoGPT .bin)");
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate at the end")
       ->check(non_negative)->capture_default_str();
@@ -331,6 +379,11 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--export", o.export_path, "write the trained weights to FILE as safetensors with GPT-2's names");
   app.add_option("--init-from", o.init_from, "start from the weights in a GPT-2 safetensors FILE");
+  app.add_option("--save", o.save_dir, "write checkpoints under DIR (DIR/step-NNNNNNNN, one file per rank)");
+  app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end)")->check(non_negative)
+      ->capture_default_str();
+  app.add_option("--keep", o.keep, "newest complete checkpoints kept (0: all)")->check(non_negative)->capture_default_str();
+  app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --save DIR, under any layout");
   app.add_option("--hw", o.hw, "check at start-up that the plan fits this device (a100_40gb, a100_80gb, h100_80gb, "
                  "h200_141gb)");
   app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)
@@ -340,6 +393,8 @@ int main(int argc, char** argv) {
   return world.run(
       [&] {
         o.dims.validate();
+        STRATA_CHECK(!o.resume || !o.save_dir.empty(), "gpt2_train: --resume needs --save DIR (where the checkpoints are)");
+        STRATA_CHECK(o.save_every == 0 || !o.save_dir.empty(), "gpt2_train: --save-every needs --save DIR");
         if (o.micro_batch > 0)
           STRATA_CHECK(o.batch % o.micro_batch == 0, "gpt2_train: --batch ", o.batch,
                        " is not a multiple of --micro-batch ", o.micro_batch);

@@ -51,7 +51,9 @@
 #include "strata/optim/loss_scaler.hpp"
 #include "strata/optim/lr_schedule.hpp"
 
+#include "strata/train/checkpoint.hpp"
 #include "strata/train/corpus.hpp"
 #include "strata/train/metrics.hpp"
+#include "strata/train/progress.hpp"
 #include "strata/train/token_data.hpp"
 #include "strata/train/trainer.hpp"

@@ -6,6 +6,7 @@
 // their own master), so model state is 4Ψ + 4Ψ + 8Ψ = 16Ψ bytes.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "strata/core/memory.hpp"
@@ -76,6 +77,18 @@ class adamw {
   int steps_taken() const { return step_; }
   const adamw_options& options() const { return opt_; }
   const std::vector<owned_segment>& segments() const { return segments_; }
+
+  // The state a checkpoint keeps, indexed like the segments' `state`: both moments, the master
+  // copy (empty when the weights are their own master), each segment's weights, and the step
+  // count behind the bias correction.
+  std::span<M> first_moments() { return {m_.data(), m_.size()}; }
+  std::span<M> second_moments() { return {v_.data(), v_.size()}; }
+  std::span<M> master_weights() { return {master_.data(), master_.size()}; }
+  T* segment_weights(const owned_segment& s) { return weights_of(s); }
+  void restore_steps_taken(int steps) {
+    STRATA_CHECK(steps >= 0, "adamw: a step count of ", steps, " cannot be restored");
+    step_ = steps;
+  }
 
  private:
   using device = typename P::device;

@@ -23,6 +23,19 @@ class loss_scaler {
   loss_scaler() = default;
   explicit loss_scaler(options o) : opt_(o), scale_(o.enabled ? o.initial_scale : 1.0) {}
 
+  // Everything that changes as steps go by: what a checkpoint keeps.
+  struct state {
+    double scale = 1.0;
+    int clean_steps = 0;
+    long skipped = 0;
+  };
+  state snapshot() const { return {scale_, clean_steps_, skipped_}; }
+  void restore(const state& s) {
+    scale_ = s.scale;
+    clean_steps_ = s.clean_steps;
+    skipped_ = s.skipped;
+  }
+
   double scale() const { return scale_; }
   bool enabled() const { return opt_.enabled; }
   long skipped_steps() const { return skipped_; }

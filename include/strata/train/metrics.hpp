@@ -1,8 +1,11 @@
 // strata/train/metrics.hpp - one JSON object per step, one line each, for tools to read.
 //
-//   {"step":3,"loss":4.12,"lr":0.0006,"grad_norm":1.8,"tokens_per_s":5120,"loss_scale":1,
-//    "applied":true,"mem":{"parameters":...,"gradients":...,...},"mem_peak":{...},
+//   {"step":3,"loss":4.1203389167785645,"lr":0.0006,"grad_norm":1.8,"tokens_per_s":5120,
+//    "flops_per_s":1.2e9,"mfu":null,"loss_scale":1,"skipped_steps":0,"applied":true,
+//    "mem":{"parameters":...,"gradients":...,...},"mem_peak":{...},
 //    "comm":{"world":{...},"dp":{"all_reduce":{"calls":..,"bytes_sent":..,"bytes_received":..}},...}}
+//
+// docs/metrics.md describes every field.
 #pragma once
 #include <cmath>
 #include <cstdio>
@@ -15,14 +18,28 @@
 
 namespace strata {
 
+// What a step's line carries beyond its step_result: figures only the caller knows.
+struct step_extras {
+  // The planner's plan_result::model_flops_per_step: one global step's FLOPs without
+  // recomputation, so recomputing does not inflate the figure. 0: unknown, "flops_per_s" null.
+  double model_flops_per_step = 0;
+  // The job's peak FLOP/s: ranks x device_spec::peak_flops(storage bytes). 0: no device known,
+  // "mfu" null (a CPU run has no meaningful peak).
+  double peak_flops = 0;
+  long skipped_steps = 0;      // loss_scaler::skipped_steps(): fp16 overflows so far
+  std::string_view comm{};     // JSON object of bytes per group (process_mesh::counters_json())
+  std::string_view pipeline{}; // JSON object of the stages' busy and idle time
+};
+
 namespace detail {
-inline void json_number(std::string& out, double v) {
+// %.9g by default; 17 significant digits where a reader must get the double back exactly.
+inline void json_number(std::string& out, double v, int digits = 9) {
   if (!std::isfinite(v)) {  // JSON has no NaN or infinity
     out += "null";
     return;
   }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
   out += buf;
 }
 inline void json_bytes_by_category(std::string& out, const memory_ledger& ledger, bool peak) {
@@ -39,53 +56,69 @@ inline void json_bytes_by_category(std::string& out, const memory_ledger& ledger
 }
 }  // namespace detail
 
-// `comm`, when given, is a JSON object of bytes per group (process_mesh::counters_json()).
-// `comm` and `pipeline` are JSON objects added as they are (empty: left out).
-inline std::string metrics_line(const step_result& r, const memory_ledger& ledger, std::string_view comm = {},
-                                std::string_view pipeline = {}) {
+inline std::string metrics_line(const step_result& r, const memory_ledger& ledger, const step_extras& x) {
+  const bool timed = r.seconds > 0;
+  const double flops_per_s = timed && x.model_flops_per_step > 0 ? x.model_flops_per_step / r.seconds : NAN;
   std::string s = "{\"step\":" + std::to_string(r.step) + ",\"loss\":";
-  detail::json_number(s, r.loss);
+  detail::json_number(s, r.loss, 17);  // resumed runs are compared with straight ones bit for bit
   s += ",\"lr\":";
   detail::json_number(s, r.lr);
   s += ",\"grad_norm\":";
   detail::json_number(s, r.grad_norm);
   s += ",\"tokens_per_s\":";
-  detail::json_number(s, r.seconds > 0 ? double(r.tokens) / r.seconds : 0.0);
+  detail::json_number(s, timed ? double(r.tokens) / r.seconds : 0.0);
+  s += ",\"flops_per_s\":";
+  detail::json_number(s, flops_per_s);
+  s += ",\"mfu\":";
+  detail::json_number(s, x.peak_flops > 0 ? flops_per_s / x.peak_flops : NAN);
   s += ",\"loss_scale\":";
   detail::json_number(s, r.loss_scale);
+  s += ",\"skipped_steps\":" + std::to_string(x.skipped_steps);
   s += ",\"applied\":";
   s += r.applied ? "true" : "false";
   s += ",\"mem\":";
   detail::json_bytes_by_category(s, ledger, false);
   s += ",\"mem_peak\":";
   detail::json_bytes_by_category(s, ledger, true);
-  if (!comm.empty()) {
+  if (!x.comm.empty()) {
     s += ",\"comm\":";
-    s += comm;
+    s += x.comm;
   }
-  if (!pipeline.empty()) {
+  if (!x.pipeline.empty()) {
     s += ",\"pipeline\":";
-    s += pipeline;
+    s += x.pipeline;
   }
   s += '}';
   return s;
 }
 
+// The earlier form: no FLOP figures (both null) and no skipped-step count.
+inline std::string metrics_line(const step_result& r, const memory_ledger& ledger, std::string_view comm = {},
+                                std::string_view pipeline = {}) {
+  return metrics_line(r, ledger, step_extras{.comm = comm, .pipeline = pipeline});
+}
+
 // Appends one line per step to a file, flushed each time so a crash loses at most one line.
 class metrics_file {
  public:
-  explicit metrics_file(const std::string& path) : f_(std::fopen(path.c_str(), "w")), path_(path) {
+  // `append`: a resumed run adds its steps after those already there (a reader takes the last
+  // line of a step written twice).
+  explicit metrics_file(const std::string& path, bool append = false)
+      : f_(std::fopen(path.c_str(), append ? "a" : "w")), path_(path) {
     STRATA_CHECK(f_ != nullptr, "cannot open metrics file '", path, "' for writing");
   }
   metrics_file(const metrics_file&) = delete;
   metrics_file& operator=(const metrics_file&) = delete;
   ~metrics_file() { std::fclose(f_); }
 
-  void write(const step_result& r, const memory_ledger& ledger, std::string_view comm = {},
-             std::string_view pipeline = {}) {
-    const std::string line = metrics_line(r, ledger, comm, pipeline) + "\n";
+  void write(const step_result& r, const memory_ledger& ledger, const step_extras& x) {
+    const std::string line = metrics_line(r, ledger, x) + "\n";
     STRATA_CHECK(std::fputs(line.c_str(), f_) >= 0 && std::fflush(f_) == 0, "writing metrics file '", path_,
                  "' failed");
+  }
+  void write(const step_result& r, const memory_ledger& ledger, std::string_view comm = {},
+             std::string_view pipeline = {}) {
+    write(r, ledger, step_extras{.comm = comm, .pipeline = pipeline});
   }
 
  private:

@@ -7,8 +7,8 @@
 // offsets relative to the end of the header. strata writes F32, BF16 and F16 (its storage types)
 // and reads those plus F64.
 //
-// Writing goes to "<path>.tmp", flushed, then renamed over <path>: a crash never leaves a half
-// file under the real name. Reading checks everything before trusting it - header length against
+// Writing goes to "<path>.tmp", fsynced, then renamed over <path> (train/durable_file.hpp): a
+// crash never leaves a half file under the real name. Reading checks everything before trusting it - header length against
 // the file size, the JSON, each dtype, shape and offset range - and a bad file ends in one
 // strata::error naming the file and what is wrong at which offset.
 #pragma once
@@ -23,6 +23,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/train/durable_file.hpp"
 
 namespace strata {
 
@@ -85,8 +86,9 @@ named_tensor make_tensor(std::string name, std::vector<std::int64_t> shape, cons
   return t;
 }
 
-inline void write_safetensors(const std::string& path, const std::vector<named_tensor>& tensors,
-                              const std::map<std::string, std::string>& metadata = {}) {
+// The file's bytes: header length, header, tensors.
+inline std::vector<unsigned char> encode_safetensors(const std::vector<named_tensor>& tensors,
+                                                     const std::map<std::string, std::string>& metadata = {}) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
@@ -99,28 +101,23 @@ inline void write_safetensors(const std::string& path, const std::vector<named_t
   }
   std::string text = header.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  STRATA_CHECK(f != nullptr, "safetensors: cannot open '", tmp, "' for writing");
+  std::vector<unsigned char> out;
+  out.reserve(8 + text.size() + offset);
   const std::uint64_t n = text.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  for (const auto& t : tensors) ok = ok && std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size();
-  ok = std::fflush(f) == 0 && ok;
-  ok = std::fclose(f) == 0 && ok;
-  STRATA_CHECK(ok, "safetensors: writing '", tmp, "' failed");
-  STRATA_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "safetensors: cannot rename '", tmp, "' to '", path, "'");
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<unsigned char>(n >> (8 * i)));
+  out.insert(out.end(), text.begin(), text.end());
+  for (const auto& t : tensors) out.insert(out.end(), t.bytes.begin(), t.bytes.end());
+  return out;
 }
 
-inline std::vector<named_tensor> read_safetensors(const std::string& path,
-                                                  std::map<std::string, std::string>* metadata = nullptr) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  STRATA_CHECK(f != nullptr, "safetensors: cannot open '", path, "'");
-  std::vector<unsigned char> all;
-  unsigned char buf[1 << 16];
-  for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) all.insert(all.end(), buf, buf + got);
-  std::fclose(f);
+inline void write_safetensors(const std::string& path, const std::vector<named_tensor>& tensors,
+                              const std::map<std::string, std::string>& metadata = {}) {
+  write_file_durably(path, encode_safetensors(tensors, metadata));
+}
+
+// Parses a file's bytes; `path` names it in every message.
+inline std::vector<named_tensor> decode_safetensors(const std::vector<unsigned char>& all, const std::string& path,
+                                                    std::map<std::string, std::string>* metadata = nullptr) {
   STRATA_CHECK(all.size() >= 8, "safetensors: '", path, "' is ", all.size(), " bytes, too short for a header length");
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= std::uint64_t(all[std::size_t(i)]) << (8 * i);
@@ -167,6 +164,17 @@ inline std::vector<named_tensor> read_safetensors(const std::string& path,
     out.push_back(std::move(t));
   }
   return out;
+}
+
+inline std::vector<named_tensor> read_safetensors(const std::string& path,
+                                                  std::map<std::string, std::string>* metadata = nullptr) {
+  std::vector<unsigned char> all;
+  try {
+    all = read_whole_file(path);
+  } catch (const error& e) {
+    fail("safetensors: ", e.what());
+  }
+  return decode_safetensors(all, path, metadata);
 }
 
 }  // namespace strata

@@ -142,7 +142,10 @@ class token_stream {
   }
 
   std::size_t size() const { return tokens_.size(); }
+  // Batches drawn so far: with the seed, the whole state of the order (a checkpoint keeps both).
   std::uint64_t position() const { return position_; }
+  std::uint64_t seed() const { return seed_; }
+  void seek(std::uint64_t position) { position_ = position; }
   const std::vector<std::uint16_t>& tokens() const { return tokens_; }
 
  private:

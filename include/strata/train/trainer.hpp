@@ -136,6 +136,12 @@ class trainer {
 
   const loss_scaler& scaler() const { return scaler_; }
   int steps() const { return step_; }
+  // Continue a run from a checkpoint: `step` steps done, the loss scaler as it was then.
+  void resume_at(int step, const loss_scaler::state& scaler) {
+    STRATA_CHECK(step >= 0, "trainer: cannot resume at step ", step);
+    step_ = step;
+    scaler_.restore(scaler);
+  }
 
  private:
   trainer(Model& model, Optimizer& opt, trainer_options o, Sync& sync, bool)
