@@ -43,7 +43,7 @@ struct run_options {
   std::string recompute = "none";
   int pp = 1, microbatches = 0, virtual_chunks = 1;
   std::string schedule = "1f1b", hw, export_path, init_from;
-  std::string save_dir;
+  std::string save_dir, data_order = "shuffled";
   int save_every = 0, keep = 0;
   bool resume = false;
   std::vector<std::int64_t> stage_layers;
@@ -175,8 +175,8 @@ int train(const run_options& o, st::world& world) {
     STRATA_CHECK(o.dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
                  o.dims.vocab);
   st::token_stream data = o.data.empty()
-                              ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed)
-                              : st::token_stream::from_glob(o.data, o.dims.vocab, o.seed);
+                              ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed, st::parse_data_order(o.data_order))
+                              : st::token_stream::from_glob(o.data, o.dims.vocab, o.seed, st::parse_data_order(o.data_order));
 
   st::trainer_options topt;
   topt.micro_batch = o.micro_batch;
@@ -358,6 +358,8 @@ int main(int argc, char** argv) {
   app.add_option("--progress", o.progress, "step display: auto (a bar on a terminal, else one line per step), bar or lines")
       ->check(CLI::IsMember({"auto", "bar", "lines"}))->capture_default_str();
   app.add_option("--data", o.data, "glob of uint16 token shards (llm.c or nanoGPT .bin)");
+  app.add_option("--data-order", o.data_order, "windows at seeded random places (shuffled) or in order (sequential)")
+      ->check(CLI::IsMember({"shuffled", "sequential"}))->capture_default_str();
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate at the end")
       ->check(non_negative)->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel degree (default: every rank of the launch)")->check(positive);

@@ -158,6 +158,28 @@ TEST_CASE("generated corpus and batches are deterministic") {
   CHECK(s1.next_batch(4, 16).inputs != s1.next_batch(4, 16).inputs);
 }
 
+TEST_CASE("sequential data order walks the stream window by window; seek resumes anywhere") {
+  std::vector<std::uint16_t> tokens(100);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>(i);
+  st::token_stream s(tokens, 9, st::data_order::sequential);
+  const auto b0 = s.next_batch(3, 10), b1 = s.next_batch(3, 10);
+  // Row r of batch k starts at token (3k + r) * 10; its targets are the next tokens.
+  for (int r = 0; r < 3; ++r) {
+    CHECK(b0.inputs[std::size_t(r * 10)] == r * 10);
+    CHECK(b1.inputs[std::size_t(r * 10)] == 30 + r * 10);
+    CHECK(b0.targets[std::size_t(r * 10 + 9)] == r * 10 + 10);
+  }
+  CHECK(s.next_batch(3, 10).inputs[20] == 80);
+  const auto b3 = s.next_batch(3, 10);  // windows 9, 10, 11 wrap past the last start (89)
+  CHECK(b3.inputs[0] == 0);
+  CHECK(b3.inputs[10] == 10);
+  st::token_stream t(tokens, 9, st::data_order::sequential);
+  t.seek(1);
+  CHECK(t.next_batch(3, 10).inputs == b1.inputs);
+  CHECK(st::parse_data_order("shuffled") == st::data_order::shuffled);
+  CHECK_THROWS_WITH_AS(st::parse_data_order("random"), "data order 'random' is not one of shuffled, sequential", st::error);
+}
+
 TEST_CASE("metrics line carries step, loss, lr, grad_norm, tokens_per_s and bytes per category") {
   st::memory_ledger ledger;
   st::buffer<float> w(ledger, st::memory_category::parameters, 10);

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/core/error.hpp"
@@ -105,20 +106,35 @@ struct token_batch {
   }
 };
 
+// How batches walk the stream: windows at seeded random places (each epoch-free draw independent,
+// the default), or in order - row r of batch k is window k * batch + r, consecutive windows
+// sharing one token as next-token targets need - wrapping at the end.
+enum class data_order { shuffled, sequential };
+
+inline data_order parse_data_order(std::string_view s) {
+  if (s == "shuffled") return data_order::shuffled;
+  STRATA_CHECK(s == "sequential", "data order '", s, "' is not one of shuffled, sequential");
+  return data_order::sequential;
+}
+
 // A token stream and a deterministic sampler of windows from it: batch k's windows depend
-// only on (seed, k), so a run is reproducible and a resumed run can continue at batch k.
+// only on (seed, k), so a run is reproducible and a resumed run can continue at batch k. Every
+// data-parallel rank draws the same global batch and trains on its own rows of it, so the
+// ranks' slices are disjoint and the order does not depend on the layout.
 class token_stream {
  public:
-  token_stream(std::vector<std::uint16_t> tokens, std::uint64_t seed) : tokens_(std::move(tokens)), seed_(seed) {}
+  token_stream(std::vector<std::uint16_t> tokens, std::uint64_t seed, data_order order = data_order::shuffled)
+      : tokens_(std::move(tokens)), seed_(seed), order_(order) {}
 
   // All shards a glob names, concatenated in name order.
-  static token_stream from_glob(const std::string& pattern, std::int64_t vocab, std::uint64_t seed) {
+  static token_stream from_glob(const std::string& pattern, std::int64_t vocab, std::uint64_t seed,
+                                data_order order = data_order::shuffled) {
     std::vector<std::uint16_t> all;
     for (const auto& f : expand_glob(pattern)) {
       auto t = read_token_shard(f, vocab);
       all.insert(all.end(), t.begin(), t.end());
     }
-    return token_stream(std::move(all), seed);
+    return token_stream(std::move(all), seed, order);
   }
 
   token_batch next_batch(std::int64_t batch, std::int64_t seq) {
@@ -131,7 +147,10 @@ class token_stream {
     b.targets.resize(b.inputs.size());
     const auto starts = static_cast<std::uint64_t>(tokens_.size()) - static_cast<std::uint64_t>(seq);
     for (std::int64_t r = 0; r < batch; ++r) {
-      const auto start = counter_bits(seed_, 0xba7c4, position_ * 65536 + static_cast<std::uint64_t>(r)) % starts;
+      const auto row = static_cast<std::uint64_t>(r);
+      const auto start = order_ == data_order::sequential
+                             ? ((position_ * static_cast<std::uint64_t>(batch) + row) * static_cast<std::uint64_t>(seq)) % starts
+                             : counter_bits(seed_, 0xba7c4, position_ * 65536 + row) % starts;
       for (std::int64_t t = 0; t < seq; ++t) {
         b.inputs[static_cast<std::size_t>(r * seq + t)] = tokens_[start + static_cast<std::uint64_t>(t)];
         b.targets[static_cast<std::size_t>(r * seq + t)] = tokens_[start + static_cast<std::uint64_t>(t) + 1];
@@ -151,6 +170,7 @@ class token_stream {
  private:
   std::vector<std::uint16_t> tokens_;
   std::uint64_t seed_;
+  data_order order_;
   std::uint64_t position_ = 0;
 };
 
