@@ -9,7 +9,15 @@
 #include <cmath>
 #include <cstdint>
 
-#include <strata/strata.hpp>
+#include <strata/layers/embedding.hpp>
+#include <strata/layers/layernorm.hpp>
+#include <strata/layers/lm_head.hpp>
+#include <strata/layers/module.hpp>
+#include <strata/layers/recompute.hpp>
+#include <strata/layers/stack.hpp>
+#include <strata/layers/tensor_parallel.hpp>
+#include <strata/layers/transformer_block.hpp>
+#include <strata/policy/policy.hpp>
 
 namespace gpt2 {
 namespace st = strata;

@@ -18,7 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include <strata/comm/group_ref.hpp>
 #include <strata/parallel/pipeline.hpp>
+#include <strata/parallel/pipeline_schedule.hpp>
 
 #include "gpt2.hpp"
 

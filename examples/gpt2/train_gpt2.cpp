@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <strata/strata.hpp>
 #include <strata/comm/launch.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/parallel/data_parallel.hpp>
@@ -25,6 +26,7 @@
 #include "gpt2.hpp"
 #include "gpt2_hf.hpp"
 #include "gpt2_pipeline.hpp"
+#include "train_cuda.hpp"
 
 namespace st = strata;
 
@@ -43,7 +45,7 @@ struct run_options {
   std::string recompute = "none";
   int pp = 1, microbatches = 0, virtual_chunks = 1;
   std::string schedule = "1f1b", hw, export_path, init_from;
-  std::string save_dir, data_order = "shuffled";
+  std::string save_dir, data_order = "shuffled", device = "host";
   int save_every = 0, keep = 0;
   bool resume = false;
   std::vector<std::int64_t> stage_layers;
@@ -314,6 +316,37 @@ int train(const run_options& o, st::world& world) {
   return 0;
 }
 
+// --device cuda: one rank, one GPU, the serial model; what the GPU path does not do yet is
+// refused by name rather than ignored.
+int train_cuda(const run_options& o, st::world& world) {
+  const auto refuse = [](bool used, const char* what) {
+    STRATA_CHECK(!used, "gpt2_train: --device cuda does not support ", what, " yet (one GPU, one rank, the serial model)");
+  };
+  refuse(world.size() > 1 || (o.dp != st::dynamic && o.dp > 1), "more than one rank");
+  refuse(o.tp > 1 || o.sp, "tensor parallelism (--tp, --sp)");
+  refuse(o.pp > 1 || o.virtual_chunks > 1 || o.microbatches > 0, "pipeline parallelism (--pp, --virtual, --microbatches)");
+  refuse(o.zero > 0, "ZeRO (--zero)");
+  refuse(o.recompute != "none", "--recompute");
+  refuse(!o.save_dir.empty() || o.resume, "checkpoints (--save, --resume)");
+  refuse(!o.export_path.empty() || !o.init_from.empty(), "--export and --init-from");
+  gpt2::cuda_run r;
+  r.shape = o.dims;
+  r.batch = o.batch;
+  r.micro_batch = o.micro_batch;
+  r.steps = o.steps;
+  r.warmup = o.warmup;
+  r.lr = o.lr;
+  r.grad_clip = o.grad_clip;
+  r.seed = o.seed;
+  r.precision = o.precision;
+  r.data = o.data;
+  r.data_order = o.data_order;
+  r.metrics = o.metrics;
+  r.progress = o.progress;
+  r.hw = o.hw;
+  return gpt2::train_on_cuda(r);
+}
+
 template <bool Pipelined>
 int dispatch(const run_options& o, st::world& world) {
   using serial = st::serial;
@@ -352,6 +385,8 @@ int main(int argc, char** argv) {
   app.add_option("--grad-clip", o.grad_clip, "max global gradient norm (0: off)")
       ->check(cli_checks::real_in(0, true))->capture_default_str();
   app.add_option("--seed", o.seed, "seed for initialization and data order")->capture_default_str();
+  app.add_option("--device", o.device, "host (CPU, any layout) or cuda (one GPU)")
+      ->check(CLI::IsMember({"host", "cuda"}))->capture_default_str();
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
   app.add_option("--metrics", o.metrics, "write one JSON line per step to FILE");
@@ -403,6 +438,7 @@ int main(int argc, char** argv) {
         STRATA_CHECK(o.microbatches == 0 || o.pp > 1 || o.virtual_chunks > 1,
                      "gpt2_train: --microbatches ", o.microbatches, " needs --pp > 1 (or --virtual); use --micro-batch "
                      "for gradient accumulation without a pipeline");
+        if (o.device == "cuda") return train_cuda(o, world);
         if (o.pp > 1 || o.virtual_chunks > 1) return dispatch<true>(o, world);
         return dispatch<false>(o, world);
       },

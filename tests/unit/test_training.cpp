@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <set>
 #include <vector>
 
 #include <strata/strata.hpp>
@@ -28,8 +29,9 @@ struct run_result {
 };
 
 template <class P>
-run_result<P> train_run(int steps, std::int64_t batch = 8, std::int64_t micro = 0, std::uint64_t seed = 1) {
-  st::memory_ledger ledger;
+run_result<P> train_run(int steps, std::int64_t batch = 8, std::int64_t micro = 0, std::uint64_t seed = 1,
+                        const st::memory_space& space = st::host_memory()) {
+  st::memory_ledger ledger(space);
   gpt2::model<P> model(ledger, tiny, st::seed{seed});
   st::adamw<P> opt(model, {.lr = 3e-3, .weight_decay = 0.1});
   st::trainer_options o;
@@ -40,8 +42,41 @@ run_result<P> train_run(int steps, std::int64_t batch = 8, std::int64_t micro = 
   run_result<P> r;
   for (int s = 0; s < steps; ++s) r.losses.push_back(train.step(data.next_batch(batch, tiny.seq)).loss);
   auto& p = model.parameters();
-  for (std::int64_t i = 0; i < p.size(); ++i) r.final_weights.push_back(st::convert<float>(p.weights_data()[i]));
+  std::vector<typename P::storage> w(static_cast<std::size_t>(p.size()));
+  std::memcpy(w.data(), p.weights_data(), w.size() * sizeof(w[0]));  // host memory in every space used here
+  for (const auto x : w) r.final_weights.push_back(st::convert<float>(x));
   return r;
+}
+
+// A memory space that is host memory underneath but claims not to be, and counts what goes
+// through it: the model must allocate, free and move every byte through its ledger's space, as
+// on a GPU (gpu::device_memory()).
+struct space_counts {
+  long allocations = 0, frees = 0, uploads = 0, downloads = 0, within = 0;
+  std::set<void*> live;
+};
+space_counts counts;
+const st::memory_space& counting_space() {
+  static const st::memory_space space{
+      "counting", false,
+      [](std::size_t bytes) {
+        void* p = st::host_memory().allocate(bytes);
+        counts.live.insert(p);
+        ++counts.allocations;
+        return p;
+      },
+      [](void* p) {
+        counts.live.erase(p);
+        ++counts.frees;
+        st::host_memory().deallocate(p);
+      },
+      [](void* p, std::size_t bytes) { st::host_memory().zero(p, bytes); },
+      [](void* dst, const void* src, std::size_t bytes, st::copy_direction d) {
+        ++(d == st::copy_direction::host_to_space ? counts.uploads
+           : d == st::copy_direction::space_to_host ? counts.downloads : counts.within);
+        std::memcpy(dst, src, bytes);
+      }};
+  return space;
 }
 
 }  // namespace
@@ -221,4 +256,22 @@ TEST_CASE("bad input: a token id past the vocabulary and a shape mismatch are na
   std::vector<float> x(2 * 3 * 8);
   CHECK_THROWS_WITH_AS(ln.forward({x.data(), {2, 3, 8}}), doctest::Contains("expected input [..., 16], got [2, 3, 8]"),
                        st::error);
+}
+
+TEST_CASE("a model in another memory space allocates, frees and moves everything through it, and trains alike") {
+  counts = {};
+  const auto host = train_run<PBF16>(3);
+  const auto other = train_run<PBF16>(3, 8, 4, 1, counting_space());  // micro-batches of 4: two per step
+  const auto host_micro = train_run<PBF16>(3, 8, 4);
+  CHECK(other.losses == host_micro.losses);  // bit for bit
+  CHECK(other.final_weights == host_micro.final_weights);
+  CHECK(host.losses.size() == 3);
+  CHECK(counts.allocations > 0);
+  CHECK(counts.frees == counts.allocations);  // every buffer went back through the space
+  CHECK(counts.live.empty());
+  // Uploads: each parameter's initial values, then tokens and targets per micro-batch (2 x 2 x 3);
+  // downloads: the losses of each micro-batch, for the mean.
+  const long params = 2 + 12 * tiny.layers + 2 + 0;  // wte, wpe, 12 per block, ln_f weight and bias
+  CHECK(counts.uploads == params + 2 * 2 * 3);
+  CHECK(counts.downloads == 2 * 3);
 }

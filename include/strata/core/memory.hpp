@@ -42,10 +42,47 @@ constexpr std::string_view category_name(memory_category c) {
   return "unknown";
 }
 
+// Where a ledger's buffers live. Host memory unless the ledger is given another space: with
+// a GPU's (kernels/cuda/runtime.cuh: gpu::device_memory()), every buffer charged to the ledger -
+// parameters, gradients, optimizer state, activations - is device memory, so layers written once
+// allocate on whichever device their kernels run. Code that touches elements on the host goes
+// through buffer::upload/download (a memcpy on the host).
+enum class copy_direction { host_to_space, space_to_host, within_space };
+
+struct memory_space {
+  const char* name;
+  bool host_accessible;  // elements may be read and written by host code directly
+  void* (*allocate)(std::size_t bytes);  // zeroed; throws on failure
+  void (*deallocate)(void* p);
+  void (*zero)(void* p, std::size_t bytes);
+  void (*copy)(void* dst, const void* src, std::size_t bytes, copy_direction direction);
+};
+
+// 64-byte aligned host memory.
+inline const memory_space& host_memory() {
+  static const memory_space space{
+      "host", true,
+      [](std::size_t bytes) -> void* {
+        void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!p) throw std::bad_alloc();
+        std::memset(p, 0, bytes);
+        return p;
+      },
+      [](void* p) { std::free(p); },
+      [](void* p, std::size_t bytes) { std::memset(p, 0, bytes); },
+      [](void* dst, const void* src, std::size_t bytes, copy_direction) { std::memcpy(dst, src, bytes); }};
+  return space;
+}
+
 // Current and peak bytes per category. Not thread-safe: allocation happens on the thread
 // that drives the step, never inside OpenMP regions.
 class memory_ledger {
  public:
+  memory_ledger() = default;
+  explicit memory_ledger(const memory_space& space) : space_(&space) {}
+
+  const memory_space& space() const { return *space_; }
+
   void charge(memory_category c, std::size_t bytes) {
     auto i = index(c);
     current_[i] += bytes;
@@ -72,13 +109,15 @@ class memory_ledger {
 
  private:
   static std::size_t index(memory_category c) { return static_cast<std::size_t>(c); }
+  const memory_space* space_ = &host_memory();
   std::array<std::size_t, memory_category_count> current_{};
   std::array<std::size_t, memory_category_count> peak_{};
   std::size_t total_current_ = 0, total_peak_ = 0;
 };
 
-// An owning, accounted, 64-byte aligned host array of T. Moves transfer the charge; the
-// destructor returns it. Zero-initialised so a fresh gradient buffer is a valid sum.
+// An owning, accounted array of T in its ledger's memory space (64-byte aligned on the host).
+// Moves transfer the charge; the destructor returns it. Zero-initialised so a fresh gradient
+// buffer is a valid sum.
 template <class T>
 class buffer {
  public:
@@ -86,10 +125,7 @@ class buffer {
   buffer(memory_ledger& ledger, memory_category category, std::size_t count)
       : ledger_(&ledger), category_(category), count_(count) {
     if (count_ == 0) return;
-    std::size_t bytes = ((count_ * sizeof(T) + 63) / 64) * 64;
-    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
-    if (!data_) throw std::bad_alloc();
-    std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
+    data_ = static_cast<T*>(ledger.space().allocate(count_ * sizeof(T)));
     ledger_->charge(category_, count_ * sizeof(T));
   }
   buffer(const buffer&) = delete;
@@ -105,7 +141,7 @@ class buffer {
   ~buffer() {
     if (data_) {
       ledger_->release(category_, count_ * sizeof(T));
-      std::free(data_);
+      ledger_->space().deallocate(data_);
     }
   }
 
@@ -118,7 +154,17 @@ class buffer {
   T& operator[](std::size_t i) { return data_[i]; }
   const T& operator[](std::size_t i) const { return data_[i]; }
   void zero() {
-    if (data_) std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
+    if (data_) ledger_->space().zero(data_, count_ * sizeof(T));
+  }
+  const memory_space& space() const { return ledger_ ? ledger_->space() : host_memory(); }
+  // Elements [at, at + n) from host memory, to host memory, or from elsewhere in this space.
+  void upload(const T* host, std::size_t n, std::size_t at = 0) { copy(host, n, at, copy_direction::host_to_space); }
+  void download(T* host, std::size_t n, std::size_t at = 0) const {
+    check_range(n, at);
+    if (n) space().copy(host, data_ + at, n * sizeof(T), copy_direction::space_to_host);
+  }
+  void copy_within(const T* same_space, std::size_t n, std::size_t at = 0) {
+    copy(same_space, n, at, copy_direction::within_space);
   }
 
  private:
@@ -128,6 +174,14 @@ class buffer {
     std::swap(data_, o.data_);
     std::swap(count_, o.count_);
   }
+  void check_range(std::size_t n, std::size_t at) const {
+    STRATA_CHECK(at + n <= count_, "buffer: elements [", at, ", ", at + n, ") past its ", count_);
+  }
+  void copy(const T* from, std::size_t n, std::size_t at, copy_direction d) {
+    check_range(n, at);
+    if (n) space().copy(data_ + at, from, n * sizeof(T), d);
+  }
+
   memory_ledger* ledger_ = nullptr;
   memory_category category_ = memory_category::workspace;
   T* data_ = nullptr;

@@ -76,7 +76,7 @@ class embedding {
     auto& ledger = scope_.ledger();
     const std::int64_t rows = batch_ * seq_;
     ensure_size(tokens_, ledger, memory_category::activations, rows);
-    for (std::int64_t i = 0; i < rows; ++i) tokens_[static_cast<std::size_t>(i)] = tokens.data[i];
+    tokens_.upload(tokens.data, static_cast<std::size_t>(rows));  // token batches come from the host
     auto& p = scope_.params();
     auto& tp = scope_.tensor();
     if (cfg_.tp.degree == 1) {

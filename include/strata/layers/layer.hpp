@@ -25,6 +25,14 @@ concept layer_costs = requires(const typename L::config& c, std::int64_t n) {
   { L::activation_bytes(c, n, n) } -> std::convertible_to<std::int64_t>;
 };
 
+namespace detail {
+// What visit_parameters is called with in the concept below: a named type, since nvcc's front
+// end rejects a lambda inside a requires-expression (every layer would fail the concept).
+struct parameter_visitor_probe {
+  void operator()(param_handle) const {}
+};
+}  // namespace detail
+
 template <class L>
 concept hidden_layer = layer_costs<L> && requires(L& l, const L& cl, tensor_view<const typename L::T> x,
                                                   const buffer<typename L::T>& dy) {
@@ -32,7 +40,7 @@ concept hidden_layer = layer_costs<L> && requires(L& l, const L& cl, tensor_view
   typename L::config;
   { l.forward(x) } -> std::same_as<tensor_view<const typename L::T>>;
   { l.backward(dy) } -> std::same_as<buffer<typename L::T>>;
-  cl.visit_parameters([](param_handle) {});
+  cl.visit_parameters(detail::parameter_visitor_probe{});
 };
 
 }  // namespace strata

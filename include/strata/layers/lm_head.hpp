@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/host/cross_entropy.hpp"
@@ -86,7 +87,7 @@ class lm_head {
     auto& ledger = scope_.ledger();
     ensure_size(losses_, ledger, memory_category::activations, rows);
     ensure_size(targets_, ledger, memory_category::activations, rows);
-    for (std::int64_t i = 0; i < rows; ++i) targets_[static_cast<std::size_t>(i)] = targets.data[i];
+    targets_.upload(targets.data, static_cast<std::size_t>(rows));  // targets come from the host
     if (cfg_.tp.degree == 1)
       kernels::cross_entropy_forward_backward(device{}, losses_.data(), logits_.data(), targets_.data(), rows,
                                               cfg_.vocab, cfg_.vocab, static_cast<A>(loss_scale / double(rows)));
@@ -102,11 +103,13 @@ class lm_head {
     STRATA_CHECK(targets.numel() == rows, scope_.qualify("evaluate"), ": expected ", rows, " targets, got ",
                  targets.numel());
     ensure_size(losses_, scope_.ledger(), memory_category::activations, rows);
+    ensure_size(targets_, scope_.ledger(), memory_category::activations, rows);
+    targets_.upload(targets.data, static_cast<std::size_t>(rows));
     if (cfg_.tp.degree == 1)
-      kernels::cross_entropy_forward(device{}, losses_.data(), logits_.data(), targets.data, rows, cfg_.vocab,
+      kernels::cross_entropy_forward(device{}, losses_.data(), logits_.data(), targets_.data(), rows, cfg_.vocab,
                                      cfg_.vocab);
     else
-      vocab_parallel_loss(targets.data, nullptr, A(0));
+      vocab_parallel_loss(targets_.data(), nullptr, A(0));
     return mean_loss(rows);
   }
 
@@ -194,8 +197,10 @@ class lm_head {
                                    first, cfg_.vocab, dloss);
   }
   double mean_loss(std::int64_t rows) const {
+    std::vector<A> losses(static_cast<std::size_t>(rows));
+    losses_.download(losses.data(), losses.size());
     double sum = 0;  // sequential: the same loss bit for bit on every run
-    for (std::int64_t i = 0; i < rows; ++i) sum += static_cast<double>(losses_[static_cast<std::size_t>(i)]);
+    for (const A l : losses) sum += static_cast<double>(l);
     return sum / static_cast<double>(rows);
   }
 

@@ -219,17 +219,19 @@ class parameter_store {
   void initialize(const param_info& e) {
     // Each element from its index in the full tensor: a shard starts as its piece of the serial
     // model's tensor; padding starts (and, having no gradient, stays) at zero.
+    // Computed on the host, then copied to wherever the weights live.
     const std::uint64_t id = parameter_id(e.name);
-    T* w = weights_.data() + e.offset;
+    std::vector<T> w(static_cast<std::size_t>(e.numel));
     const bool whole = !e.shard.sharded() && e.shard.real_rows < 0;
     for (std::int64_t i = 0; i < e.numel; ++i) {
       if (!whole && e.shard.is_padding(i)) {
-        w[i] = convert<T>(0.0);
+        w[static_cast<std::size_t>(i)] = convert<T>(0.0);
         continue;
       }
       const auto g = static_cast<std::uint64_t>(whole ? i : e.shard.global_index(i));
-      w[i] = convert<T>(initial_value(e.init, seed_.value, id, g));
+      w[static_cast<std::size_t>(i)] = convert<T>(initial_value(e.init, seed_.value, id, g));
     }
+    weights_.upload(w.data(), w.size(), static_cast<std::size_t>(e.offset));
   }
 
   memory_ledger* ledger_;

@@ -117,7 +117,7 @@ class recompute {
     input_ = x;
     auto y = inner_.forward(x);
     ensure_size(out_, scope_.ledger(), memory_category::activations, y.numel());
-    std::copy(y.data, y.data + y.numel(), out_.data());
+    out_.copy_within(y.data, static_cast<std::size_t>(y.numel()));
     if constexpr (releases_activations<L>) inner_.release_activations();
     return {out_.data(), y.shape};
   }

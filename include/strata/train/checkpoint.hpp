@@ -331,6 +331,12 @@ class checkpointer {
             {"master_copy", P::precision::keeps_master_copy}};
   }
 
+  template <class T>
+  static void require_host_memory(const parameter_store<T>& params) {
+    STRATA_CHECK(params.ledger().space().host_accessible, "checkpoint: the model's state is in ",
+                 params.ledger().space().name, " memory; checkpoints read and write host memory only (so far)");
+  }
+
   // Whether this rank saves e's pieces (one copy of each).
   static bool saves(const param_info& e, const checkpoint_place& at) {
     if (e.replica) return false;
@@ -360,6 +366,7 @@ class checkpointer {
 
   template <class P>
   std::vector<unsigned char> encode_shard(const train_progress& at, train_state_ref<P> s) {
+    require_host_memory(s.params);
     auto& opt = s.optimizer;
     const auto m = opt.first_moments(), v = opt.second_moments(), master = opt.master_weights();
     std::vector<named_tensor> tensors;
@@ -406,6 +413,7 @@ class checkpointer {
   loaded_checkpoint load_unchecked(const std::string& step_dir, train_state_ref<P> s) {
     using T = typename P::storage;
     using M = typename P::master;
+    require_host_memory(s.params);
     const json manifest = checkpoint_files::read_manifest(step_dir);
     STRATA_CHECK(manifest.at("model") == model_, "checkpoint '", step_dir, "' is of another model: ",
                  model_difference(manifest.at("model"), model_));

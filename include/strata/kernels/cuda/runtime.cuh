@@ -370,6 +370,36 @@ class device_buffer {
   std::size_t count_ = 0;
 };
 
+// The GPU's memory as a memory_space: a ledger made with it (memory_ledger ledger(
+// gpu::device_memory())) puts every buffer charged to it - a model's parameters, gradients,
+// optimizer state, activations - on the current device. Allocation and release are
+// stream-ordered on the current stream from the device's pool (no driver call after warm-up,
+// no device-wide synchronisation when a layer's temporary goes), so every kernel on that stream
+// sees the memory in order; copies to the host wait for the stream, copies from it too (the
+// host source may go as soon as the call returns).
+inline const memory_space& device_memory() {
+  static const memory_space space{
+      "cuda", false,
+      [](std::size_t bytes) -> void* {
+        void* p = nullptr;
+        const cudaStream_t s = current_stream();
+        STRATA_CUDA_CHECK(cudaMallocAsync(&p, bytes, s));
+        STRATA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s));
+        return p;
+      },
+      [](void* p) { cudaFreeAsync(p, current_stream()); },  // no throw: called from destructors
+      [](void* p, std::size_t bytes) { STRATA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream())); },
+      [](void* dst, const void* src, std::size_t bytes, copy_direction d) {
+        const cudaStream_t s = current_stream();
+        const cudaMemcpyKind kind = d == copy_direction::host_to_space   ? cudaMemcpyHostToDevice
+                                    : d == copy_direction::space_to_host ? cudaMemcpyDeviceToHost
+                                                                         : cudaMemcpyDeviceToDevice;
+        STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
+        if (d != copy_direction::within_space) STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
+      }};
+  return space;
+}
+
 // Stream-ordered scratch for one launcher: allocated on the current stream, freed on it at
 // scope exit (cudaMallocAsync / cudaFreeAsync from the device's pool), so it is safe however
 // the kernels that use it are ordered on that stream.

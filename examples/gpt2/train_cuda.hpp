@@ -1,0 +1,27 @@
+// examples/gpt2/train_cuda.hpp - gpt2_train --device cuda: the model on one GPU.
+//
+// The same gpt2::model as on the host, with st::policy<st::cuda, ...>: its layers call the CUDA
+// kernels and its ledger allocates device memory (gpu::device_memory()), so parameters,
+// gradients, optimizer state and activations live on the GPU. Compiled by nvcc
+// (train_cuda.cu) when the CUDA toolkit is found; otherwise train_no_cuda.cpp says so.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "gpt2.hpp"
+
+namespace gpt2 {
+
+struct cuda_run {
+  dims shape;
+  std::int64_t batch = 16, micro_batch = 0;
+  int steps = 250, warmup = 10;
+  double lr = 3e-3, grad_clip = 1.0;
+  std::uint64_t seed = 1337;
+  std::string precision = "bf16", data, data_order = "shuffled", metrics, progress = "auto", hw;
+};
+
+// Trains on the current GPU; returns the exit code. Errors are strata::error.
+int train_on_cuda(const cuda_run& run);
+
+}  // namespace gpt2
