@@ -205,6 +205,13 @@ class checkpointer {
         fault_(fault_injection::from_env()) {
     STRATA_CHECK(!opt_.dir.empty(), "checkpoint: no directory given");
     STRATA_CHECK(opt_.keep >= 0, "checkpoint: keep (", opt_.keep, ") must be >= 0");
+    // At start-up, not hours later at the first save: the directory must be writable.
+    on_rank0_or_fail("cannot write checkpoints under '" + opt_.dir + "'", [&] {
+      std::filesystem::create_directories(opt_.dir);
+      const std::string probe = (std::filesystem::path(opt_.dir) / ".strata-write-test").string();
+      write_file_durably(probe, std::string("ok\n"));
+      std::filesystem::remove(probe);
+    });
   }
 
   const std::string& dir() const { return opt_.dir; }
