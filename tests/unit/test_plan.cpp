@@ -150,3 +150,15 @@ TEST_CASE("a plan that cannot be split or does not fit says so at start-up") {
   const auto big = st::plan_gpt<P>(gpt3_175b, {.micro = 1, .global = 8}, with(8, 1, 1, 0));
   CHECK_THROWS_WITH_AS(big.check_fits(st::hw::h100_80gb), doctest::Contains("plan: model state of"), st::error);
 }
+
+TEST_CASE("attention keeps the probabilities on the host and one logsumexp per row on the GPU") {
+  using host_attention = st::attention<st::policy<st::host, st::serial, st::mixed<st::bf16, float>>>;
+  using gpu_attention = st::attention<st::policy<st::cuda, st::serial, st::mixed<st::bf16, float>>>;
+  constexpr host_attention::config hc{.channels = 768, .heads = 12};
+  constexpr gpu_attention::config gc{.channels = 768, .heads = 12};
+  // GPT-2 small, one sequence of 1024: 12 x 1024 x 1024 fp32 probabilities, or 12 x 1024 statistics.
+  static_assert(host_attention::core_activation_bytes(hc, 1, 1024) == 12LL * 1024 * 1024 * 4);
+  static_assert(gpu_attention::core_activation_bytes(gc, 1, 1024) == 12LL * 1024 * 4);
+  CHECK(host_attention::activation_bytes(hc, 1, 1024) - gpu_attention::activation_bytes(gc, 1, 1024) ==
+        12LL * 1024 * 1023 * 4);
+}

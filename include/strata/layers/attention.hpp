@@ -9,6 +9,7 @@
 // heads' q, k and v), the core runs on those heads alone, the projection is row-parallel.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/host/attention.hpp"
@@ -52,9 +53,16 @@ class attention {
   static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
     return 2 * forward_flops(c, batch, seq);
   }
-  // The attention probabilities of this rank's heads: what selective recomputation drops.
+  // What the attention kernel keeps per query row for backward: the probabilities (seq of them)
+  // on the host; one logsumexp on the GPU, whose kernels never form the score matrix and
+  // recompute it in backward (kernels/cuda/attention.cuh).
+  static constexpr std::int64_t kept_per_row(std::int64_t seq) {
+    return std::is_same_v<typename P::device, strata::cuda> ? 1 : seq;
+  }
+  // The attention probabilities (or statistics) of this rank's heads: what selective
+  // recomputation drops.
   static constexpr std::int64_t core_activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    return batch * (c.heads / c.tp.degree) * seq * seq * static_cast<std::int64_t>(sizeof(A));
+    return batch * (c.heads / c.tp.degree) * seq * kept_per_row(seq) * static_cast<std::int64_t>(sizeof(A));
   }
   static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
     const std::int64_t rows = batch * seq;
@@ -79,7 +87,7 @@ class attention {
     seq_ = qkv.shape[1];
     auto& ledger = scope_.ledger();
     const std::int64_t channels = cfg_.channels / cfg_.tp.degree, heads = cfg_.heads / cfg_.tp.degree;
-    ensure_size(probs_, ledger, memory_category::activations, batch_ * heads * seq_ * seq_);
+    ensure_size(probs_, ledger, memory_category::activations, batch_ * heads * seq_ * kept_per_row(seq_));
     ensure_size(heads_out_, ledger, memory_category::activations, batch_ * seq_ * channels);
     kernels::attention_forward(device{}, heads_out_.data(), probs_.data(), qkv.data, batch_, seq_, channels, heads);
     if (recompute_core_) probs_ = buffer<A>();
@@ -91,15 +99,24 @@ class attention {
     const std::int64_t channels = cfg_.channels / cfg_.tp.degree, heads = cfg_.heads / cfg_.tp.degree;
     buffer<T> dheads = proj_.backward(dout);
     auto& ledger = scope_.ledger();
+    buffer<T> scratch;
     if (recompute_core_) {
       // The same kernel on the same qkv: the probabilities come back bit for bit.
-      buffer<T> scratch(ledger, memory_category::activations, static_cast<std::size_t>(batch_ * seq_ * channels));
-      probs_ = buffer<A>(ledger, memory_category::activations, static_cast<std::size_t>(batch_ * heads * seq_ * seq_));
+      scratch = buffer<T>(ledger, memory_category::activations, static_cast<std::size_t>(batch_ * seq_ * channels));
+      probs_ = buffer<A>(ledger, memory_category::activations,
+                         static_cast<std::size_t>(batch_ * heads * seq_ * kept_per_row(seq_)));
       kernels::attention_forward(device{}, scratch.data(), probs_.data(), qkv_out_, batch_, seq_, channels, heads);
     }
     buffer<T> dqkv(ledger, memory_category::activations, static_cast<std::size_t>(batch_ * seq_ * 3 * channels));
-    kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, probs_.data(), batch_, seq_, channels,
-                                heads);
+    if constexpr (std::is_same_v<device, strata::cuda>) {
+      // The GPU backward reads the forward's output too (rowsum(dO * O)) instead of redoing it.
+      const T* out = recompute_core_ ? scratch.data() : heads_out_.data();
+      kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, probs_.data(), batch_, seq_,
+                                  channels, heads, out);
+    } else {
+      kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, probs_.data(), batch_, seq_,
+                                  channels, heads);
+    }
     if (recompute_core_) probs_ = buffer<A>();
     return qkv_.backward(dqkv);
   }
