@@ -489,14 +489,17 @@ class checkpointer {
         const std::int64_t theirs = serial_numel(p.shard, p.numel);
         STRATA_CHECK(theirs == n, "checkpoint file '", p.file, "': parameter '", e.name, "' has ", theirs,
                      " elements there, ", n, " in this model");
+        const auto pw = p.weights->values(), pm1 = p.m->values(), pm2 = p.v->values();
+        const auto pmw = p.master ? p.master->values() : std::vector<double>();
         for (std::int64_t k = 0; k < p.count; ++k) {
           const std::int64_t i = p.begin + k;
           if (!whole(p.shard) && p.shard.is_padding(i)) continue;
           const auto g = std::size_t(whole(p.shard) ? i : p.shard.global_index(i));
-          w[g] = p.weights->at(k);
-          if (p.master) mw[g] = p.master->at(k);
-          m1[g] = p.m->at(k);
-          m2[g] = p.v->at(k);
+          const auto at = std::size_t(k);
+          w[g] = pw[at];
+          if (p.master) mw[g] = pmw[at];
+          m1[g] = pm1[at];
+          m2[g] = pm2[at];
           covered[g] = 1;
         }
       }

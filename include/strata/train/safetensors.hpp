@@ -46,6 +46,19 @@ struct named_tensor {
     if (dtype == "BF16") return convert<double>(load<bf16>(p, i));
     return convert<double>(load<fp16>(p, i));
   }
+  // Every element as double, the dtype looked at once.
+  std::vector<double> values() const {
+    std::vector<double> out(static_cast<std::size_t>(numel()));
+    const auto fill = [&](auto tag) {
+      using U = decltype(tag);
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = convert<double>(load<U>(bytes.data(), std::int64_t(i)));
+    };
+    if (dtype == "F32") fill(float{});
+    else if (dtype == "F64") fill(double{});
+    else if (dtype == "BF16") fill(bf16{});
+    else fill(fp16{});
+    return out;
+  }
 
  private:
   template <class U>
