@@ -13,6 +13,7 @@
 #include <strata/train/corpus.hpp>
 #include <strata/train/trainer.hpp>
 
+#include "counting_space.hpp"
 #include "gpt2/gpt2.hpp"
 
 namespace st = strata;
@@ -40,9 +41,11 @@ struct run {
   st::trainer<gpt2::model<P>, st::adamw<P>> train;
   st::token_stream data{st::byte_tokens(st::generate_corpus(20000)), 11};
   st::checkpointer ckpt;
-  explicit run(const std::string& dir, int keep = 0)
-      : train(model, opt, options()),
+  explicit run(const std::string& dir, int keep = 0, const st::memory_space* space = nullptr)
+      : ledger(space ? *space : st::host_memory()),
+        train(model, opt, options()),
         ckpt({dir, keep}, st::group_ref(), {{"world", 1}}, {{"layers", tiny.layers}, {"d_model", tiny.d_model}}) {}
+  run(const std::string& dir, int keep, const st::memory_space& space) : run(dir, keep, &space) {}
   static st::trainer_options options() {
     st::trainer_options o;
     o.schedule = {3e-3, 3e-4, 2, 10};
@@ -206,4 +209,29 @@ TEST_CASE("durable files: whole or absent, and CRC-32 matches the standard check
   CHECK(st::read_whole_file(dir + "/f").size() == 5);
   CHECK(!fs::exists(dir + "/f.tmp"));
   CHECK_THROWS_WITH_AS(st::read_whole_file(dir + "/missing"), doctest::Contains((dir + "/missing").c_str()), st::error);
+}
+
+TEST_CASE("checkpoint: a model in another memory space (as on a GPU) saves through it and loads on the host") {
+  const std::string dir = scratch("space");
+  auto& counts = strata_test::counts;
+  counts = {};
+  std::vector<double> later;
+  {
+    run<PFP16> device(dir, 0, strata_test::counting_space());
+    for (int i = 0; i < 2; ++i) device.step();
+    const long downloads = counts.downloads;
+    device.save();
+    CHECK(counts.downloads > downloads);  // every piece came back through the space
+    for (int i = 0; i < 2; ++i) later.push_back(device.step());
+  }
+  run<PFP16> host(dir);
+  REQUIRE(host.resume());
+  for (int i = 0; i < 2; ++i) CHECK(host.step() == later[std::size_t(i)]);  // exactly
+  run<PFP16> back(scratch("space_unused"), 0, strata_test::counting_space());
+  const long uploads = counts.uploads;
+  const auto loaded = back.ckpt.load(st::checkpoint_files::step_dir(dir, 2), back.state());
+  back.train.resume_at(loaded.progress.step, loaded.progress.scaler);
+  back.data.seek(loaded.progress.data_position);
+  CHECK(counts.uploads > uploads);  // and loading puts them back through it
+  for (int i = 0; i < 2; ++i) CHECK(back.step() == later[std::size_t(i)]);
 }

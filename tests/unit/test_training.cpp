@@ -5,11 +5,11 @@
 
 #include <cmath>
 #include <cstring>
-#include <set>
 #include <vector>
 
 #include <strata/strata.hpp>
 
+#include "counting_space.hpp"
 #include "gpt2/gpt2.hpp"
 
 namespace st = strata;
@@ -48,36 +48,6 @@ run_result<P> train_run(int steps, std::int64_t batch = 8, std::int64_t micro = 
   return r;
 }
 
-// A memory space that is host memory underneath but claims not to be, and counts what goes
-// through it: the model must allocate, free and move every byte through its ledger's space, as
-// on a GPU (gpu::device_memory()).
-struct space_counts {
-  long allocations = 0, frees = 0, uploads = 0, downloads = 0, within = 0;
-  std::set<void*> live;
-};
-space_counts counts;
-const st::memory_space& counting_space() {
-  static const st::memory_space space{
-      "counting", false,
-      [](std::size_t bytes) {
-        void* p = st::host_memory().allocate(bytes);
-        counts.live.insert(p);
-        ++counts.allocations;
-        return p;
-      },
-      [](void* p) {
-        counts.live.erase(p);
-        ++counts.frees;
-        st::host_memory().deallocate(p);
-      },
-      [](void* p, std::size_t bytes) { st::host_memory().zero(p, bytes); },
-      [](void* dst, const void* src, std::size_t bytes, st::copy_direction d) {
-        ++(d == st::copy_direction::host_to_space ? counts.uploads
-           : d == st::copy_direction::space_to_host ? counts.downloads : counts.within);
-        std::memcpy(dst, src, bytes);
-      }};
-  return space;
-}
 
 }  // namespace
 
@@ -259,6 +229,8 @@ TEST_CASE("bad input: a token id past the vocabulary and a shape mismatch are na
 }
 
 TEST_CASE("a model in another memory space allocates, frees and moves everything through it, and trains alike") {
+  using strata_test::counting_space;
+  auto& counts = strata_test::counts;
   counts = {};
   const auto host = train_run<PBF16>(3);
   const auto other = train_run<PBF16>(3, 8, 4, 1, counting_space());  // micro-batches of 4: two per step

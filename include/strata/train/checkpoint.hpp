@@ -338,12 +338,6 @@ class checkpointer {
             {"master_copy", P::precision::keeps_master_copy}};
   }
 
-  template <class T>
-  static void require_host_memory(const parameter_store<T>& params) {
-    STRATA_CHECK(params.ledger().space().host_accessible, "checkpoint: the model's state is in ",
-                 params.ledger().space().name, " memory; checkpoints read and write host memory only (so far)");
-  }
-
   // Whether this rank saves e's pieces (one copy of each).
   static bool saves(const param_info& e, const checkpoint_place& at) {
     if (e.replica) return false;
@@ -371,10 +365,22 @@ class checkpointer {
     return t;
   }
 
+  // n elements at p, wherever the model's memory space keeps them, as a host vector.
+  template <class U>
+  static std::vector<U> fetch(const memory_space& space, const U* p, std::int64_t n) {
+    std::vector<U> out(static_cast<std::size_t>(n));
+    if (n > 0) space.copy(out.data(), p, out.size() * sizeof(U), copy_direction::space_to_host);
+    return out;
+  }
+  template <class U>
+  static void put(const memory_space& space, U* p, const std::vector<U>& values) {
+    if (!values.empty()) space.copy(p, values.data(), values.size() * sizeof(U), copy_direction::host_to_space);
+  }
+
   template <class P>
   std::vector<unsigned char> encode_shard(const train_progress& at, train_state_ref<P> s) {
-    require_host_memory(s.params);
     auto& opt = s.optimizer;
+    const auto& space = s.params.ledger().space();
     const auto m = opt.first_moments(), v = opt.second_moments(), master = opt.master_weights();
     std::vector<named_tensor> tensors;
     json pieces = json::array();
@@ -383,10 +389,11 @@ class checkpointer {
       if (!saves(e, s.place)) continue;
       const std::int64_t begin = seg.flat - e.offset;
       const std::string key = e.name + "@" + std::to_string(begin);
-      tensors.push_back(raw("weights/" + key, opt.segment_weights(seg), seg.count));
-      if (!master.empty()) tensors.push_back(raw("master/" + key, master.data() + seg.state, seg.count));
-      tensors.push_back(raw("exp_avg/" + key, m.data() + seg.state, seg.count));
-      tensors.push_back(raw("exp_avg_sq/" + key, v.data() + seg.state, seg.count));
+      tensors.push_back(raw("weights/" + key, fetch(space, opt.segment_weights(seg), seg.count).data(), seg.count));
+      if (!master.empty())
+        tensors.push_back(raw("master/" + key, fetch(space, master.data() + seg.state, seg.count).data(), seg.count));
+      tensors.push_back(raw("exp_avg/" + key, fetch(space, m.data() + seg.state, seg.count).data(), seg.count));
+      tensors.push_back(raw("exp_avg_sq/" + key, fetch(space, v.data() + seg.state, seg.count).data(), seg.count));
       const auto& sh = e.shard;
       pieces.push_back({{"param", e.name}, {"begin", begin}, {"count", seg.count}, {"numel", e.numel},
                         {"full", std::vector<std::int64_t>(sh.full.dims.begin(), sh.full.dims.begin() + sh.full.rank)},
@@ -420,7 +427,6 @@ class checkpointer {
   loaded_checkpoint load_unchecked(const std::string& step_dir, train_state_ref<P> s) {
     using T = typename P::storage;
     using M = typename P::master;
-    require_host_memory(s.params);
     const json manifest = checkpoint_files::read_manifest(step_dir);
     STRATA_CHECK(manifest.at("model") == model_, "checkpoint '", step_dir, "' is of another model: ",
                  model_difference(manifest.at("model"), model_));
@@ -476,6 +482,7 @@ class checkpointer {
 
     auto& params = s.params;
     auto& opt = s.optimizer;
+    const auto& space = params.ledger().space();
     const auto m = opt.first_moments(), v = opt.second_moments(), master = opt.master_weights();
     for (const auto& e : params.entries()) {
       const auto found = by_param.find(e.name);
@@ -511,25 +518,32 @@ class checkpointer {
         if (whole(e.shard)) return i;
         return e.shard.is_padding(i) ? -1 : e.shard.global_index(i);
       };
+      // Built on the host, then copied to wherever the state lives.
       if (!params.weights_released()) {
-        T* mine = params.weights_data() + e.offset;
+        std::vector<T> mine(static_cast<std::size_t>(e.numel));
         for (std::int64_t i = 0; i < e.numel; ++i) {
           const auto g = serial_of(i);
-          mine[i] = convert<T>(g < 0 ? 0.0 : w[std::size_t(g)]);
+          mine[std::size_t(i)] = convert<T>(g < 0 ? 0.0 : w[std::size_t(g)]);
         }
+        put(space, params.weights_data() + e.offset, mine);
       }
       for (const auto& seg : opt.segments()) {
         if (seg.flat < e.offset || seg.flat >= e.offset + e.numel) continue;
-        T* seg_w = opt.segment_weights(seg);
-        for (std::int64_t k = 0; k < seg.count; ++k) {
-          const auto g = serial_of(seg.flat - e.offset + k);
-          const auto at = std::size_t(seg.state + k);
+        const auto n = std::size_t(seg.count);
+        std::vector<T> sw(n);
+        std::vector<M> smw(master.empty() ? 0 : n), sm1(n), sm2(n);
+        for (std::size_t k = 0; k < n; ++k) {
+          const auto g = serial_of(seg.flat - e.offset + std::int64_t(k));
           const auto value = [&](const std::vector<double>& x) { return g < 0 ? 0.0 : x[std::size_t(g)]; };
-          seg_w[k] = convert<T>(value(w));
-          if (!master.empty()) master[at] = convert<M>(value(mw));
-          m[at] = convert<M>(value(m1));
-          v[at] = convert<M>(value(m2));
+          sw[k] = convert<T>(value(w));
+          if (!master.empty()) smw[k] = convert<M>(value(mw));
+          sm1[k] = convert<M>(value(m1));
+          sm2[k] = convert<M>(value(m2));
         }
+        put(space, opt.segment_weights(seg), sw);
+        if (!master.empty()) put(space, master.data() + seg.state, smw);
+        put(space, m.data() + seg.state, sm1);
+        put(space, v.data() + seg.state, sm2);
       }
     }
 
