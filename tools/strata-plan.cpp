@@ -146,17 +146,12 @@ struct usage_error : std::runtime_error {
 // A parameter count written whole (70000000000) or in exponent form (70e9, 1.3e9).
 constexpr double max_param_count = 1e15;
 std::int64_t parse_param_count(const std::string& text, std::string* why) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (text.empty() || used != text.size() || !std::isfinite(v)) {
+  const auto parsed = cli_checks::parse_real(text);
+  if (!parsed) {
     *why = "expected a parameter count such as 70e9 or 70000000000, got '" + text + "'";
     return 0;
   }
+  const double v = *parsed;
   if (v < 1 || v > max_param_count) {
     *why = "must be between 1 and 1e15, got " + text;
     return 0;

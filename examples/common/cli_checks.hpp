@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -32,20 +34,28 @@ inline CLI::Validator integer_at_least(long long lo) {
       ">=" + std::to_string(lo));
 }
 
+// The whole of `text` as a finite number, or nothing.
+inline std::optional<double> parse_real(const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || text.empty() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
 // A finite number above lo (or at lo, when inclusive) and at most hi.
 inline CLI::Validator real_in(double lo, bool inclusive, double hi = INFINITY) {
   const std::string range = std::isinf(hi) ? std::string(inclusive ? ">= " : "> ") + short_number(lo)
                                            : (inclusive ? "in [" : "in (") + short_number(lo) + ", " + short_number(hi) + "]";
   return CLI::Validator(
       [lo, inclusive, hi, range](std::string& text) -> std::string {
-        std::size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != text.size() || text.empty() || !std::isfinite(v)) return "expected a number, got '" + text + "'";
+        const auto parsed = parse_real(text);
+        if (!parsed) return "expected a number, got '" + text + "'";
+        const double v = *parsed;
         if ((inclusive ? v < lo : v <= lo) || v > hi) return "must be " + range + ", got " + text;
         return {};
       },

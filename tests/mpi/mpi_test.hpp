@@ -12,6 +12,9 @@
 
 #include <strata/comm/launch.hpp>
 #include <strata/core/dtype.hpp>
+#include <strata/train/corpus.hpp>
+#include <strata/train/token_data.hpp>
+#include <strata/train/trainer.hpp>
 
 namespace strata_test {
 
@@ -89,6 +92,19 @@ inline double elementwise_relative_error(const std::vector<double>& a, const std
   for (std::size_t i = 0; i < ref.size() && i < a.size(); ++i)
     worst = std::max(worst, std::abs(a[i] - ref[i]) / std::abs(ref[i]));
   return worst;
+}
+
+// What the layout-equivalence suites (tests/tp, tests/pp) train with: `steps` steps of warm-up +
+// cosine peaking at `lr`, on the generated corpus folded into a vocabulary of `vocab`.
+inline strata::trainer_options equivalence_options(double lr, int steps) {
+  strata::trainer_options o;
+  o.schedule = {lr, lr / 10, 1, steps};
+  return o;
+}
+inline strata::token_stream folded_corpus(std::int64_t vocab) {
+  auto tokens = strata::byte_tokens(strata::generate_corpus(20000));
+  for (auto& t : tokens) t = static_cast<std::uint16_t>(t % vocab);
+  return strata::token_stream(std::move(tokens), 5);
 }
 
 }  // namespace strata_test

@@ -36,17 +36,8 @@ const gpt2::dims tiny{.vocab = 67, .seq = 8, .layers = 8, .heads = 4, .d_model =
 constexpr int steps = 5;
 constexpr double lr = 1e-3;  // see tests/tp: AdamW turns reduction-order noise into lr-sized steps
 
-st::trainer_options options() {
-  st::trainer_options o;
-  o.schedule = {lr, lr / 10, 1, steps};
-  return o;
-}
-
-st::token_stream corpus() {
-  auto tokens = st::byte_tokens(st::generate_corpus(20000));
-  for (auto& t : tokens) t = static_cast<std::uint16_t>(t % tiny.vocab);
-  return st::token_stream(std::move(tokens), 5);
-}
+st::trainer_options options() { return strata_test::equivalence_options(lr, steps); }
+st::token_stream corpus() { return strata_test::folded_corpus(tiny.vocab); }
 
 struct run_result {
   std::vector<double> losses, weights;

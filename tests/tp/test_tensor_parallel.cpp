@@ -44,17 +44,8 @@ constexpr int steps = 5;
 // common GPT-2 learning rate; at 3e-3 the same runs show up to 1.5e-5.
 constexpr double lr = 1e-3;
 
-st::trainer_options options() {
-  st::trainer_options o;
-  o.schedule = {lr, lr / 10, 1, steps};
-  return o;
-}
-
-st::token_stream corpus() {
-  auto tokens = st::byte_tokens(st::generate_corpus(20000));
-  for (auto& t : tokens) t = static_cast<std::uint16_t>(t % tiny.vocab);
-  return st::token_stream(std::move(tokens), 5);
-}
+st::trainer_options options() { return strata_test::equivalence_options(lr, steps); }
+st::token_stream corpus() { return strata_test::folded_corpus(tiny.vocab); }
 
 struct run_result {
   std::vector<double> losses, weights;
