@@ -20,7 +20,7 @@
 
 #include "strata/core/init.hpp"
 #include "strata/core/memory.hpp"
-#include "strata/kernels/host.hpp"
+#include "strata/kernels/all.hpp"
 
 namespace {
 

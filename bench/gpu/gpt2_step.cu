@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
-#include "strata/kernels/cuda/all.cuh"
+#include "strata/kernels/all.hpp"
 
 using namespace strata_gpu_test;
 namespace st = strata;

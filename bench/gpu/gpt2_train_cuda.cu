@@ -42,8 +42,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    r.shape.validate();
-    return gpt2::train_on_cuda(r);
+    return gpt2::train_on_cuda(r);  // the layers check the shape as they are built
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata_gpt2_train_cuda: error: %s\n", e.what());
     return 1;

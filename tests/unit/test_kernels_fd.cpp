@@ -16,7 +16,7 @@
 
 #include "strata/core/init.hpp"
 #include "strata/core/memory.hpp"
-#include "strata/kernels/host.hpp"
+#include "strata/kernels/all.hpp"
 
 namespace {
 
@@ -235,6 +235,13 @@ TEST_CASE("attention: gradient of qkv matches finite differences; masking and ca
   vec dqkv2 = dqkv;
   k::attention_backward(host{}, dqkv2.data(), g.data(), qkv.data(), att.data(), B, T, C, NH);
   check_doubled("attention dqkv", dqkv, dqkv2);
+  {  // the CUDA signature's last argument, the forward's output: accepted and not needed here
+    vec with_out(B * T * C3), without_out(B * T * C3);
+    k::attention_backward(host{}, with_out.data(), g.data(), qkv.data(), att.data(), B, T, C, NH, out.data());
+    k::attention_backward(host{}, without_out.data(), g.data(), qkv.data(), att.data(), B, T, C, NH);
+    CHECK(with_out == without_out);
+    CHECK(std::int64_t(att.size()) == B * NH * T * k::attention_saved_per_row(host{}, T));
+  }
 
   {  // probabilities: rows sum to 1, zero above the diagonal
     for (std::int64_t r = 0; r < B * NH * T; ++r) {
@@ -343,3 +350,16 @@ TEST_CASE("cross-entropy: fused gradient matches finite differences of dloss * s
     CHECK(forward_losses[i] == doctest::Approx(max_l + std::log(z) - logits[i * Vp + targets[i]]).epsilon(1e-14));
   }
 }
+
+// One call for every device: kernels/<op>.hpp declares the host and (under nvcc) the CUDA
+// overloads, and the tag picks. attention_saved_per_row has both overloads in a g++ translation
+// unit too, since the planner prices CUDA policies here; a tag derived from a device is that
+// device.
+namespace {
+struct my_gpu : strata::cuda {};
+struct my_cpu : strata::host {};
+static_assert(k::attention_saved_per_row(strata::host{}, 1024) == 1024, "host: the probabilities, seq per row");
+static_assert(k::attention_saved_per_row(strata::cuda{}, 1024) == 1, "cuda: one logsumexp per row");
+static_assert(k::attention_saved_per_row(my_gpu{}, 1024) == 1, "a tag derived from strata::cuda picks CUDA's");
+static_assert(k::attention_saved_per_row(my_cpu{}, 1024) == 1024, "a tag derived from strata::host picks the host's");
+}  // namespace

@@ -1,5 +1,6 @@
 // Host kernels in reduced precision and at their edges: bf16/fp16 against fp32, the dtype
-// rounding rules they rely on, GEMM against a plain loop, AdamW against a hand computation,
+// rounding rules they rely on, GEMM against a plain loop and the portable
+// GEMM against the BLAS path, AdamW against a hand computation,
 // run-to-run and thread-count determinism, and the error messages for bad ids.
 #include <doctest/doctest.h>
 
@@ -13,11 +14,12 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "strata/core/init.hpp"
 #include "strata/core/memory.hpp"
-#include "strata/kernels/host.hpp"
+#include "strata/kernels/all.hpp"
 
 namespace {
 
@@ -245,6 +247,128 @@ TEST_CASE_TEMPLATE("gemm in 16 bits equals fp32 gemm rounded once", T, bf16, fp1
         k::gemm<T>(host{}, ws, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, beta, C.data(), N);
         check_one_rounding("gemm", C, c32);
       }
+}
+
+// The portable GEMM (gemm_detail::reference_gemm, what kernels::gemm runs without a BLAS)
+// against the BLAS path (kernels::gemm in this build) on the same inputs: every transpose,
+// padded leading dimensions, alpha/beta including beta = 0 over a NaN C, and sizes that cross
+// the reference's 64 x 128 x 256 tiles with partial tiles on every side.
+//
+// Tolerance. Both paths accumulate in the same type A (fp32, or fp64 for double) and differ only
+// in summation order, so with S = |alpha| sum_p |op(A)_ip op(B)_pj| + |beta C_ij| each is within
+// (K + 2) u_A S of the exact value (u_A: A's unit roundoff) and:
+//   float, double:  |ref - blas| <= 2 (K + 2) u_A S   per element (the rigorous bound), and
+//                   max|ref - blas| / max|blas| <= 8 sqrt(K) u_A   over the tensor (the
+//                   statistical size of a reordered sum: a real fault lands far above it);
+//   bf16, fp16:     each output is its fp32 value rounded once, so the two may differ by one
+//                   rounding where the fp32 values straddle a rounding boundary:
+//                   |ref - blas| <= 2 u_T max(|ref|, |blas|) + 2 (K + 2) u_fp32 S + floor.
+// STRATA_TEST_VERBOSE=1 prints the measured figures.
+TEST_CASE_TEMPLATE("the portable GEMM (no BLAS) matches the BLAS path", T, float, double, bf16, fp16) {
+  using A = strata::acc_t<T>;
+  if (!STRATA_HOST_BLAS) MESSAGE("built without a BLAS: kernels::gemm is reference_gemm itself");
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  const double u_acc = std::is_same_v<A, double> ? 0x1p-53 : 0x1p-24;
+  const double u_out = std::is_same_v<T, bf16> ? 0x1p-8 : std::is_same_v<T, fp16> ? 0x1p-11 : 0.0;
+  const double floor = std::is_same_v<T, fp16> ? absolute_floor<fp16> : 0.0;
+  struct shape { std::int64_t M, N, K; };
+  struct scalars { double alpha, beta; };
+  double worst_bound_ratio = 0, worst_tensor_rel = 0;
+  std::size_t differing = 0, total = 0;
+  for (const shape sh : {shape{150, 300, 600}, shape{7, 5, 3}, shape{1, 129, 257}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (const scalars sc : {scalars{1.0, 0.0}, scalars{0.75, -0.5}, scalars{-2.0, 1.0}}) {
+          const std::int64_t M = sh.M, N = sh.N, K = sh.K, pad = 5;
+          const std::int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+          const std::int64_t lda = a_cols + pad, ldb = b_cols + 2 * pad, ldc = N + 3 * pad;
+          // Inputs exactly representable in T, so S below is computed from the values T holds.
+          const fvec a = quantized<T>(randn(sz(a_rows * lda), 120));
+          const fvec b = quantized<T>(randn(sz(b_rows * ldb), 121));
+          fvec c0 = quantized<T>(randn(sz(M * ldc), 122));
+          // beta = 0: C must not be read, so start it as NaN (padding keeps its random values).
+          if (sc.beta == 0)
+            for (std::int64_t i = 0; i < M; ++i)
+              for (std::int64_t j = 0; j < N; ++j) c0[sz(i * ldc + j)] = std::numeric_limits<float>::quiet_NaN();
+          std::vector<T> Av(a.size()), Bv(b.size()), Cblas(c0.size());
+          for (std::size_t i = 0; i < a.size(); ++i) Av[i] = convert<T>(a[i]);
+          for (std::size_t i = 0; i < b.size(); ++i) Bv[i] = convert<T>(b[i]);
+          for (std::size_t i = 0; i < c0.size(); ++i) Cblas[i] = convert<T>(c0[i]);
+          std::vector<T> Cref = Cblas;
+          k::gemm<T>(host{}, ws, ta, tb, M, N, K, A(sc.alpha), Av.data(), lda, Bv.data(), ldb, A(sc.beta), Cblas.data(),
+                     ldc);
+          k::gemm_detail::reference_gemm<T>(ta, tb, M, N, K, A(sc.alpha), Av.data(), lda, Bv.data(), ldb, A(sc.beta),
+                                            Cref.data(), ldc);
+          double max_diff = 0, max_val = 0;
+          bool padding_kept = true;
+          for (std::int64_t i = 0; i < M; ++i) {
+            for (std::int64_t j = 0; j < N; ++j) {
+              double s = sc.beta == 0 ? 0 : std::fabs(sc.beta) * std::fabs(double(c0[sz(i * ldc + j)]));
+              for (std::int64_t p = 0; p < K; ++p)
+                s += std::fabs(sc.alpha) * std::fabs(double(ta ? a[sz(p * lda + i)] : a[sz(i * lda + p)]) *
+                                                     double(tb ? b[sz(j * ldb + p)] : b[sz(p * ldb + j)]));
+              const double r = convert<double>(Cref[sz(i * ldc + j)]), q = convert<double>(Cblas[sz(i * ldc + j)]);
+              const double bound =
+                  2 * u_out * std::max(std::fabs(r), std::fabs(q)) + 2 * double(K + 2) * u_acc * s + floor;
+              const double diff = std::fabs(r - q);
+              REQUIRE(std::isfinite(r));
+              worst_bound_ratio = std::max(worst_bound_ratio, bound > 0 ? diff / bound : diff);
+              max_diff = std::max(max_diff, diff);
+              max_val = std::max(max_val, std::fabs(q));
+              differing += diff != 0;
+              ++total;
+            }
+            for (std::int64_t j = N; j < ldc; ++j)
+              padding_kept = padding_kept && std::memcmp(&Cref[sz(i * ldc + j)], &Cblas[sz(i * ldc + j)], sizeof(T)) == 0;
+          }
+          CHECK(padding_kept);
+          const double tensor_rel = max_diff / max_val;
+          worst_tensor_rel = std::max(worst_tensor_rel, tensor_rel);
+          if (u_out == 0) {
+            INFO("M = ", M, ", N = ", N, ", K = ", K, ", trans_a = ", ta, ", trans_b = ", tb, ", alpha = ", sc.alpha,
+                 ", beta = ", sc.beta);
+            CHECK(tensor_rel <= 8 * std::sqrt(double(K)) * u_acc);
+          }
+        }
+  if (std::getenv("STRATA_TEST_VERBOSE"))
+    std::printf("  %s reference_gemm vs BLAS: worst |ref - blas| / bound %.3f, worst tensor-relative %.2e, "
+                "%zu of %zu elements differ\n",
+                strata::dtype_name<T>(), worst_bound_ratio, worst_tensor_rel, differing, total);
+  CHECK(worst_bound_ratio <= 1.0);
+}
+
+TEST_CASE("the portable GEMM is bit-identical for 1, 2 or 3 threads; K = 0 and alpha = 0 scale C by beta") {
+  const std::int64_t M = 130, N = 140, K = 300;
+  const fvec a = randn(sz(M * K), 130), b = randn(sz(K * N), 131), c0 = randn(sz(M * N), 132);
+  std::vector<fvec> results;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    fvec c = c0;
+    k::gemm_detail::reference_gemm<float>(false, true, M, N, K, 1.5f, a.data(), K, b.data(), K, 0.5f, c.data(), N);
+    results.push_back(c);
+  }
+  omp_set_num_threads(saved);
+  CHECK(bit_identical(results[0], results[1]));
+  CHECK(bit_identical(results[0], results[2]));
+
+  fvec c{1.0f, 2.0f, 3.0f, 4.0f}, nan_in(4, std::numeric_limits<float>::quiet_NaN());
+  k::gemm_detail::reference_gemm<float>(false, false, 2, 2, 0, 1.0f, nan_in.data(), 1, nan_in.data(), 2, 0.5f, c.data(),
+                                        2);
+  CHECK(c == fvec{0.5f, 1.0f, 1.5f, 2.0f});
+  // alpha = 0 reads neither A nor B (NaN there stays out), as BLAS; beta = 0 does not read C.
+  k::gemm_detail::reference_gemm<float>(false, false, 2, 2, 2, 0.0f, nan_in.data(), 2, nan_in.data(), 2, 2.0f, c.data(),
+                                        2);
+  CHECK(c == fvec{1.0f, 2.0f, 3.0f, 4.0f});
+  fvec c_nan = nan_in;
+  k::gemm_detail::reference_gemm<float>(false, false, 2, 2, 0, 1.0f, nan_in.data(), 1, nan_in.data(), 2, 0.0f,
+                                        c_nan.data(), 2);
+  CHECK(c_nan == fvec{0.0f, 0.0f, 0.0f, 0.0f});
+  // The same argument checks as the BLAS path.
+  CHECK(error_message([&] {
+          k::gemm_detail::reference_gemm<float>(false, false, 2, 2, 2, 1.0f, c.data(), 1, c.data(), 2, 0.0f, c.data(), 2);
+        }) == "gemm: lda = 1 is less than A's 2 columns");
 }
 
 // ---------------------------------------------------------------------------------------------

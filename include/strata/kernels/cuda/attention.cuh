@@ -25,9 +25,10 @@
 // flash-attention does). Otherwise (fp32, odd head sizes) the same kernels run scalar FMAs.
 // Tile sizes and shared memory come from gpu::plan_attention (launch_config.hpp).
 //
-// attention_backward takes the forward's `out` as an optional last argument (not in the host
-// signature): with it D = rowsum(dO * out) directly; without it the forward is recomputed into
-// scratch first.
+// attention_backward takes the forward's `out` as an optional last argument (the host overload
+// takes and ignores it, so a layer makes one call for both): with it D = rowsum(dO * out)
+// directly; without it the forward is recomputed into scratch first. How much `att` holds per
+// query row on each device is attention_saved_per_row (kernels/cuda/attention_saved.hpp).
 #pragma once
 #include <mma.h>
 
@@ -37,6 +38,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/kernels/cuda/attention_saved.hpp"
 #include "strata/kernels/cuda/common.cuh"
 #include "strata/policy/device.hpp"
 
@@ -433,7 +435,8 @@ void attention_forward(cuda, T* out, acc_t<T>* att, const T* qkv, std::int64_t B
 // forward's output [B, T, C] when the caller still has it (saves recomputing it); optional.
 template <class T>
 void attention_backward(cuda, T* dqkv, const T* dout, const T* qkv, const acc_t<T>* att, std::int64_t B,
-                        std::int64_t T_, std::int64_t C, std::int64_t NH, const T* out = nullptr) {
+                        std::int64_t T_, std::int64_t C, std::int64_t NH,
+                        const std::type_identity_t<T>* out = nullptr) {
   static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
   cuda_detail::check_attention_shape("attention_backward", B, T_, C, NH);
   if (B == 0 || T_ == 0) return;

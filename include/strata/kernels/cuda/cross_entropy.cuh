@@ -192,7 +192,7 @@ __device__ __forceinline__ float vocab_parallel_loss(const float* row_max, const
 }
 
 // Losses only (no logits): one thread per row.
-__global__ void vocab_parallel_loss_kernel(float* losses, const float* row_max, const float* sums,
+static __global__ void vocab_parallel_loss_kernel(float* losses, const float* row_max, const float* sums,
                                            const std::int32_t* targets, std::int64_t N, std::int64_t V) {
   for (std::int64_t i = thread_index(); i < N; i += grid_stride())
     losses[i] = vocab_parallel_loss(row_max, sums, targets[i], i, V);

@@ -112,7 +112,7 @@ __global__ void position_embedding_add_kernel(T* out, const T* wpe, std::int64_t
   }
 }
 
-__global__ void iota_kernel(std::int32_t* x, std::int64_t n) {
+static __global__ void iota_kernel(std::int32_t* x, std::int64_t n) {
   for (std::int64_t i = thread_index(); i < n; i += grid_stride()) x[i] = std::int32_t(i);
 }
 

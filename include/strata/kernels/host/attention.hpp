@@ -9,36 +9,25 @@
 // (b, h, t) row per task; the backward runs one (b, h) per task, because every t writes into
 // the k and v gradients of all earlier positions of its head. Each task sums in a fixed order,
 // so the result does not depend on the thread count.
+//
+// The signatures are the CUDA kernels' (kernels/cuda/attention.cuh), so a layer makes one call
+// for every device: attention_backward takes the forward's output as an optional last argument,
+// which the host ignores (it keeps the probabilities), and attention_saved_per_row says how
+// large `att` is on each device.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/kernels/host/openmp.hpp"
 #include "strata/policy/device.hpp"
 
 namespace strata::kernels {
 
 namespace attention_detail {
-inline int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-inline int thread_id() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
 // x . y over n elements in acc_t, as 8 interleaved partial sums combined in a fixed tree: the
 // compiler vectorises it, and the order is still fixed, whatever the thread count.
 template <class A, class T>
@@ -59,6 +48,11 @@ inline void check_shape(const char* who, std::int64_t B, std::int64_t T, std::in
 }
 }  // namespace attention_detail
 
+// How many acc_t values attention_forward keeps in `att` per query row for attention_backward:
+// the host keeps the row's probabilities, seq of them, so `att` holds B * NH * seq * seq. The
+// CUDA overload (kernels/cuda/attention_saved.hpp) keeps one; the planner prices both from g++.
+constexpr std::int64_t attention_saved_per_row(host, std::int64_t seq) { return seq; }
+
 template <class T>
 void attention_forward(host, T* out, acc_t<T>* att, const T* qkv, std::int64_t B, std::int64_t T_,
                        std::int64_t C, std::int64_t NH) {
@@ -67,13 +61,13 @@ void attention_forward(host, T* out, acc_t<T>* att, const T* qkv, std::int64_t B
   const std::int64_t hs = C / NH, C3 = 3 * C;
   const A scale = A(1) / std::sqrt(A(hs));
   // Per-thread accumulator for one output row of one head, so bf16/fp16 round once.
-  const int threads = attention_detail::max_threads();
+  const int threads = openmp::max_threads();
   std::vector<A> scratch(std::size_t(threads) * std::size_t(hs));
   const std::int64_t rows = B * T_ * NH;
 
 #pragma omp parallel num_threads(threads) if (rows * T_ * hs > 65536)
   {
-    A* acc = scratch.data() + std::size_t(attention_detail::thread_id()) * std::size_t(hs);
+    A* acc = scratch.data() + std::size_t(openmp::thread_id()) * std::size_t(hs);
 #pragma omp for schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
       // t varies fastest so a thread sweeps one head's k and v while they sit in its cache.
@@ -112,9 +106,12 @@ void attention_forward(host, T* out, acc_t<T>* att, const T* qkv, std::int64_t B
 //   dv[t2] += P[t2] dout[t]
 //   dS[t2]  = P[t2] (dP[t2] - sum_j P[j] dP[j]) / sqrt(hs)        (softmax backward, scaled)
 //   dq[t]  += sum_t2 dS[t2] k[t2],   dk[t2] += dS[t2] q[t]
+// out: the forward's output [B, T, C], accepted for the CUDA signature and not read: the kept
+// probabilities already give everything the backward needs.
 template <class T>
 void attention_backward(host, T* dqkv, const T* dout, const T* qkv, const acc_t<T>* att,
-                        std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t NH) {
+                        std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t NH,
+                        [[maybe_unused]] const std::type_identity_t<T>* out = nullptr) {
   using A = acc_t<T>;
   attention_detail::check_shape("attention_backward", B, T_, C, NH);
   const std::int64_t hs = C / NH, C3 = 3 * C;
@@ -122,13 +119,13 @@ void attention_backward(host, T* dqkv, const T* dout, const T* qkv, const acc_t<
   // Per thread: dk and dv of the whole head in acc_t (summed over every later t before one
   // rounding into dqkv), dP for one row, dq for one row.
   const std::size_t per_thread = std::size_t(2 * T_ * hs + T_ + hs);
-  const int threads = attention_detail::max_threads();
+  const int threads = openmp::max_threads();
   std::vector<A> scratch(std::size_t(threads) * per_thread);
   const std::int64_t heads = B * NH;
 
 #pragma omp parallel num_threads(threads) if (heads * T_ * T_ * hs > 65536)
   {
-    A* dk_acc = scratch.data() + std::size_t(attention_detail::thread_id()) * per_thread;
+    A* dk_acc = scratch.data() + std::size_t(openmp::thread_id()) * per_thread;
     A* dv_acc = dk_acc + T_ * hs;
     A* dp = dv_acc + T_ * hs;
     A* dq_acc = dp + T_;

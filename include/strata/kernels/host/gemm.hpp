@@ -1,20 +1,49 @@
-// strata/kernels/host/gemm.hpp - row-major GEMM on the CPU through OpenBLAS.
+// strata/kernels/host/gemm.hpp - row-major GEMM on the CPU: through a CBLAS (OpenBLAS) when the
+// program has one, through a portable loop GEMM when it has none.
 //
 //   C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C[M,N]
 //   op(A) = A (stored M x K, leading dimension lda) or A^T (stored K x M) when trans_a.
 //
-// float and double call sgemm/dgemm directly. bf16 and fp16 have no BLAS, so A and B (and C
-// when beta != 0) are widened into fp32 scratch from the workspace (slots 0, 1, 2), multiplied
-// with sgemm, and C is rounded back once: one rounding per output, fp32 accumulation.
+// Precision, the same on both paths: float and double accumulate in their own type; bf16 and
+// fp16 are widened to fp32, multiplied with fp32 accumulation, and each output is rounded back
+// once. With beta == 0, C is not read, so an uninitialised (even NaN) C is fine, as for BLAS.
+//
+// The path is STRATA_HOST_BLAS: 1 calls cblas_sgemm/dgemm (bf16/fp16 through fp32 copies in the
+// workspace, slots 0, 1, 2); 0 calls gemm_detail::reference_gemm. Left undefined, it is 1 exactly
+// when <cblas.h> can be included. strata::strata links OpenBLAS and puts its cblas.h on the
+// include path; a program without a BLAS (a CUDA-only build, whose st::cuda policy never
+// multiplies on the host) either has no cblas.h or defines STRATA_HOST_BLAS=0, and needs no stub
+// header and no BLAS library. Define it alike in every translation unit of a program: both paths
+// are the body of one template.
+//
+// reference_gemm is defined whatever the setting, so a test can hold it against the BLAS path in
+// one program. It computes each C tile from packed slices of op(A) and op(B) that stay in cache,
+// one tile per OpenMP task, every element summed over k in order: the result does not depend on
+// the thread count.
 #pragma once
-#include <cblas.h>
 
+#ifndef STRATA_HOST_BLAS
+#if __has_include(<cblas.h>)
+#define STRATA_HOST_BLAS 1
+#else
+#define STRATA_HOST_BLAS 0
+#endif
+#endif
+
+#if STRATA_HOST_BLAS
+#include <cblas.h>
+#endif
+
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
+#include "strata/kernels/host/openmp.hpp"
 #include "strata/policy/device.hpp"
 
 namespace strata::kernels {
@@ -47,13 +76,93 @@ inline void check_gemm_args(bool trans_a, bool trans_b, std::int64_t M, std::int
                    ldb <= blas_int_max && ldc <= blas_int_max,
                "gemm: a size exceeds the 32-bit range of the BLAS interface");
 }
+
+// reference_gemm's tiles: a task owns an mb x nb tile of C (32 KiB of fp32 accumulators) and
+// sweeps K in slices of kb, packing op(A)'s mb x kb slice (64 KiB) and op(B)'s kb x nb slice
+// (128 KiB) into dense accumulator-type arrays that the inner loops read from cache.
+inline constexpr std::int64_t tile_m = 64, tile_n = 128, tile_k = 256;
+
+// dst[r * cols + c] = op(src)[r0 + r, c0 + c] in the accumulator type, where op(src)[r, c] is
+// src[r * ld + c], or src[c * ld + r] when trans. The loop runs along src's rows either way.
+template <class Acc, class T>
+void pack(Acc* dst, const T* src, std::int64_t ld, bool trans, std::int64_t r0, std::int64_t rows, std::int64_t c0,
+          std::int64_t cols) {
+  if (!trans) {
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = convert<Acc>(src[(r0 + r) * ld + c0 + c]);
+  } else {
+    for (std::int64_t c = 0; c < cols; ++c)
+      for (std::int64_t r = 0; r < rows; ++r) dst[r * cols + c] = convert<Acc>(src[(c0 + c) * ld + r0 + r]);
+  }
+}
+
+// The portable GEMM: the contract and precision of kernels::gemm, with no BLAS and no workspace
+// (bf16/fp16 are widened while packing). kernels::gemm runs it when STRATA_HOST_BLAS is 0.
+template <class T>
+void reference_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, acc_t<T> alpha,
+                    const T* A, std::int64_t lda, const T* B, std::int64_t ldb, acc_t<T> beta, T* C,
+                    std::int64_t ldc) {
+  static_assert(is_scalar_v<T>, "strata::kernels::gemm: T must be float, double, bf16 or fp16");
+  using Acc = acc_t<T>;
+  check_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == Acc(0)) {
+    // No product to add (BLAS reads neither A nor B then): C = beta * C, or 0 without reading C.
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j)
+        C[i * ldc + j] = beta == Acc(0) ? convert<T>(Acc(0)) : convert<T>(beta * convert<Acc>(C[i * ldc + j]));
+    return;
+  }
+
+  const std::int64_t tiles_n = (N + tile_n - 1) / tile_n, tiles = ((M + tile_m - 1) / tile_m) * tiles_n;
+  const std::size_t per_thread = std::size_t(tile_m * tile_k + tile_k * tile_n + tile_m * tile_n);
+  const int threads = openmp::max_threads();
+  std::vector<Acc> scratch(std::size_t(threads) * per_thread);
+
+#pragma omp parallel num_threads(threads) if (M * N * K > 65536)
+  {
+    Acc* a_pack = scratch.data() + std::size_t(openmp::thread_id()) * per_thread;
+    Acc* b_pack = a_pack + tile_m * tile_k;
+    Acc* acc = b_pack + tile_k * tile_n;
+#pragma omp for schedule(static)
+    for (std::int64_t tile = 0; tile < tiles; ++tile) {
+      const std::int64_t i0 = (tile / tiles_n) * tile_m, j0 = (tile % tiles_n) * tile_n;
+      const std::int64_t mr = std::min(tile_m, M - i0), nr = std::min(tile_n, N - j0);
+      std::fill(acc, acc + mr * nr, Acc(0));
+      for (std::int64_t p0 = 0; p0 < K; p0 += tile_k) {
+        const std::int64_t kr = std::min(tile_k, K - p0);
+        pack(a_pack, A, lda, trans_a, i0, mr, p0, kr);  // op(A)[i0 .. i0+mr, p0 .. p0+kr]
+        pack(b_pack, B, ldb, trans_b, p0, kr, j0, nr);  // op(B)[p0 .. p0+kr, j0 .. j0+nr]
+        for (std::int64_t i = 0; i < mr; ++i) {
+          Acc* c_row = acc + i * nr;
+          const Acc* a_row = a_pack + i * kr;
+          for (std::int64_t p = 0; p < kr; ++p) {
+            const Acc a = a_row[p];
+            const Acc* b_row = b_pack + p * nr;
+            for (std::int64_t j = 0; j < nr; ++j) c_row[j] += a * b_row[j];
+          }
+        }
+      }
+      for (std::int64_t i = 0; i < mr; ++i) {
+        T* c = C + (i0 + i) * ldc + j0;
+        const Acc* c_row = acc + i * nr;
+        if (beta == Acc(0)) {
+          for (std::int64_t j = 0; j < nr; ++j) c[j] = convert<T>(alpha * c_row[j]);
+        } else {
+          for (std::int64_t j = 0; j < nr; ++j) c[j] = convert<T>(alpha * c_row[j] + beta * convert<Acc>(c[j]));
+        }
+      }
+    }
+  }
+}
 }  // namespace gemm_detail
 
 template <class T>
-void gemm(host, workspace& ws, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N,
+void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N,
           std::int64_t K, acc_t<T> alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb,
           acc_t<T> beta, T* C, std::int64_t ldc) {
   static_assert(is_scalar_v<T>, "strata::kernels::gemm: T must be float, double, bf16 or fp16");
+#if STRATA_HOST_BLAS
   gemm_detail::check_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
@@ -79,6 +188,9 @@ void gemm(host, workspace& ws, bool trans_a, bool trans_b, std::int64_t M, std::
                 int(b_cols > 0 ? b_cols : 1), beta, c32, n);
     gemm_detail::narrow_block(C, ldc, c32, M, N);
   }
+#else
+  gemm_detail::reference_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
 }
 
 }  // namespace strata::kernels

@@ -2,7 +2,8 @@
 //
 //   inp [N, C], weight [OC, C] (PyTorch's nn.Linear layout), bias [OC] (nullable), out [N, OC]
 //
-// Both GEMMs go through kernels::gemm (OpenBLAS); the bias gradient is a column sum done here.
+// Both GEMMs go through kernels::gemm (OpenBLAS, or the portable loop GEMM in a program without
+// a BLAS: kernels/host/gemm.hpp); the bias gradient is a column sum done here.
 #pragma once
 #include <cstdint>
 #include <type_traits>
