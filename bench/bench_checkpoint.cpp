@@ -23,7 +23,7 @@ const std::string dir = "bench_checkpoint_tmp";
 
 struct setup {
   st::memory_ledger ledger;
-  gpt2::model<P> model{ledger, shape, st::seed{1}};
+  st::sequential_model<gpt2::model<P>> model{ledger, shape, st::seed{1}};
   st::adamw<P> opt{model, {}};
   st::checkpointer ckpt{{dir, 1}, st::group_ref(), {{"world", 1}}, {{"layers", shape.layers}}};
   st::train_state_ref<P> state() { return {model.parameters(), opt, {}}; }

@@ -32,10 +32,9 @@ void BM_dp_step(benchmark::State& state) {
   const std::int64_t global_batch = 16;
   auto& world = the_world->comm();
   st::memory_ledger ledger;
-  gpt2::model<P> model(ledger, d, st::seed{1});
+  st::sequential_model<gpt2::model<P>> model(ledger, d, st::seed{1});
   st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero, .bucket_elems = 1 << 16});
-  st::adamw<P> opt(model.parameters(), {.lr = 1e-3}, dp.optimizer_segments(), dp.optimizer_elements(),
-                   dp.state_weights());
+  st::adamw<P> opt(dp, {.lr = 1e-3});  // this rank's segments (a ZeRO shard for stages >= 1)
   st::trainer_options o;
   o.schedule = {1e-3, 1e-4, 0, 1000000};
   st::trainer train(model, opt, o, dp);

@@ -24,7 +24,8 @@
 //                        re-done in backward (2 · (t-1)/t · S) and the LayerNorms' gain and
 //                        bias gradients summed (2 all-reduces of 2h fp32: 2 · 2(t-1)/t · 8h)
 //   act_B          activation bytes held after forward (memory_ledger, input excluded)
-//   act_formula_B  transformer_block<P>::activation_bytes(cfg, b, s)
+//   act_formula_B  the block's own cost, transformer_block<P>::cost(cfg, {.tp, .batch, .seq})
+//                  .activation_bytes (layers/cost.hpp)
 // Only rank 0 reports; the others run the same benchmarks with a reporter that prints nothing.
 #include <benchmark/benchmark.h>
 
@@ -55,7 +56,8 @@ double megatron_bytes(int t, bool sp) {
 void BM_tp_block(benchmark::State& state, bool sp) {
   auto& tp = *the_tp;
   const int t = tp.size();
-  const block_t::config cfg{h, heads, 4 * h, 1e-5, 0.02, 0.02, {t, sp}};
+  // The split is not part of the config: the block reads it from its context's tensor group.
+  const block_t::config cfg{.channels = h, .heads = heads, .hidden = 4 * h};
   const std::int64_t local_s = sp ? s / t : s;
 
   st::memory_ledger ledger;
@@ -93,7 +95,8 @@ void BM_tp_block(benchmark::State& state, bool sp) {
   state.counters["sent_B"] = double(sent) / iters;
   state.counters["megatron_B"] = megatron_bytes(t, sp);
   state.counters["act_B"] = held;
-  state.counters["act_formula_B"] = double(block_t::activation_bytes(cfg, b, s));
+  const st::cost_scope scope{.tp = ctx.tensor().split(), .batch = b, .seq = s};
+  state.counters["act_formula_B"] = double(block_t::cost(cfg, scope).activation_bytes);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ static void BM_train_step(benchmark::State& state) {
   const gpt2::dims d{.vocab = 256, .seq = 64, .layers = 2, .heads = 4, .d_model = 128};
   const std::int64_t batch = state.range(0);
   st::memory_ledger ledger;
-  gpt2::model<P> model(ledger, d, st::seed{1});
+  st::sequential_model<gpt2::model<P>> model(ledger, d, st::seed{1});
   st::adamw<P> opt(model, {.lr = 1e-3});
   st::trainer_options o;
   o.schedule = {1e-3, 1e-4, 0, 1000000};

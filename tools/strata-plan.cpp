@@ -1,6 +1,8 @@
 // strata-plan - what a training layout costs per rank, before anything runs.
 //
-// Three modes, all built on include/strata/plan/plan.hpp:
+// Three modes, all built on include/strata/plan/plan.hpp. The shape flags describe the example
+// GPT-2 (examples/gpt2/gpt2.hpp), which is planned as any declared model is: plan_model sums its
+// own layers' costs under the flags' layout, on a CUDA device in the chosen precision.
 //
 //   strata-plan --layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 50304
 //               --global-batch 512 --micro-batch 8 --dp 8 --zero 1 [--json]
@@ -30,6 +32,7 @@
 #include <strata/plan/plan.hpp>
 
 #include "common/cli_checks.hpp"
+#include "gpt2/gpt2.hpp"
 
 namespace st = strata;
 
@@ -214,11 +217,17 @@ std::string precision_text(const std::string& precision) {
   return precision == "fp32" ? "fp32 (the weights are their own master copy)" : precision + " with fp32 master weights";
 }
 
-st::plan_result plan_with(const std::string& precision, const st::model_shape& m, const st::batch& b,
+// The example GPT-2 in a precision, on a GPU: the device decides what attention keeps for
+// backward (one logsumexp per row there, not the probabilities). plan_model takes the layout from
+// the setup, so the policy's own layout is not read.
+template <class Precision>
+using gpt2_on_gpu = gpt2::model<st::policy<st::cuda, st::serial, Precision>>;
+
+st::plan_result plan_with(const std::string& precision, const gpt2::dims& m, const st::batch& b,
                           const st::plan_setup& s) {
-  if (precision == "fp32") return st::plan_gpt<st::fp32>(m, b, s);
-  if (precision == "fp16") return st::plan_gpt<st::mixed<st::fp16, float>>(m, b, s);
-  return st::plan_gpt<st::mixed<st::bf16, float>>(m, b, s);
+  if (precision == "fp32") return st::plan_model<gpt2_on_gpu<st::fp32>>(m, b, s);
+  if (precision == "fp16") return st::plan_model<gpt2_on_gpu<st::mixed<st::fp16, float>>>(m, b, s);
+  return st::plan_model<gpt2_on_gpu<st::mixed<st::bf16, float>>>(m, b, s);
 }
 
 std::string schedule_tag(st::pipeline_schedule_kind k) {
@@ -255,8 +264,8 @@ st::plan_setup make_setup(int dp, int tp, int pp, int v, int zero, bool sp, std:
 //
 //   peak        = the device's dense peak for the storage precision (16-bit or fp32)
 //   T_compute   = flops_per_rank / (efficiency x peak)
-//                 (the plan's flops_per_rank: one step's FLOPs, recomputation included, over
-//                 dp x tp x pp ranks)
+//                 (the plan's flops_per_rank: the busiest pipeline stage's FLOPs of one step,
+//                 recomputation included, over its dp x tp ranks)
 //   placement   : ranks are numbered tp fastest, then dp, then pp, so a tp group spans tp
 //                 consecutive ranks, a dp group (dp-1)·tp+1 ranks, a pp group (pp-1)·dp·tp+1.
 //                 A group uses the intra-node bandwidth and latency when every copy of it lies
@@ -290,7 +299,7 @@ bool group_within_node(int ranks, int per_node, int stride, int size) {
   return true;
 }
 
-step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, const st::model_shape& m,
+step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, const gpt2::dims& m,
                             const st::batch& b, const st::hw::device_spec& d, int storage_bytes, double efficiency) {
   const int tp = s.layout.tp, dp = s.layout.dp, pp = s.layout.pp, gpus = tp * dp * pp;
   const double peak = d.peak_flops(storage_bytes);
@@ -328,9 +337,9 @@ json_object estimate_json(const step_estimate& e) {
   return o;
 }
 
-std::string shape_text(const st::model_shape& m) {
+std::string shape_text(const gpt2::dims& m) {
   return printf_string("GPT: %lld layers, hidden %lld, %lld heads, FFN %lld, seq %lld, vocab %lld", (long long)m.layers,
-                       (long long)m.hidden, (long long)m.heads, (long long)m.ffn_width(), (long long)m.seq,
+                       (long long)m.d_model, (long long)m.heads, (long long)m.ffn_width(), (long long)m.seq,
                        (long long)m.vocab);
 }
 
@@ -345,8 +354,8 @@ std::string device_text(const st::hw::device_spec& d, int storage_bytes) {
 // Mode 1: the plan of one layout
 // ---------------------------------------------------------------------------------------------
 
-int run_plan(const options& o, const st::model_shape& m, const st::hw::device_spec& d) {
-  const st::batch b{o.micro_batch, o.global_batch};
+int run_plan(const options& o, const gpt2::dims& m, const st::hw::device_spec& d) {
+  const st::batch b{.micro = o.micro_batch, .global = o.global_batch};
   auto schedule = o.virtual_chunks > 1 ? st::pipeline_schedule_kind::interleaved : st::pipeline_schedule_kind::one_f_one_b;
   if (!o.schedule.empty()) schedule = st::parse_pipeline_schedule(o.schedule);
   if (o.virtual_chunks > 1 && schedule != st::pipeline_schedule_kind::interleaved)
@@ -460,7 +469,7 @@ int run_plan(const options& o, const st::model_shape& m, const st::hw::device_sp
   std::printf("\ncompute per step%*s %10s\n", 37, "", "FLOP");
   flop_row("whole model, with recomputation", r.flops_per_step);
   flop_row("whole model, without recomputation", r.model_flops_per_step);
-  flop_row("per rank (spread evenly over the ranks)", r.flops_per_rank);
+  flop_row("per rank (busiest stage over its dp x tp ranks)", r.flops_per_rank);
 
   std::printf("\ncommunication per rank per step%*s %10s\n", 22, "", "GB");
   const auto comm_row = [&](const std::string& label, double bytes) {
@@ -582,7 +591,7 @@ const char* recompute_name(st::recompute_mode r) {
   }
 }
 
-int run_search(const options& o, const st::model_shape& m, const st::hw::device_spec& d) {
+int run_search(const options& o, const gpt2::dims& m, const st::hw::device_spec& d) {
   const int G = o.gpus;
   const auto opt = o.optimizer == "sgd" ? st::optimizer_kind::sgd : st::optimizer_kind::adamw;
   const int storage = storage_bytes_of(o.precision);
@@ -611,7 +620,7 @@ int run_search(const options& o, const st::model_shape& m, const st::hw::device_
               for (const auto rc : {st::recompute_mode::none, st::recompute_mode::selective, st::recompute_mode::full}) {
                 candidate c{dp, tp, pp, v, zero, micro, sp, rc, {}, {}};
                 const st::plan_setup s = make_setup(dp, tp, pp, v, zero, sp, M, rc, opt, schedule);
-                const st::batch b{micro, B};
+                const st::batch b{.micro = micro, .global = B};
                 try {
                   c.plan = plan_with(o.precision, m, b, s);
                 } catch (const st::error&) {
@@ -801,7 +810,8 @@ int main(int argc, char** argv) {
                         " (a plan needs --layers, --hidden, --heads, --seq, --vocab and --global-batch; "
                         "--search also --gpus; or give --params N for the model-state estimate); see --help");
     STRATA_CHECK(o.hidden % o.heads == 0, "--heads ", o.heads, " does not divide --hidden ", o.hidden);
-    const st::model_shape shape{o.vocab, o.seq, o.layers, o.heads, o.hidden, o.ffn};
+    const gpt2::dims shape{.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .heads = o.heads, .d_model = o.hidden,
+                           .ffn = o.ffn};
     return o.search ? run_search(o, shape, device) : run_plan(o, shape, device);
   } catch (const usage_error& e) {
     std::fprintf(stderr, "strata-plan: error: %s\n", e.what());

@@ -1,6 +1,7 @@
 // examples/gpt2/gpt2_hf.hpp - the example GPT-2's weights as Hugging Face's GPT-2 names them.
 //
-// strata's parameters in serial order, each with its name in a transformers GPT2LMHeadModel
+// strata's parameters in serial order (sequential_model::serial_parameters), each with its name
+// in a transformers GPT2LMHeadModel
 // safetensors file ("transformer.h.3.attn.c_attn.weight", ...). GPT-2's projections are Conv1D
 // layers that store [in, out]; strata's linear layers store [out, in] (PyTorch's nn.Linear), so
 // those four weights per block are transposed on the way out and back. The head is tied to
@@ -32,7 +33,7 @@ struct hf_param {
 
 // Every parameter of the unsplit model, in its flat (serial) order.
 inline std::vector<hf_param> hf_layout(const dims& d) {
-  const std::int64_t C = d.d_model, V = d.vocab, T = d.seq;
+  const std::int64_t C = d.d_model, V = d.vocab, T = d.seq, F = d.ffn_width();
   std::vector<hf_param> out{{"wte", "transformer.wte.weight", {V, C}}, {"wpe", "transformer.wpe.weight", {T, C}}};
   for (std::int64_t l = 0; l < d.layers; ++l) {
     const std::string s = "h." + std::to_string(l) + ".", hf = "transformer.h." + std::to_string(l) + ".";
@@ -42,20 +43,13 @@ inline std::vector<hf_param> hf_layout(const dims& d) {
         {s + "attn.qkv.bias", hf + "attn.c_attn.bias", {3 * C}},
         {s + "attn.proj.weight", hf + "attn.c_proj.weight", {C, C}, true},
         {s + "attn.proj.bias", hf + "attn.c_proj.bias", {C}},   {s + "ln_2.weight", hf + "ln_2.weight", {C}},
-        {s + "ln_2.bias", hf + "ln_2.bias", {C}},               {s + "mlp.fc.weight", hf + "mlp.c_fc.weight", {4 * C, C}, true},
-        {s + "mlp.fc.bias", hf + "mlp.c_fc.bias", {4 * C}},     {s + "mlp.proj.weight", hf + "mlp.c_proj.weight", {C, 4 * C}, true},
+        {s + "ln_2.bias", hf + "ln_2.bias", {C}},               {s + "mlp.fc.weight", hf + "mlp.c_fc.weight", {F, C}, true},
+        {s + "mlp.fc.bias", hf + "mlp.c_fc.bias", {F}},         {s + "mlp.proj.weight", hf + "mlp.c_proj.weight", {C, F}, true},
         {s + "mlp.proj.bias", hf + "mlp.c_proj.bias", {C}}};
     out.insert(out.end(), block.begin(), block.end());
   }
   out.push_back({"ln_f.weight", "transformer.ln_f.weight", {C}});
   out.push_back({"ln_f.bias", "transformer.ln_f.bias", {C}});
-  return out;
-}
-
-// (name, element count) in serial order: what gather/scatter_model_weights take.
-inline std::vector<std::pair<std::string, std::int64_t>> serial_names(const dims& d) {
-  std::vector<std::pair<std::string, std::int64_t>> out;
-  for (const auto& p : hf_layout(d)) out.push_back({p.name, p.numel()});
   return out;
 }
 

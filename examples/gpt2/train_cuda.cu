@@ -1,12 +1,14 @@
 // gpt2_train --device cuda (train_cuda.hpp): one GPU, any of fp32, bf16, fp16.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
 
-#include <strata/kernels/cuda/all.cuh>
+#include <strata/kernels/all.hpp>
 #include <strata/optim/adamw.hpp>
+#include <strata/parallel/sequential_model.hpp>
 #include <strata/plan/plan.hpp>
 #include <strata/train/corpus.hpp>
 #include <strata/train/metrics.hpp>
@@ -23,8 +25,9 @@ namespace st = strata;
 
 template <class P>
 int train_with(const cuda_run& o, const cudaDeviceProp& prop) {
+  // The declaration built on this rank: the serial model, its memory on the device.
   st::memory_ledger ledger(st::gpu::device_memory());
-  model<P> net(ledger, o.shape, st::seed{o.seed});
+  st::sequential_model<model<P>> net(ledger, o.shape, st::seed{o.seed});
   st::adamw<P> opt(net, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
   const auto order = st::parse_data_order(o.data_order);
   st::token_stream data = o.data.empty() ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed, order)
@@ -35,9 +38,8 @@ int train_with(const cuda_run& o, const cudaDeviceProp& prop) {
   topt.grad_clip = o.grad_clip;
   st::trainer train(net, opt, topt);
 
-  const st::model_shape shape{o.shape.vocab, o.shape.seq, o.shape.layers, o.shape.heads, o.shape.d_model};
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
-  const auto plan = st::plan_gpt<typename P::precision>(shape, {micro, o.batch}, st::plan_setup{});
+  const auto plan = st::plan_model<model<P>>(o.shape, {.micro = micro, .global = o.batch}, st::plan_setup{});
   const auto* device = o.hw.empty() ? nullptr : st::hw::find(o.hw);
   STRATA_CHECK(o.hw.empty() || device, "gpt2_train: --hw ", o.hw, " is not a known device");
   std::printf("gpt2_train: %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters, %s on %s\n",

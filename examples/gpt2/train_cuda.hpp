@@ -1,9 +1,10 @@
 // examples/gpt2/train_cuda.hpp - gpt2_train --device cuda: the model on one GPU.
 //
-// The same gpt2::model as on the host, with st::policy<st::cuda, ...>: its layers call the CUDA
-// kernels and its ledger allocates device memory (gpu::device_memory()), so parameters,
-// gradients, optimizer state and activations live on the GPU. Compiled by nvcc
-// (train_cuda.cu) when the CUDA toolkit is found; otherwise train_no_cuda.cpp says so.
+// The same declaration as on the host, gpt2::model<P> with P = st::policy<st::cuda, st::serial,
+// ...>, built by st::sequential_model: its layers call the CUDA kernels and its ledger allocates
+// device memory (gpu::device_memory()), so parameters, gradients, optimizer state and
+// activations live on the GPU. Compiled by nvcc (train_cuda.cu) when the CUDA toolkit is found;
+// otherwise train_no_cuda.cpp says so.
 #pragma once
 #include <cstdint>
 #include <string>

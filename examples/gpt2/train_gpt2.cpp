@@ -1,7 +1,8 @@
-// gpt2_train - trains the example GPT-2 on the CPU.
+// gpt2_train - trains the example GPT-2 on the CPU (or, with --device cuda, on one GPU).
 //
 // With no flags: a small model on the generated corpus (byte-level tokens), one progress line
-// per step and a generated sample at the end. --data reads uint16 token shards instead.
+// per step and a generated sample at the end. --data reads uint16 token shards instead. The
+// run is one strata::training of gpt2::model under a policy whose layout the flags fill in.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -15,17 +16,10 @@
 #include <vector>
 
 #include <strata/strata.hpp>
-#include <strata/comm/launch.hpp>
-#include <strata/comm/mesh.hpp>
-#include <strata/parallel/data_parallel.hpp>
-#include <strata/parallel/gather.hpp>
-#include <strata/plan/plan.hpp>
-#include <strata/train/checkpoint.hpp>
 
 #include "common/cli_checks.hpp"
 #include "gpt2.hpp"
 #include "gpt2_hf.hpp"
-#include "gpt2_pipeline.hpp"
 #include "train_cuda.hpp"
 
 namespace st = strata;
@@ -106,15 +100,25 @@ std::string pipeline_json(Model& model, st::mpi_communicator& pp) {
   return s + "]}";
 }
 
-template <class P, bool Pipelined>
+// Every setting of the layout comes from the flags: degrees, ZeRO stage, sequence parallelism,
+// schedule, micro-batches and chunks are all left to the launch.
+using flag_layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>,
+                                 st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+                                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
+
+st::layout_overrides layout_flags(const run_options& o) {
+  return {.dp = o.dp, .tp = o.tp, .pp = o.pp, .microbatches = o.microbatches > 0 ? o.microbatches : 1,
+          .zero_stage = o.zero, .sequence_parallel = o.sp ? 1 : 0, .virtual_chunks = o.virtual_chunks,
+          .schedule = o.schedule};
+}
+
+template <class Precision>
 int train(const run_options& o, st::world& world) {
-  using model_t = std::conditional_t<Pipelined, gpt2::staged_model<P>, gpt2::model<P>>;
-  // The layout: pipeline stages over --pp ranks, tensor parallelism over --tp, data parallelism
-  // over whatever the launch leaves (or --dp, checked against it).
-  using layout = st::parallel<st::data<st::dynamic>, st::tensor<st::dynamic>, st::pipeline<st::dynamic>>;
-  const int microbatches = o.microbatches > 0 ? o.microbatches : 1;
-  st::process_mesh mesh(world, st::resolve_layout<layout>(world.size(), {.dp = o.dp, .tp = o.tp, .pp = o.pp}));
+  using P = st::policy<st::host, flag_layout, Precision>;
+  using model_decl = gpt2::model<P>;
+  const st::layout_config layout = st::resolve_layout<flag_layout>(world.size(), layout_flags(o));
   const bool lead = world.rank() == 0;
+  const bool pipelined = layout.pp > 1 || layout.virtual_chunks > 1;
 
   // The plan, before anything is allocated: with --hw, a layout that does not fit the device
   // stops here on every rank, naming the numbers. The loop reports FLOP/s and MFU from it.
@@ -122,18 +126,15 @@ int train(const run_options& o, st::world& world) {
   const st::hw::device_spec* device = nullptr;
   {
     st::plan_setup setup;
-    setup.layout = mesh.layout();
-    setup.layout.sequence_parallel = o.sp;
-    setup.layout.virtual_chunks = o.virtual_chunks;
+    setup.layout = layout;
     setup.recompute = st::parse_recompute_mode(o.recompute);
-    setup.schedule = st::parse_pipeline_schedule(o.schedule);
-    const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch / mesh.layout().dp / microbatches;
-    const st::model_shape shape{o.dims.vocab, o.dims.seq, o.dims.layers, o.dims.heads, o.dims.d_model};
+    setup.schedule = st::parse_pipeline_schedule(layout.schedule);
+    const std::int64_t micro = o.micro_batch > 0 && !pipelined ? o.micro_batch : o.batch / layout.dp / layout.microbatches;
     try {
-      if (micro > 0 && o.batch % (mesh.layout().dp * micro) == 0)
-        plan = st::plan_gpt<typename P::precision>(shape, {micro, o.batch}, setup);
+      if (micro > 0 && o.batch % (layout.dp * micro) == 0)
+        plan = st::plan_model<model_decl>(o.dims, {.micro = micro, .global = o.batch}, setup);
     } catch (const st::error&) {
-      // A shape the layout cannot split: the model's own checks below name it in their words.
+      // A shape the layout cannot split: the start-up checks below name it in their words.
     }
     if (plan && lead)
       std::printf("plan: %.1f MB model state + %.1f MB activations per rank, %.3g FLOP per step\n",
@@ -145,33 +146,24 @@ int train(const run_options& o, st::world& world) {
       plan->check_fits(*device);
     }
   }
-  st::memory_ledger ledger;
-  st::tensor_parallel tp(st::group_ref(mesh.tp()), o.sp);
-  const auto recompute = st::parse_recompute_mode(o.recompute);
-  std::optional<model_t> built;
-  if constexpr (Pipelined) {
-    gpt2::pipeline_placement place{{st::parse_pipeline_schedule(o.schedule), o.pp, microbatches, o.virtual_chunks},
-                                   mesh.position().pp_rank, o.stage_layers};
-    built.emplace(ledger, o.dims, st::seed{o.seed}, tp, recompute, place, st::group_ref(mesh.pp()),
-                  mesh.embedding() ? st::group_ref(*mesh.embedding()) : st::group_ref());
-  } else {
-    built.emplace(ledger, o.dims, st::seed{o.seed}, tp, recompute);
-  }
-  model_t& model = *built;
+
+  st::training_options topts{.layout = layout_flags(o),
+                             .blocks_per_virtual_stage = o.stage_layers,
+                             .recompute = st::parse_recompute_mode(o.recompute),
+                             .seed = st::seed{o.seed},
+                             .optimizer = {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
+                             .bucket_elems = o.bucket_elems};
+  topts.trainer.micro_batch = pipelined ? 0 : o.micro_batch;
+  topts.trainer.schedule = {o.lr, o.lr / 10, std::min(o.warmup, o.steps), o.steps};
+  topts.trainer.grad_clip = o.grad_clip;
   if (!o.init_from.empty()) {
     // Every rank reads the file and keeps its own pieces, before the optimizer copies the weights.
-    auto& p = model.parameters();
-    const auto serial = gpt2::import_hf(o.init_from, o.dims);
-    st::scatter_model_weights(p, std::span<typename P::storage>(p.weights_data(), std::size_t(p.size())),
-                              gpt2::serial_names(o.dims), serial);
-    if (lead) std::printf("init-from: %s (%zu weights)\n", o.init_from.c_str(), serial.size());
+    topts.initial_weights = gpt2::import_hf(o.init_from, o.dims);
+    if (lead) std::printf("init-from: %s (%zu weights)\n", o.init_from.c_str(), topts.initial_weights.size());
   }
-  st::data_parallel<P, st::mpi_communicator> dp(
-      model.parameters(), mesh.dp(),
-      {.zero_stage = o.zero, .bucket_elems = o.bucket_elems, .tensor_group = st::group_ref(mesh.tp()),
-       .pipeline_group = st::group_ref(mesh.pp())});
-  st::adamw<P> opt(model.parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
-                   dp.optimizer_segments(), dp.optimizer_elements(), dp.state_weights());
+  st::training<model_decl> run(world, o.dims, std::move(topts));
+  auto& model = run.model();
+  auto& mesh = run.mesh();
 
   if (o.data.empty())
     STRATA_CHECK(o.dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
@@ -179,86 +171,61 @@ int train(const run_options& o, st::world& world) {
   st::token_stream data = o.data.empty()
                               ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed, st::parse_data_order(o.data_order))
                               : st::token_stream::from_glob(o.data, o.dims.vocab, o.seed, st::parse_data_order(o.data_order));
-
-  st::trainer_options topt;
-  topt.micro_batch = o.micro_batch;
-  if constexpr (Pipelined) {
-    // The schedule's micro-batches split this rank's share of the batch.
-    const auto rows = dp.local_rows(o.batch).second;
-    STRATA_CHECK(rows % microbatches == 0, "gpt2_train: ", rows, " sequences per data-parallel rank (--batch ", o.batch,
-                 ") do not split into --microbatches ", microbatches);
-    topt.micro_batch = rows / microbatches;
-  }
-  topt.schedule = {o.lr, o.lr / 10, std::min(o.warmup, o.steps), o.steps};
-  topt.grad_clip = o.grad_clip;
-  st::trainer train(model, opt, topt, dp);
-  dp.local_rows(o.batch);  // a batch that does not divide over the ranks fails here, on every rank
+  // A batch the ranks or the schedule cannot share fails here, on every rank.
+  const auto rows = run.synchronizer().local_rows(o.batch).second;
+  STRATA_CHECK(!pipelined || rows % layout.microbatches == 0, "gpt2_train: ", rows, " sequences per data-parallel rank (--batch ",
+               o.batch, ") do not split into --microbatches ", layout.microbatches);
 
   // Checkpoints: every rank saves its pieces; --resume continues from the newest complete one,
   // whatever layout saved it.
   std::optional<st::checkpointer> checkpoints;
-  const st::train_state_ref<P> state{model.parameters(), opt,
-                                     {.dp_rank = mesh.dp().rank(), .tp_rank = mesh.tp().rank(), .zero_stage = dp.zero_stage()}};
   int first_step = 0;
   if (!o.save_dir.empty()) {
-    const auto& l = mesh.layout();
-    checkpoints.emplace(st::checkpoint_options{o.save_dir, o.keep}, st::group_ref(mesh.world()),
-                        nlohmann::json{{"world", world.size()}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp},
-                                       {"zero", dp.zero_stage()}, {"sp", o.sp}, {"schedule", o.schedule},
-                                       {"virtual", o.virtual_chunks}},
-                        nlohmann::json{{"layers", o.dims.layers}, {"heads", o.dims.heads}, {"d_model", o.dims.d_model},
-                                       {"seq", o.dims.seq}, {"vocab", o.dims.vocab}});
+    checkpoints.emplace(run.make_checkpointer({o.save_dir, o.keep}));
     if (o.resume) {
-      if (const auto loaded = checkpoints->resume(state)) {
-        const auto& pr = loaded->progress;
-        STRATA_CHECK(pr.seed == o.seed, "gpt2_train: the checkpoint in '", loaded->path, "' was trained with --seed ",
-                     pr.seed, "; this run has --seed ", o.seed, " (the data order would change)");
-        train.resume_at(pr.step, pr.scaler);
-        data.seek(pr.data_position);
-        first_step = pr.step;
+      if (const auto loaded = run.resume(*checkpoints)) {
+        data.seek(loaded->progress.data_position);
+        first_step = loaded->progress.step;
         if (lead)
-          std::printf("resume: %s (step %d, saved under %s)\n", loaded->path.c_str(), pr.step, loaded->layout.dump().c_str());
+          std::printf("resume: %s (step %d, saved under %s)\n", loaded->path.c_str(), first_step,
+                      loaded->layout.dump().c_str());
       } else if (lead) {
         std::printf("resume: no checkpoint in '%s' yet; starting at step 0\n", o.save_dir.c_str());
       }
     }
   }
-  const auto save_checkpoint = [&](int steps_done) {
-    return checkpoints->save(st::train_progress{.step = steps_done, .optimizer_steps = opt.steps_taken(),
-                                                .scaler = train.scaler().snapshot(), .seed = o.seed,
-                                                .data_position = data.position()},
-                             state);
-  };
   std::unique_ptr<st::metrics_file> metrics;
   if (lead && !o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics, first_step > 0);
   const auto fault = st::fault_injection::from_env();
   std::string last_saved;
 
+  const std::int64_t micro_batch =
+      pipelined ? o.batch / layout.dp / layout.microbatches : (o.micro_batch ? o.micro_batch : o.batch / layout.dp);
   if (lead) {
     std::printf("gpt2_train: %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n",
                 (long long)o.dims.layers, (long long)o.dims.heads, (long long)o.dims.d_model, (long long)o.dims.seq,
-                (long long)o.dims.vocab, (long long)model.parameters().size(), mesh.layout().tp > 1 ? " per rank" : "",
+                (long long)o.dims.vocab, (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "",
                 o.precision.c_str());
     std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; "
                 "recompute %s\n",
                 o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
-                (long long)o.dims.seq, (long long)(o.micro_batch ? o.micro_batch : o.batch / mesh.layout().dp),
-                mesh.layout().dp, o.zero, mesh.layout().tp, o.sp ? " + sequence parallel" : "", o.recompute.c_str());
-    if constexpr (Pipelined) {
+                (long long)o.dims.seq, (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp,
+                o.sp ? " + sequence parallel" : "", o.recompute.c_str());
+    if (pipelined) {
       const auto& sh = model.placement().shape;
       std::printf("pipeline: %d stages, %s, %d micro-batches of %lld, %d chunks per stage; analytic bubble %.3f\n",
                   sh.stages, std::string(st::schedule_label(sh.schedule)).c_str(), sh.microbatches,
-                  (long long)topt.micro_batch, sh.chunks, st::analytic_bubble(sh));
+                  (long long)micro_batch, sh.chunks, st::analytic_bubble(sh));
     }
   }
   st::progress progress(o.steps, st::parse_progress_style(o.progress));
   for (int s = first_step; s < o.steps; ++s) {
     if (fault.kill_at_step == s + 1 && fault.targets(world.rank(), world.size())) st::fault_injection::die("before a step");
     mesh.reset_counters();
-    auto r = train.step(data.next_batch(o.batch, o.dims.seq));
-    if (checkpoints && o.save_every > 0 && (s + 1) % o.save_every == 0) last_saved = save_checkpoint(s + 1);
+    auto r = run.step(data.next_batch(o.batch, o.dims.seq));
+    if (checkpoints && o.save_every > 0 && (s + 1) % o.save_every == 0) last_saved = run.save(*checkpoints, data.position());
     std::string pipeline, idle;
-    if constexpr (Pipelined) {
+    if (pipelined) {
       if (!o.metrics.empty()) pipeline = pipeline_json(model, mesh.pp());  // collective over the stages
       const auto& last = model.last_step();
       char buf[48];
@@ -271,39 +238,37 @@ int train(const run_options& o, st::world& world) {
     if (metrics) {
       // MFU counts every rank of the launch against the device's peak for the storage precision.
       const std::string comm = mesh.counters_json();
-      metrics->write(r, ledger,
+      metrics->write(r, run.ledger(),
                      {.model_flops_per_step = plan ? plan->model_flops_per_step : 0.0,
                       .peak_flops = device ? world.size() * device->peak_flops(int(sizeof(typename P::storage))) : 0.0,
-                      .skipped_steps = train.scaler().skipped_steps(), .comm = comm, .pipeline = pipeline});
+                      .skipped_steps = run.trainer().scaler().skipped_steps(), .comm = comm, .pipeline = pipeline});
     }
   }
 
-  if (checkpoints && train.steps() > first_step && (o.save_every == 0 || train.steps() % o.save_every != 0))
-    last_saved = save_checkpoint(train.steps());  // the end of the run, unless just saved
+  if (checkpoints && run.steps() > first_step && (o.save_every == 0 || run.steps() % o.save_every != 0))
+    last_saved = run.save(*checkpoints, data.position());  // the end of the run, unless just saved
   if (lead && !last_saved.empty()) std::printf("checkpoint: %s\n", last_saved.c_str());
 
   if (!o.export_path.empty()) {
     // The whole model, gathered from every piece and stage, written by rank 0.
-    const auto local = dp.full_weights();
-    st::group_ref tp_group(mesh.tp()), pp_group(mesh.pp());
-    const auto serial = st::gather_model_weights(model.parameters(), std::span<const typename P::storage>(local),
-                                                 gpt2::serial_names(o.dims), tp_group, pp_group);
+    const auto serial = run.serial_weights();
     if (lead) {
       gpt2::export_hf<typename P::storage>(o.export_path, o.dims, serial);
       std::printf("export: %s (%zu weights, Hugging Face GPT-2 names)\n", o.export_path.c_str(), serial.size());
     }
   }
 
-  if constexpr (Pipelined) {
+  if (pipelined) {
     if (lead && o.sample_tokens > 0) std::printf("sample: skipped (generation runs unsplit; pipeline stages hold part of the model)\n");
     return 0;
-  } else if (o.sample_tokens > 0) {
+  }
+  if (o.sample_tokens > 0) {
     // Every rank samples the same tokens in step (under ZeRO-3 each forward gathers weights, a
     // collective); rank 0 prints them.
     const bool bytes = o.dims.vocab <= 256 && o.data.empty();
     std::vector<std::int32_t> prompt = bytes ? std::vector<std::int32_t>{'T', 'h', 'e', ' '}
                                              : std::vector<std::int32_t>{0};
-    auto out = sample(model, prompt, o.sample_tokens, o.seed, o.sp ? mesh.layout().tp : 1);
+    auto out = sample(model, prompt, o.sample_tokens, o.seed, o.sp ? layout.tp : 1);
     if (!lead) return 0;
     std::printf("sample:\n");
     if (bytes) {
@@ -347,12 +312,19 @@ int train_cuda(const run_options& o, st::world& world) {
   return gpt2::train_on_cuda(r);
 }
 
-template <bool Pipelined>
 int dispatch(const run_options& o, st::world& world) {
-  using serial = st::serial;
-  if (o.precision == "fp32") return train<st::policy<st::host, serial, st::fp32>, Pipelined>(o, world);
-  if (o.precision == "bf16") return train<st::policy<st::host, serial, st::mixed<st::bf16, float>>, Pipelined>(o, world);
-  return train<st::policy<st::host, serial, st::mixed<st::fp16, float>>, Pipelined>(o, world);
+  if (o.precision == "fp32") return train<st::fp32>(o, world);
+  if (o.precision == "bf16") return train<st::mixed<st::bf16, float>>(o, world);
+  return train<st::mixed<st::fp16, float>>(o, world);
+}
+
+// The shape's own rules, in the flags' words (the layers would say the same in theirs).
+void check_dims(const run_options& o) {
+  const auto& d = o.dims;
+  STRATA_CHECK(d.d_model % d.heads == 0, "gpt2: --heads ", d.heads, " does not divide --d-model ", d.d_model,
+               " (head_dim must be a whole number)");
+  STRATA_CHECK(!o.sp || d.seq % o.tp == 0, "gpt2: sequence parallelism over tp=", o.tp,
+               " needs --seq divisible by it, got ", d.seq);
 }
 
 }  // namespace
@@ -429,7 +401,7 @@ int main(int argc, char** argv) {
 
   return world.run(
       [&] {
-        o.dims.validate();
+        check_dims(o);
         STRATA_CHECK(!o.resume || !o.save_dir.empty(), "gpt2_train: --resume needs --save DIR (where the checkpoints are)");
         STRATA_CHECK(o.save_every == 0 || !o.save_dir.empty(), "gpt2_train: --save-every needs --save DIR");
         if (o.micro_batch > 0)
@@ -439,8 +411,7 @@ int main(int argc, char** argv) {
                      "gpt2_train: --microbatches ", o.microbatches, " needs --pp > 1 (or --virtual); use --micro-batch "
                      "for gradient accumulation without a pipeline");
         if (o.device == "cuda") return train_cuda(o, world);
-        if (o.pp > 1 || o.virtual_chunks > 1) return dispatch<true>(o, world);
-        return dispatch<false>(o, world);
+        return dispatch(o, world);
       },
       "gpt2_train");
 }

@@ -15,6 +15,7 @@
 #include "strata/policy/parallel.hpp"
 #include "strata/policy/policy.hpp"
 #include "strata/policy/precision.hpp"
+#include "strata/policy/recompute.hpp"
 #include "strata/policy/schedule.hpp"
 
 #include "strata/comm/collectives.hpp"
@@ -27,9 +28,10 @@
 #include "strata/comm/mpi_communicator.hpp"
 #include "strata/comm/timeout.hpp"
 
-#include "strata/kernels/host.hpp"
+#include "strata/kernels/all.hpp"
 
 #include "strata/layers/attention.hpp"
+#include "strata/layers/cost.hpp"
 #include "strata/layers/embedding.hpp"
 #include "strata/layers/layer.hpp"
 #include "strata/layers/layernorm.hpp"
@@ -39,12 +41,20 @@
 #include "strata/layers/module.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/layers/recompute.hpp"
+#include "strata/layers/sequential.hpp"
 #include "strata/layers/stack.hpp"
 #include "strata/layers/tensor_parallel.hpp"
+#include "strata/layers/tensor_split.hpp"
 #include "strata/layers/transformer_block.hpp"
 
 #include "strata/parallel/data_parallel.hpp"
 #include "strata/parallel/dp_layout.hpp"
+#include "strata/parallel/gather.hpp"
+#include "strata/parallel/gradient_synchronizer.hpp"
+#include "strata/parallel/pipeline.hpp"
+#include "strata/parallel/pipeline_schedule.hpp"
+#include "strata/parallel/pipeline_stage.hpp"
+#include "strata/parallel/sequential_model.hpp"
 
 #include "strata/optim/adamw.hpp"
 #include "strata/optim/grad_clip.hpp"
@@ -55,5 +65,11 @@
 #include "strata/train/corpus.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
+#include "strata/plan/hardware.hpp"
+#include "strata/layers/tensor_checks.hpp"
+#include "strata/plan/plan.hpp"
+
 #include "strata/train/token_data.hpp"
+#include "strata/train/trainable_model.hpp"
 #include "strata/train/trainer.hpp"
+#include "strata/train/training.hpp"

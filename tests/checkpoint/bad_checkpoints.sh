@@ -11,7 +11,7 @@ small=(--batch 4 --seq 16 --d-model 32 --heads 2 --sample-tokens 0 --progress li
 # Another model (3 layers), another seed, another precision.
 "$expect" "checkpoint 'ck/step-00000002' is of another model: layers 2 there, 3 here" \
   "$train" "${small[@]}" --layers 3 --steps 3 --save ck --resume
-"$expect" "was trained with --seed 1337; this run has --seed 5 \(the data order would change\)" \
+"$expect" "was trained with seed 1337; this run has seed 5 \(the data order would change\)" \
   "$train" "${small[@]}" --layers 2 --seed 5 --steps 3 --save ck --resume
 "$expect" "checkpoint 'ck/step-00000002' was saved in precision .*F32.*; this run uses .*BF16" \
   "$train" "${small[@]}" --layers 2 --precision bf16 --steps 3 --save ck --resume

@@ -1,4 +1,4 @@
-// expect: strata::zero: ZeRO stage must be 0, 1, 2 or 3
+// expect: ZeRO stage must be 0, 1, 2, 3 or strata::dynamic
 #include "strata/policy/parallel.hpp"
 namespace st = strata;
 using layout = st::parallel<st::data<st::dynamic, st::zero<4>>>;

@@ -1,7 +1,12 @@
 // Compiled by nvcc, never run here (CI has no GPU): checks that
-//  1. every strata header, through <strata/strata.hpp>, compiles as CUDA C++20 host code, and
+//  1. every strata header, through <strata/strata.hpp>, compiles as CUDA C++20 host code;
 //  2. the STRATA_HD conversions of strata/core/dtype.hpp compile to device code for sm_90:
-//     the kernel below narrows float to bf16 and fp16 on the device and widens them back.
+//     the kernel below narrows float to bf16 and fp16 on the device and widens them back;
+//  3. the assembly templates get through nvcc's front end when instantiated: a model declared
+//     here, built by strata::training under a host policy with every axis dynamic (so the
+//     tensor-parallel and pipeline paths of sequential_model are compiled, not only the serial
+//     one), and by sequential_model + adamw + trainer under a cuda policy. The functions are
+//     defined, never called.
 #include <strata/strata.hpp>
 
 #include <cstdint>
@@ -45,6 +50,44 @@ cudaError_t launch_bf16_to_fp16(const strata::bf16* in, strata::fp16* out, std::
   const auto blocks = static_cast<unsigned>((n + threads - 1) / threads);
   bf16_to_fp16<<<blocks, threads, 0, stream>>>(in, out, n);
   return cudaGetLastError();
+}
+
+// A declared model (layers/sequential.hpp), the shape of GPT-2.
+template <class P>
+struct tiny_model {
+  using policy = P;
+  struct config {
+    std::int64_t vocab = 64, seq = 16, layers = 2, heads = 2, d_model = 32;
+  };
+  static constexpr auto layers(const config& c) {
+    return strata::sequential(
+        strata::layer<strata::embedding<P>>("", {.vocab = c.vocab, .max_seq = c.seq, .channels = c.d_model}),
+        strata::blocks<strata::transformer_block<P>>("h", c.layers,
+                                                     {.channels = c.d_model, .heads = c.heads, .hidden = 4 * c.d_model}),
+        strata::layer<strata::layernorm<P>>("ln_f", {.channels = c.d_model}),
+        strata::layer<strata::lm_head<P>>("lm_head", {.vocab = c.vocab, .channels = c.d_model, .tied_to = "wte"}));
+  }
+};
+
+using host_layout = strata::parallel<strata::data<strata::dynamic, strata::zero<1>>, strata::tensor<strata::dynamic>,
+                                     strata::pipeline<strata::dynamic>>;
+using host_policy = strata::policy<strata::host, host_layout, strata::mixed<strata::bf16, float>>;
+using cuda_policy = strata::policy<strata::cuda, strata::serial, strata::mixed<strata::bf16, float>>;
+
+double assembled_host_step(strata::world& w, const strata::token_batch& b) {
+  strata::training<tiny_model<host_policy>> run(w, {});
+  const auto r = run.step(b);
+  return r.loss + run.plan({.micro = 1, .global = 4}).flops_per_step + double(run.serial_weights().size());
+}
+
+double cuda_step(const strata::token_batch& b) {
+  using model = tiny_model<cuda_policy>;
+  strata::memory_ledger ledger(strata::gpu::device_memory());
+  strata::sequential_model<model> net(ledger, {}, strata::seed{1});
+  strata::adamw<cuda_policy> opt(net, {});
+  strata::trainer train(net, opt, strata::trainer_options{});
+  const auto r = train.step(b);
+  return r.loss + strata::plan_model<model>({}, {.micro = 1, .global = 4}, strata::plan_setup{}).flops_per_step;
 }
 
 }  // namespace strata_cuda_test

@@ -26,15 +26,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
-#include "strata/kernels/cuda/all.cuh"
-#include "strata/kernels/host/adamw.hpp"
-#include "strata/kernels/host/attention.hpp"
-#include "strata/kernels/host/cross_entropy.hpp"
-#include "strata/kernels/host/embedding.hpp"
-#include "strata/kernels/host/gelu.hpp"
-#include "strata/kernels/host/layernorm.hpp"
-#include "strata/kernels/host/reduce.hpp"
-#include "strata/kernels/host/residual.hpp"
+#include "strata/kernels/all.hpp"  // each op's host reference and CUDA kernel, and the runtime
 
 using namespace strata_gpu_test;
 namespace st = strata;

@@ -1,7 +1,7 @@
-// Data parallelism under mpiexec: every (dp, ZeRO stage) trains the example GPT-2 to the same
-// per-step losses and final weights as the serial model with the same global batch, which
-// each rank also runs itself as the reference; and the allocator's books and the byte counters
-// equal the ZeRO formulas.
+// Data parallelism under mpiexec: every (dp, ZeRO stage) trains the example GPT-2, assembled by
+// strata::training from its declaration and a policy, to the same per-step losses and final
+// weights as the serial model with the same global batch, which each rank also runs itself as
+// the reference; and the allocator's books and the byte counters equal the ZeRO formulas.
 //
 // Error measure for weights: max_i |dp_i - serial_i| / max_i |serial_i|.
 #include <doctest/doctest.h>
@@ -23,6 +23,14 @@ namespace {
 
 using P32 = st::policy<st::host, st::serial, st::fp32>;
 using PBF16 = st::policy<st::host, st::serial, st::mixed<st::bf16, float>>;
+// Data parallel over every rank of the launch, the ZeRO stage given at start-up.
+using dp_layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>>;
+template <class Precision>
+using dp_policy = st::policy<st::host, dp_layout, Precision>;
+template <class P>
+using gpt2_net = st::sequential_model<gpt2::model<P>>;
+template <class P>
+using gpt2_run = st::training<gpt2::model<P>>;
 
 const gpt2::dims tiny{.vocab = 256, .seq = 16, .layers = 2, .heads = 2, .d_model = 16};
 constexpr std::int64_t global_batch = 8;
@@ -43,7 +51,7 @@ struct run_result {
 template <class P>
 run_result serial_run() {
   st::memory_ledger ledger;
-  gpt2::model<P> model(ledger, tiny, st::seed{11});
+  gpt2_net<P> model(ledger, tiny, st::seed{11});
   st::adamw<P> opt(model, {.lr = 3e-3});
   st::trainer train(model, opt, options());
   st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
@@ -54,20 +62,21 @@ run_result serial_run() {
   return r;
 }
 
-template <class P>
-run_result dp_run(st::mpi_communicator& group, int zero, std::int64_t bucket_elems, st::memory_ledger& ledger,
-                  std::int64_t micro = 0) {
-  gpt2::model<P> model(ledger, tiny, st::seed{11});
-  st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), group, {.zero_stage = zero, .bucket_elems = bucket_elems});
-  st::adamw<P> opt(model.parameters(), {.lr = 3e-3}, dp.optimizer_segments(), dp.optimizer_elements(),
-                   dp.state_weights());
-  auto o = options();
-  o.micro_batch = micro;
-  st::trainer train(model, opt, o, dp);
+// The run's options: ZeRO `zero`, buckets of `bucket_elems`, micro-batches of `micro` (0: whole).
+st::training_options dp_options(int zero, std::int64_t bucket_elems, std::int64_t micro = 0) {
+  st::training_options o{.layout = {.zero_stage = zero}, .seed = st::seed{11}, .optimizer = {.lr = 3e-3},
+                         .trainer = options(), .bucket_elems = bucket_elems};
+  o.trainer.micro_batch = micro;
+  return o;
+}
+
+template <class Precision>
+run_result dp_run(st::mpi_communicator& world, int zero, std::int64_t bucket_elems, std::int64_t micro = 0) {
+  gpt2_run<dp_policy<Precision>> run(world, tiny, dp_options(zero, bucket_elems, micro));
   st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
   run_result r;
-  for (int s = 0; s < steps; ++s) r.losses.push_back(train.step(data.next_batch(global_batch, tiny.seq)).loss);
-  for (const auto& w : dp.full_weights()) r.weights.push_back(st::convert<double>(w));
+  for (int s = 0; s < steps; ++s) r.losses.push_back(run.step(data.next_batch(global_batch, tiny.seq)).loss);
+  r.weights = run.serial_weights();
   return r;
 }
 
@@ -101,8 +110,7 @@ TEST_CASE("dp x ZeRO 0/1/2/3 in fp32 match the serial run after 5 steps (rel. er
   const auto ref = serial_run<P32>();
   for (int zero : {0, 1, 2, 3}) {
     for (std::int64_t bucket : {std::int64_t(1000), std::int64_t(1) << 20}) {  // many buckets, and one
-      st::memory_ledger ledger;
-      const auto got = dp_run<P32>(world, zero, bucket, ledger);
+      const auto got = dp_run<st::fp32>(world, zero, bucket);
       CAPTURE(zero);
       CAPTURE(bucket);
       for (int s = 0; s < steps; ++s)
@@ -119,8 +127,7 @@ TEST_CASE("micro-batches within each data-parallel rank accumulate to the same s
   if (global_batch / world.size() < 2) return;  // one sequence per rank: nothing to split
   const auto ref = serial_run<P32>();
   for (int zero : {0, 1, 2, 3}) {  // ZeRO 2/3 communicate every micro-batch, 0/1 only the last
-    st::memory_ledger ledger;
-    const auto got = dp_run<P32>(world, zero, 1000, ledger, global_batch / world.size() / 2);
+    const auto got = dp_run<st::fp32>(world, zero, 1000, global_batch / world.size() / 2);
     CAPTURE(zero);
     CHECK(weight_error(got, ref) <= 1e-5);
   }
@@ -129,8 +136,7 @@ TEST_CASE("micro-batches within each data-parallel rank accumulate to the same s
 TEST_CASE("bf16 compute with fp32 master weights tracks the serial bf16 run") {
   auto& world = strata_test::world().comm();
   const auto ref = serial_run<PBF16>();
-  st::memory_ledger ledger;
-  const auto got = dp_run<PBF16>(world, 3, 1000, ledger);
+  const auto got = dp_run<st::mixed<st::bf16, float>>(world, 3, 1000);
   double worst = 0;
   for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got.losses[std::size_t(s)] - ref.losses[std::size_t(s)]));
   if (world.rank() == 0) MESSAGE("bf16 dp=" << world.size() << ": max loss deviation " << worst << ", weights " << weight_error(got, ref));
@@ -144,11 +150,10 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas (fp32 AdamW)") {
   const int n = world.size();
   using mc = st::memory_category;
   for (int zero : {0, 1, 2, 3}) {
-    st::memory_ledger ledger;
-    gpt2::model<P32> model(ledger, tiny, st::seed{11});
-    const auto psi = std::size_t(model.parameters().size());
-    st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero, .bucket_elems = 1000});
-    st::adamw<P32> opt(model.parameters(), {}, dp.optimizer_segments(), dp.optimizer_elements(), dp.state_weights());
+    gpt2_run<dp_policy<st::fp32>> run(world, tiny, dp_options(zero, 1000));
+    auto& ledger = run.ledger();
+    auto& dp = run.synchronizer();
+    const auto psi = std::size_t(run.model().parameters().size());
     CAPTURE(zero);
     CHECK(ledger.current(mc::parameters) == (zero == 3 ? 4 * std::size_t(dp.optimizer_elements()) : 4 * psi));
     if (zero < 2) {
@@ -177,18 +182,16 @@ TEST_CASE("ZeRO-2 holds 4Ψ/N gradient bytes between steps and a few buckets mor
   auto& world = strata_test::world().comm();
   const int n = world.size();
   using mc = st::memory_category;
-  st::memory_ledger ledger;
-  gpt2::model<P32> model(ledger, deeper, st::seed{11});
-  const auto psi = std::size_t(model.parameters().size());
-  st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = 2, .bucket_elems = 4096});
-  st::adamw<P32> opt(model.parameters(), {}, dp.optimizer_segments(), dp.optimizer_elements());
+  gpt2_run<dp_policy<st::fp32>> run(world, deeper, dp_options(2, 4096));
+  auto& ledger = run.ledger();
+  auto& dp = run.synchronizer();
+  const auto psi = std::size_t(run.model().parameters().size());
   const auto owned = std::size_t(dp.optimizer_elements());
   CHECK(ledger.current(mc::gradients) == 4 * owned);
   CHECK(ledger.current(mc::optimizer_state) == 8 * owned);
-  st::trainer train(model, opt, options(), dp);
   st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
   ledger.reset_peaks();
-  train.step(data.next_batch(global_batch, deeper.seq));
+  run.step(data.next_batch(global_batch, deeper.seq));
   CHECK(ledger.current(mc::gradients) == 4 * owned);
   // During backward: plus the bucket being written, two in flight, and the tied embedding's
   // (written first by the head, last by the embedding).
@@ -205,20 +208,18 @@ TEST_CASE("ZeRO-3 holds (4Ψ + 4Ψ + 8Ψ)/N between steps, plus the gathered buc
   auto& world = strata_test::world().comm();
   const int n = world.size();
   using mc = st::memory_category;
-  st::memory_ledger ledger;
-  gpt2::model<P32> model(ledger, deeper, st::seed{11});
-  const auto psi = std::size_t(model.parameters().size());
-  st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = 3, .bucket_elems = 4096});
-  st::adamw<P32> opt(model.parameters(), {}, dp.optimizer_segments(), dp.optimizer_elements(), dp.state_weights());
+  gpt2_run<dp_policy<st::fp32>> run(world, deeper, dp_options(3, 4096));
+  auto& ledger = run.ledger();
+  auto& dp = run.synchronizer();
+  const auto psi = std::size_t(run.model().parameters().size());
   const auto owned = std::size_t(dp.optimizer_elements());
   auto model_state = [&] {
     return ledger.current(mc::parameters) + ledger.current(mc::gradients) + ledger.current(mc::optimizer_state);
   };
   CHECK(model_state() == 16 * owned);
-  st::trainer train(model, opt, options(), dp);
   st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
   ledger.reset_peaks();
-  train.step(data.next_batch(global_batch, deeper.seq));
+  run.step(data.next_batch(global_batch, deeper.seq));
   CHECK(model_state() == 16 * owned);
   // Resident during a pass: three buckets plus the tied table's.
   const std::size_t bound = 4 * (owned + largest_buckets(dp.layout(), 4));
@@ -238,14 +239,12 @@ TEST_CASE("bytes communicated per rank per step: 2Ψ(N-1)/N elements for ZeRO 0-
   auto& world = strata_test::world().comm();
   const int n = world.size(), rank = world.rank();
   for (int zero : {0, 1, 2, 3}) {
-    st::memory_ledger ledger;
-    gpt2::model<P32> model(ledger, tiny, st::seed{11});
-    st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero, .bucket_elems = 1000});
-    st::adamw<P32> opt(model.parameters(), {}, dp.optimizer_segments(), dp.optimizer_elements(), dp.state_weights());
-    st::trainer train(model, opt, options(), dp);
+    gpt2_run<dp_policy<st::fp32>> run(world, tiny, dp_options(zero, 1000));
+    auto& dp = run.synchronizer();
+    auto& group = run.mesh().dp();  // every rank of the launch
     st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
-    world.reset_counters();
-    train.step(data.next_batch(global_batch, tiny.seq));
+    group.reset_counters();
+    run.step(data.next_batch(global_batch, tiny.seq));
     // The analytic volume of the gradient reduction, bucket by bucket, plus the scalar all-reduces
     // of the mean loss (and, under ZeRO 1 and 2, of the squared gradient norm).
     std::uint64_t expected = 0;
@@ -256,12 +255,12 @@ TEST_CASE("bytes communicated per rank per step: 2Ψ(N-1)/N elements for ZeRO 0-
       if (zero == 3) expected += st::volume::all_gather(bytes, own, n).sent;  // gathered in forward and backward
     }
     const std::uint64_t scalars = st::volume::all_reduce(1, 8, n, rank).sent * (zero == 0 ? 1 : 2);
-    const auto& c = world.counters();
+    const auto& c = group.counters();
     const std::uint64_t sent = c.total().bytes_sent;
     CAPTURE(zero);
     CHECK(sent == expected + scalars);
     // And that is 2Ψ(N-1)/N elements up to each bucket's uneven split (< 2 elements per bucket).
-    const double psi = double(model.parameters().size());
+    const double psi = double(run.model().parameters().size());
     const double analytic = (zero == 3 ? 3.0 : 2.0) * psi * double(n - 1) / double(n) * 4.0;
     CHECK(std::abs(double(expected) - analytic) <= 12.0 * double(dp.layout().buckets().size()));
     if (rank == 0) MESSAGE("zero=" << zero << " dp=" << n << ": " << expected << " bytes of gradients/weights sent per rank, analytic " << (zero == 3 ? 3 : 2) << "Ψ(N-1)/N·4 = " << analytic);
@@ -272,7 +271,7 @@ TEST_CASE("a global batch that does not divide over the ranks is refused with th
   auto& world = strata_test::world().comm();
   if (world.size() == 1) return;
   st::memory_ledger ledger;
-  gpt2::model<P32> model(ledger, tiny, st::seed{11});
+  gpt2_net<P32> model(ledger, tiny, st::seed{11});
   st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {});
   const std::int64_t bad = world.size() + 1;
   const std::string expected = "global batch " + std::to_string(bad) + " does not divide over dp = " +
@@ -283,13 +282,10 @@ TEST_CASE("a global batch that does not divide over the ranks is refused with th
 TEST_CASE("bucket reductions start during backward, as each bucket's gradients become final") {
   auto& world = strata_test::world().comm();
   for (int zero : {0, 1, 2}) {
-    st::memory_ledger ledger;
-    gpt2::model<P32> model(ledger, tiny, st::seed{11});
-    st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero, .bucket_elems = 1000});
-    st::adamw<P32> opt(model.parameters(), {}, dp.optimizer_segments(), dp.optimizer_elements());
-    st::trainer train(model, opt, options(), dp);
+    gpt2_run<dp_policy<st::fp32>> run(world, tiny, dp_options(zero, 1000));
+    auto& dp = run.synchronizer();
     st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
-    train.step(data.next_batch(global_batch, tiny.seq));
+    run.step(data.next_batch(global_batch, tiny.seq));
     const int buckets = int(dp.layout().buckets().size());
     REQUIRE(buckets >= 4);
     // Every bucket but the one holding the tied embedding (final only after the embedding's
@@ -305,11 +301,44 @@ TEST_CASE("the ZeRO stage comes from the policy's data<N, zero<S>> unless the op
   auto& world = strata_test::world().comm();
   using P3 = st::policy<st::host, st::parallel<st::data<st::dynamic, st::zero<3>>>, st::fp32>;
   st::memory_ledger ledger;
-  gpt2::model<P3> model(ledger, tiny, st::seed{11});
+  gpt2_net<P3> model(ledger, tiny, st::seed{11});
   st::data_parallel<P3, st::mpi_communicator> from_policy(model.parameters(), world, {});
   CHECK(from_policy.zero_stage() == 3);
   st::memory_ledger ledger2;
-  gpt2::model<P3> model2(ledger2, tiny, st::seed{11});
+  gpt2_net<P3> model2(ledger2, tiny, st::seed{11});
   st::data_parallel<P3, st::mpi_communicator> overridden(model2.parameters(), world, {.zero_stage = 1});
   CHECK(overridden.zero_stage() == 1);
+  // Assembled: the policy's stage is a compile-time constant; a launch that names another stops
+  // every rank at start-up, naming both.
+  gpt2_run<P3> assembled(world, tiny);
+  CHECK(assembled.synchronizer().zero_stage() == 3);
+  CHECK_THROWS_WITH_AS(gpt2_run<P3>(world, tiny, {.layout = {.zero_stage = 1}}),
+                       "the layout fixes zero=3 but zero=1 was given at launch", st::error);
+}
+
+TEST_CASE("an optimizer built from the model, paired with a sharding synchronizer, is refused naming both") {
+  auto& world = strata_test::world().comm();
+  for (int zero : {1, 2, 3}) {
+    st::memory_ledger ledger;
+    gpt2_net<P32> model(ledger, tiny, st::seed{11});
+    st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero});
+    st::adamw<P32> whole(model, {.lr = 3e-3});  // every parameter: wrong for a ZeRO shard
+    CAPTURE(zero);
+    if (world.size() > 1 || zero == 3) {
+      const std::string expected = "but the synchronizer, data_parallel ZeRO-" + std::to_string(zero) + " over dp=" +
+                                   std::to_string(world.size());
+      CHECK_THROWS_WITH_AS(st::trainer(model, whole, options(), dp), doctest::Contains(expected.c_str()), st::error);
+    }
+    // Built from the synchronizer it is right.
+    st::adamw<P32> sharded(dp, {.lr = 3e-3});
+    st::trainer train(model, sharded, options(), dp);
+    st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
+    CHECK(std::isfinite(train.step(data.next_batch(global_batch, tiny.seq)).loss));
+  }
+  // An optimizer of another model is refused too.
+  st::memory_ledger ledger;
+  gpt2_net<P32> a(ledger, tiny, st::seed{1}), b(ledger, tiny, st::seed{2});
+  st::adamw<P32> opt_b(b, {});
+  CHECK_THROWS_WITH_AS(st::trainer(a, opt_b, options()), "trainer: the optimizer was built for another model's parameters",
+                       st::error);
 }

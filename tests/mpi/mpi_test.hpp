@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <strata/comm/launch.hpp>
+#include <strata/core/memory.hpp>
 #include <strata/core/dtype.hpp>
 #include <strata/train/corpus.hpp>
 #include <strata/train/token_data.hpp>
@@ -105,6 +106,37 @@ inline strata::token_stream folded_corpus(std::int64_t vocab) {
   auto tokens = strata::byte_tokens(strata::generate_corpus(20000));
   for (auto& t : tokens) t = static_cast<std::uint16_t>(t % vocab);
   return strata::token_stream(std::move(tokens), 5);
+}
+
+// The busiest rank's value of a per-rank figure (collective over the world).
+inline std::int64_t busiest(std::int64_t v) {
+  double x = double(v);
+  world().comm().all_reduce(std::span<double>(&x, 1), strata::reduce_op::max);
+  return std::int64_t(x);
+}
+
+// What a run's ledger holds after one step on `batch`, by category, and the activation bytes
+// its step kept: a pipeline's peak over its micro-batches in flight, or (one stage, whose layers
+// keep their forward buffers between steps) what forward left.
+struct held_bytes {
+  std::int64_t params = 0, grads = 0, master = 0, optimizer = 0, comm = 0, activations = 0;
+  std::int64_t model_state() const { return params + grads + master + optimizer; }
+};
+template <class Run>
+held_bytes step_and_measure(Run& run, const strata::token_batch& batch) {
+  using mc = strata::memory_category;
+  auto& ledger = run.ledger();
+  const std::size_t before = ledger.current(mc::activations);
+  run.step(batch);
+  held_bytes h;
+  h.params = std::int64_t(ledger.current(mc::parameters));
+  h.grads = std::int64_t(ledger.current(mc::gradients));
+  h.master = std::int64_t(ledger.current(mc::master_weights));
+  h.optimizer = std::int64_t(ledger.current(mc::optimizer_state));
+  h.comm = std::int64_t(ledger.current(mc::communication));
+  h.activations = run.model().pipelined() ? std::int64_t(run.model().last_step().peak_activation_bytes)
+                                          : std::int64_t(ledger.current(mc::activations) - before);
+  return h;
 }
 
 }  // namespace strata_test

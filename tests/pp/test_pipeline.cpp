@@ -1,4 +1,5 @@
-// Pipeline parallelism under mpiexec (2, 4 and 8 ranks):
+// Pipeline parallelism under mpiexec (2, 4 and 8 ranks), the example GPT-2's stages derived by
+// strata from its declaration and assembled by strata::training:
 //   - p = world size (2 or 4) x M in {1, p, 2p, 4p} x every schedule (interleaved where M is
 //     divisible by p, with 2 chunks per stage): per-step losses and the weights gathered from
 //     the stages match the single-rank run (relative error <= 1e-5 after 5 steps);
@@ -21,14 +22,16 @@
 
 #include "../mpi/mpi_test.hpp"
 #include "gpt2/gpt2.hpp"
-#include "gpt2/gpt2_pipeline.hpp"
 
 namespace st = strata;
 
 namespace {
 
 using P32 = st::policy<st::host, st::serial, st::fp32>;
-using layout = st::parallel<st::data<st::dynamic>, st::tensor<st::dynamic>, st::pipeline<st::dynamic>>;
+// Every setting given at launch.
+using layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+                            st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
+using PL = st::policy<st::host, layout, st::fp32>;
 using kind = st::pipeline_schedule_kind;
 
 // 8 blocks split over p·V = 2, 4 or 8 virtual stages; 67 tokens (padded under tp 2).
@@ -47,7 +50,7 @@ struct run_result {
 // The serial reference with the same micro-batches (so the same accumulation).
 run_result serial_run(std::int64_t batch, std::int64_t micro, std::vector<std::pair<std::string, std::int64_t>>* names = nullptr) {
   st::memory_ledger ledger;
-  gpt2::model<P32> model(ledger, tiny, st::seed{11});
+  st::sequential_model<gpt2::model<P32>> model(ledger, tiny, st::seed{11});
   st::adamw<P32> opt(model, {.lr = lr});
   auto o = options();
   o.micro_batch = micro;
@@ -69,36 +72,23 @@ struct pipeline_run {
   std::int64_t batch = 8;
 };
 
+st::training_options launch(const pipeline_run& c) {
+  return {.layout = {.tp = c.tp, .pp = c.pp, .microbatches = c.microbatches, .zero_stage = c.zero,
+                     .sequence_parallel = c.sp ? 1 : 0, .virtual_chunks = c.chunks,
+                     .schedule = std::string(st::schedule_label(c.schedule))},
+          .seed = st::seed{11},
+          .optimizer = {.lr = lr},
+          .trainer = options(),
+          .bucket_elems = 1000};
+}
+
 run_result run(const pipeline_run& c) {
-  auto& world = strata_test::world().comm();
-  st::process_mesh mesh(world, st::resolve_layout<layout>(world.size(), {.tp = c.tp, .pp = c.pp}));
-  st::memory_ledger ledger;
-  gpt2::pipeline_placement place{{c.schedule, c.pp, c.microbatches, c.chunks}, mesh.position().pp_rank, {}};
-  gpt2::staged_model<P32> model(ledger, tiny, st::seed{11}, st::tensor_parallel(st::group_ref(mesh.tp()), c.sp),
-                                st::recompute_mode::none, place, st::group_ref(mesh.pp()),
-                                mesh.embedding() ? st::group_ref(*mesh.embedding()) : st::group_ref());
-  st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), mesh.dp(),
-                                                  {.zero_stage = c.zero, .bucket_elems = 1000,
-                                                   .tensor_group = st::group_ref(mesh.tp()),
-                                                   .pipeline_group = st::group_ref(mesh.pp())});
-  st::adamw<P32> opt(model.parameters(), {.lr = lr}, dp.optimizer_segments(), dp.optimizer_elements(),
-                     dp.state_weights());
-  auto o = options();
-  o.micro_batch = c.batch / mesh.layout().dp / c.microbatches;
-  st::trainer train(model, opt, o, dp);
+  st::training<gpt2::model<PL>> run(strata_test::world().comm(), tiny, launch(c));
   auto data = corpus();
   run_result out;
-  for (int s = 0; s < steps; ++s) out.losses.push_back(train.step(data.next_batch(c.batch, tiny.seq)).loss);
-  out.stats = model.last_step();
-  std::vector<std::pair<std::string, std::int64_t>> names;
-  {
-    st::memory_ledger scratch;
-    gpt2::model<P32> serial(scratch, tiny, st::seed{11});
-    for (const auto& e : serial.parameters().entries()) names.push_back({e.name, e.numel});
-  }
-  const auto local = dp.full_weights();
-  st::group_ref tp(mesh.tp()), pp(mesh.pp());
-  out.weights = st::gather_model_weights(model.parameters(), std::span<const float>(local), names, tp, pp);
+  for (int s = 0; s < steps; ++s) out.losses.push_back(run.step(data.next_batch(c.batch, tiny.seq)).loss);
+  out.stats = run.model().last_step();
+  out.weights = run.serial_weights();
   return out;
 }
 
@@ -169,34 +159,34 @@ TEST_CASE("explicit layers per stage, and splits that cannot work, say so") {
   const int p = strata_test::world().size();
   if (p != 2) return;
   const auto ref = serial_run(4, 2);
-  auto& world = strata_test::world().comm();
   {
-    st::process_mesh mesh(world, st::resolve_layout<layout>(2, {.tp = 1, .pp = 2}));
-    st::memory_ledger ledger;
-    gpt2::pipeline_placement place{{kind::one_f_one_b, 2, 2, 1}, mesh.position().pp_rank, {5, 3}};
-    gpt2::staged_model<P32> model(ledger, tiny, st::seed{11}, {}, st::recompute_mode::none, place,
-                                  st::group_ref(mesh.pp()), st::group_ref(*mesh.embedding()));
+    auto options = launch({.pp = 2, .microbatches = 2, .batch = 4});
+    options.blocks_per_virtual_stage = {5, 3};
+    st::training<gpt2::model<PL>> run(strata_test::world().comm(), tiny, options);
     // Stage 0 holds the embedding and blocks 0-4, stage 1 blocks 5-7, ln_f and the head.
-    CHECK(model.parameters().find("h.4.attn.qkv.weight").valid() == (mesh.position().pp_rank == 0));
-    CHECK(model.parameters().find("h.5.attn.qkv.weight").valid() == (mesh.position().pp_rank == 1));
-    st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), mesh.dp(),
-                                                    {.zero_stage = 0, .pipeline_group = st::group_ref(mesh.pp())});
-    st::adamw<P32> opt(model.parameters(), {.lr = lr});
-    auto o = options();
-    o.micro_batch = 2;
-    st::trainer train(model, opt, o, dp);
+    const int stage = run.mesh().position().pp_rank;
+    auto& params = run.model().parameters();
+    CHECK(params.find("h.4.attn.qkv.weight").valid() == (stage == 0));
+    CHECK(params.find("h.5.attn.qkv.weight").valid() == (stage == 1));
+    CHECK(params.find("ln_f.weight").valid() == (stage == 1));
+    CHECK(params.find("wte").valid());  // the first stage's own, the last stage's replica
+    CHECK(params.info(params.find("wte")).replica == (stage == 1));
     auto data = corpus();
     std::vector<double> losses;
-    for (int s = 0; s < steps; ++s) losses.push_back(train.step(data.next_batch(4, tiny.seq)).loss);
+    for (int s = 0; s < steps; ++s) losses.push_back(run.step(data.next_batch(4, tiny.seq)).loss);
     for (int s = 0; s < steps; ++s) CHECK(std::abs(losses[std::size_t(s)] - ref.losses[std::size_t(s)]) <= 1e-5 * ref.losses[std::size_t(s)]);
   }
-  gpt2::pipeline_placement uneven{{kind::one_f_one_b, 2, 2, 1}, 0, {}};
-  CHECK_THROWS_WITH_AS(uneven.layer_ranges(7), "pipeline: 7 layers do not split evenly over 2 stages x 1 chunks = 2 "
+  st::pipeline_placement uneven{{kind::one_f_one_b, 2, 2, 1}, 0, {}};
+  CHECK_THROWS_WITH_AS(uneven.block_ranges(7), "pipeline: 7 layers do not split evenly over 2 stages x 1 chunks = 2 "
                                                "virtual stages; give the layers per stage", st::error);
-  gpt2::pipeline_placement wrong{{kind::interleaved, 2, 2, 2}, 0, {4, 4}};
-  CHECK_THROWS_WITH_AS(wrong.layer_ranges(8), "pipeline: 2 layer counts given for 4 virtual stages (2 stages x 2 chunks)",
+  st::pipeline_placement wrong{{kind::interleaved, 2, 2, 2}, 0, {4, 4}};
+  CHECK_THROWS_WITH_AS(wrong.block_ranges(8), "pipeline: 2 layer counts given for 4 virtual stages (2 stages x 2 chunks)",
                        st::error);
-  gpt2::pipeline_placement empty{{kind::one_f_one_b, 2, 2, 1}, 0, {8, 0}};
-  CHECK_THROWS_WITH_AS(empty.layer_ranges(8), "pipeline: virtual stage 1 has 0 layers; every stage needs at least one",
+  st::pipeline_placement empty{{kind::one_f_one_b, 2, 2, 1}, 0, {8, 0}};
+  CHECK_THROWS_WITH_AS(empty.block_ranges(8), "pipeline: virtual stage 1 has 0 layers; every stage needs at least one",
                        st::error);
+  // ZeRO-2 under a pipeline is refused on every rank at start-up.
+  CHECK_THROWS_WITH_AS(st::training<gpt2::model<PL>>(strata_test::world().comm(), tiny,
+                                                     launch({.pp = 2, .zero = 2, .microbatches = 2})),
+                       doctest::Contains("pipeline parallelism works with ZeRO 0 or 1, not 2"), st::error);
 }

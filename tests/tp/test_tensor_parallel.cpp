@@ -1,7 +1,8 @@
 // Tensor parallelism under mpiexec (1, 2 and 4 ranks):
 //   - every layout the world allows (tp 1/2/4, with and without sequence parallelism, and
-//     tp x dp with ZeRO 0/1) trains the example GPT-2 to the serial run's per-step losses and
-//     weights (gathered from the pieces), with a vocabulary no degree divides (padding);
+//     tp x dp with ZeRO 0-3) trains the example GPT-2, assembled by strata::training, to the
+//     serial run's per-step losses and weights (gathered from the pieces), with a vocabulary no
+//     degree divides (padding);
 //   - recomputation (selective, full) gives bit-identical losses and weights;
 //   - a transformer block moves exactly Megatron's volumes: two all-reduces of b·s·h elements
 //     forward and two backward; with sequence parallelism all-gathers and reduce-scatters of the
@@ -23,6 +24,7 @@
 #include <strata/parallel/gather.hpp>
 #include <strata/strata.hpp>
 
+#include "../custom/custom_model.hpp"
 #include "../mpi/mpi_test.hpp"
 #include "gpt2/gpt2.hpp"
 
@@ -31,7 +33,10 @@ namespace st = strata;
 namespace {
 
 using P32 = st::policy<st::host, st::serial, st::fp32>;
-using layout = st::parallel<st::data<st::dynamic>, st::tensor<st::dynamic>>;
+// tp ranks per group (sequence parallel or not), the rest data parallel, any ZeRO stage.
+using layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>>;
+template <class P>
+using gpt2_net = st::sequential_model<gpt2::model<P>>;
 
 // 67 tokens: neither 2 nor 4 divides the vocabulary, so the tables are padded.
 const gpt2::dims tiny{.vocab = 67, .seq = 8, .layers = 2, .heads = 4, .d_model = 32};
@@ -54,7 +59,7 @@ struct run_result {
 template <class P = P32>
 run_result serial_run(st::recompute_mode r = st::recompute_mode::none) {
   st::memory_ledger ledger;
-  gpt2::model<P> model(ledger, tiny, st::seed{11}, {}, r);
+  gpt2_net<P> model(ledger, tiny, st::seed{11}, {.recompute = r});
   st::adamw<P> opt(model, {.lr = lr});
   st::trainer train(model, opt, options());
   auto data = corpus();
@@ -68,22 +73,18 @@ run_result serial_run(st::recompute_mode r = st::recompute_mode::none) {
 // tp ranks per group, the rest data parallel; the weights gathered back to the serial layout.
 template <class P = P32>
 run_result tp_run(int tp, bool sp, int zero, st::recompute_mode r = st::recompute_mode::none) {
-  auto& world = strata_test::world().comm();
-  st::process_mesh mesh(world, st::resolve_layout<layout>(world.size(), {.tp = tp}));
-  st::memory_ledger ledger;
-  gpt2::model<P> model(ledger, tiny, st::seed{11}, st::tensor_parallel(st::group_ref(mesh.tp()), sp), r);
-  st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), mesh.dp(),
-                                                {.zero_stage = zero, .bucket_elems = 1000,
-                                                 .tensor_group = st::group_ref(mesh.tp())});
-  st::adamw<P> opt(model.parameters(), {.lr = lr}, dp.optimizer_segments(), dp.optimizer_elements(),
-                   dp.state_weights());
-  st::trainer train(model, opt, options(), dp);
+  using policy = st::policy<st::host, layout, typename P::precision>;
+  st::training<gpt2::model<policy>> run(strata_test::world().comm(), tiny,
+                                        {.layout = {.tp = tp, .zero_stage = zero, .sequence_parallel = sp ? 1 : 0},
+                                         .recompute = r,
+                                         .seed = st::seed{11},
+                                         .optimizer = {.lr = lr},
+                                         .trainer = options(),
+                                         .bucket_elems = 1000});
   auto data = corpus();
   run_result out;
-  for (int s = 0; s < steps; ++s) out.losses.push_back(train.step(data.next_batch(global_batch, tiny.seq)).loss);
-  const auto local = dp.full_weights();
-  st::group_ref group(mesh.tp());
-  out.weights = st::gather_full_weights(model.parameters(), std::span<const typename P::storage>(local), group);
+  for (int s = 0; s < steps; ++s) out.losses.push_back(run.step(data.next_batch(global_batch, tiny.seq)).loss);
+  out.weights = run.serial_weights();
   return out;
 }
 
@@ -146,8 +147,8 @@ TEST_CASE("a tensor-parallel model without a synchronizer that knows the group i
   if (world.size() == 1) return;
   st::mpi_communicator tp = world.split(0, world.rank(), "tp");
   st::memory_ledger ledger;
-  gpt2::model<P32> model(ledger, {.vocab = 64, .seq = 8, .layers = 1, .heads = 4, .d_model = 16}, st::seed{1},
-                         st::tensor_parallel(st::group_ref(tp), false));
+  gpt2_net<P32> model(ledger, {.vocab = 64, .seq = 8, .layers = 1, .heads = 4, .d_model = 16}, st::seed{1},
+                      {.tensor = st::tensor_parallel(st::group_ref(tp), false)});
   st::adamw<P32> opt(model, {.lr = lr});
   CHECK_THROWS_WITH_AS(st::trainer(model, opt, options()), doctest::Contains("is split over a tensor-parallel group"),
                        st::error);
@@ -189,9 +190,7 @@ struct block_bench {
     ctx.params().materialize();
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(strata_test::raw_value(9, tp.rank(), i));
   }
-  static st::transformer_block<P32>::config config(int t, bool sp) {
-    return {h, heads, 4 * h, 1e-5, 0.02, 0.02, {t, sp}};
-  }
+  static st::transformer_block<P32>::config config(int, bool) { return {.channels = h, .heads = heads, .hidden = 4 * h}; }
   static std::int64_t local_seq(int t, bool sp) { return sp ? s / t : s; }
   st::tensor_view<const float> input(int t, bool sp) { return {x.data(), {b, local_seq(t, sp), h}}; }
 };
@@ -264,7 +263,7 @@ TEST_CASE("a transformer block moves Megatron's volumes: 2 all-reduces of b·s·
 
 namespace {
 
-using recomputed_block = st::recompute<st::recompute_mode_by_config, st::transformer_block<P32>>;
+using recomputed_block = st::recompute<st::recompute_from_context, st::transformer_block<P32>>;
 
 struct activation_figures {
   std::int64_t held = 0, formula = 0, peak = 0;
@@ -275,11 +274,9 @@ struct activation_figures {
 activation_figures measure(st::mpi_communicator& tp, int t, bool sp, st::recompute_mode mode) {
   constexpr std::int64_t b = 2, s = 8, h = 32, layers = 2;
   st::memory_ledger ledger;
-  st::model_context<P32> ctx(ledger, st::seed{3},
-                             t == 1 ? st::tensor_parallel() : st::tensor_parallel(st::group_ref(tp), sp));
-  recomputed_block::config cfg;
-  static_cast<st::transformer_block<P32>::config&>(cfg) = {h, 4, 4 * h, 1e-5, 0.02, 0.02, {t, t > 1 && sp}};
-  cfg.recompute = mode;
+  st::model_context<P32> ctx(ledger, st::seed{3}, t == 1 ? st::tensor_parallel() : st::tensor_parallel(st::group_ref(tp), sp),
+                             mode);
+  const recomputed_block::config cfg{.channels = h, .heads = 4, .hidden = 4 * h};
   st::stack<recomputed_block> blocks(st::module_scope<P32>(ctx, "h"), cfg, layers);
   ctx.params().materialize();
   const std::int64_t local_s = t > 1 && sp ? s / t : s;
@@ -291,7 +288,8 @@ activation_figures measure(st::mpi_communicator& tp, int t, bool sp, st::recompu
   activation_figures f;
   f.held = std::int64_t(ledger.current(st::memory_category::activations) - before);
   f.peak = std::int64_t(ledger.peak(st::memory_category::activations) - before);
-  f.formula = st::stack<recomputed_block>::activation_bytes(cfg, layers, b, s);
+  f.formula = st::stack<recomputed_block>::cost(cfg, layers, {.tp = {t, t > 1 && sp}, .batch = b, .seq = s, .recompute = mode})
+                  .activation_bytes;
   st::buffer<float> dy(ledger, st::memory_category::activations, std::size_t(y.numel()));
   for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = float(strata_test::raw_value(10, tp.rank(), i));
   auto dx = blocks.backward(dy);
@@ -340,92 +338,37 @@ TEST_CASE("activation bytes per rank follow the adapted Korthikanti formula") {
 }
 
 TEST_CASE("bad tensor-parallel shapes fail with the numbers") {
-  st::memory_ledger ledger;
-  st::model_context<P32> ctx(ledger, st::seed{1});
+  auto& world = strata_test::world().comm();
   using block = st::transformer_block<P32>;
-  CHECK_THROWS_WITH_AS(block(st::module_scope<P32>(ctx, "a"), block::config{32, 4, 128, 1e-5, 0.02, 0.02, {3, false}}),
-                       doctest::Contains("tensor parallelism tp=3 does not divide heads = 4"), st::error);
-  CHECK_THROWS_WITH_AS(block(st::module_scope<P32>(ctx, "b"), block::config{32, 4, 126, 1e-5, 0.02, 0.02, {4, false}}),
-                       doctest::Contains("tensor parallelism tp=4 does not divide the FFN width hidden = 126"),
-                       st::error);
-  // A layer configured for a split its group does not have.
-  CHECK_THROWS_WITH_AS(block(st::module_scope<P32>(ctx, "c"), block::config{32, 4, 128, 1e-5, 0.02, 0.02, {2, false}}),
-                       doctest::Contains("configured for tensor parallelism tp=2"), st::error);
+  for (int t : {2, 4}) {
+    if (world.size() % t != 0) continue;
+    auto group = world.split(world.rank() / t, world.rank(), "tp");
+    st::memory_ledger ledger;
+    st::model_context<P32> ctx(ledger, st::seed{1}, st::tensor_parallel(st::group_ref(group), false));
+    if (t == 2)
+      CHECK_THROWS_WITH_AS(block(st::module_scope<P32>(ctx, "a"), {.channels = 48, .heads = 3, .hidden = 192}),
+                           "a: tensor parallelism tp=2 does not divide heads = 3", st::error);
+    else
+      CHECK_THROWS_WITH_AS(block(st::module_scope<P32>(ctx, "b"), {.channels = 32, .heads = 4, .hidden = 130}),
+                           "b: tensor parallelism tp=4 does not divide FFN width = 130", st::error);
+  }
+  // Assembled with a degree given at launch: every rank stops before building anything, with
+  // the same words.
+  if (world.size() % 2 == 0) {
+    using policy = st::policy<st::host, layout, st::fp32>;
+    CHECK_THROWS_WITH_AS(
+        st::training<gpt2::model<policy>>(world, {.vocab = 64, .seq = 8, .layers = 1, .heads = 3, .d_model = 48},
+                                          {.layout = {.tp = 2, .zero_stage = 0, .sequence_parallel = 0}}),
+        "tensor parallelism tp=2 does not divide heads = 3 (blocks 'h')", st::error);
+  }
 }
 
 namespace {
 
-// A layer written outside strata: a SwiGLU feed-forward block, y = down(silu(gate(x)) * up(x)).
-// It splits like strata's MLP by building on strata's column- and row-parallel linears, which
-// carry the region edges: nothing in strata knows about it.
-template <class P>
-struct swiglu {
-  using policy = P;
-  using T = typename P::storage;
-  struct config {
-    std::int64_t channels = 0, hidden = 0;
-    st::tensor_split tp{};
-  };
-  static constexpr typename st::linear<P>::config in_config(const config& c) {
-    return {c.channels, c.hidden, false, 0.02, st::tensor_split_kind::column, c.tp, 1};
-  }
-  static constexpr typename st::linear<P>::config out_config(const config& c) {
-    return {c.hidden, c.channels, false, 0.02, st::tensor_split_kind::row, c.tp, 1};
-  }
-  static constexpr std::int64_t param_count(const config& c) {
-    return 2 * st::linear<P>::param_count(in_config(c)) + st::linear<P>::param_count(out_config(c));
-  }
-  static constexpr std::int64_t forward_flops(const config& c, std::int64_t b, std::int64_t s) {
-    return 2 * st::linear<P>::forward_flops(in_config(c), b, s) + st::linear<P>::forward_flops(out_config(c), b, s);
-  }
-  static constexpr std::int64_t backward_flops(const config& c, std::int64_t b, std::int64_t s) {
-    return 2 * forward_flops(c, b, s);
-  }
-  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t b, std::int64_t s) {
-    return 2 * st::linear<P>::activation_bytes(in_config(c), b, s) + b * s * c.hidden / c.tp.degree * std::int64_t(sizeof(T)) +
-           st::linear<P>::activation_bytes(out_config(c), b, s);
-  }
-
-  swiglu(st::module_scope<P> scope, config c)
-      : scope_(scope), gate(scope / "gate", in_config(c)), up(scope / "up", in_config(c)), down(scope / "down", out_config(c)) {}
-
-  static double silu(double z) { return z / (1 + std::exp(-z)); }
-  static double silu_grad(double z) {
-    const double sig = 1 / (1 + std::exp(-z));
-    return sig * (1 + z * (1 - sig));
-  }
-
-  st::tensor_view<const T> forward(st::tensor_view<const T> x) {
-    g_ = gate.forward(x);
-    u_ = up.forward(x);
-    st::ensure_size(h_, scope_.ledger(), st::memory_category::activations, g_.numel());
-    for (std::int64_t i = 0; i < g_.numel(); ++i) h_[std::size_t(i)] = T(silu(g_.data[i]) * u_.data[i]);
-    return down.forward({h_.data(), g_.shape});
-  }
-  st::buffer<T> backward(const st::buffer<T>& dy) {
-    auto dh = down.backward(dy);
-    st::buffer<T> dg(scope_.ledger(), st::memory_category::activations, dh.size()), du(scope_.ledger(), st::memory_category::activations, dh.size());
-    for (std::size_t i = 0; i < dh.size(); ++i) {
-      dg[i] = T(dh[i] * u_.data[i] * silu_grad(g_.data[i]));
-      du[i] = T(dh[i] * silu(g_.data[i]));
-    }
-    auto dx = gate.backward(dg);
-    auto dx_up = up.backward(du);
-    for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dx_up[i];
-    return dx;
-  }
-  template <class F>
-  void visit_parameters(F&& f) const {
-    gate.visit_parameters(f);
-    up.visit_parameters(f);
-    down.visit_parameters(f);
-  }
-
-  st::module_scope<P> scope_;
-  st::linear<P> gate, up, down;
-  st::tensor_view<const T> g_, u_;
-  st::buffer<T> h_;
-};
+// A layer written outside strata (tests/custom/custom_model.hpp): a SwiGLU feed-forward block,
+// y = down(silu(gate(x)) * up(x)), built on strata's column- and row-parallel linears, which carry
+// the region edges: nothing in strata knows about it.
+using custom::swiglu;
 static_assert(st::hidden_layer<swiglu<P32>>);
 
 using P64 = st::policy<st::host, st::serial, st::fp64>;
@@ -439,7 +382,7 @@ swiglu_result run_swiglu(st::mpi_communicator* tp, bool sp) {
   const int t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
   st::memory_ledger ledger;
   st::model_context<P64> ctx(ledger, st::seed{4}, tp ? st::tensor_parallel(st::group_ref(*tp), sp) : st::tensor_parallel());
-  swiglu<P64> layer(st::module_scope<P64>(ctx, "ffn"), {h, f, {t, tp && sp}});
+  swiglu<P64> layer(st::module_scope<P64>(ctx, "ffn"), {.channels = h, .hidden = f});
   ctx.params().materialize();
   ctx.params().zero_grads();
   // Every rank builds the whole input and gradient; under SP it passes its own tokens.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <strata/parallel/sequential_model.hpp>
 #include <strata/train/checkpoint.hpp>
 #include <strata/train/corpus.hpp>
 #include <strata/train/trainer.hpp>
@@ -36,9 +37,9 @@ std::string scratch(const std::string& name) {
 template <class P>
 struct run {
   st::memory_ledger ledger;
-  gpt2::model<P> model{ledger, tiny, st::seed{3}};
+  st::sequential_model<gpt2::model<P>> model{ledger, tiny, st::seed{3}};
   st::adamw<P> opt{model, {.lr = 3e-3}};
-  st::trainer<gpt2::model<P>, st::adamw<P>> train;
+  st::trainer<st::sequential_model<gpt2::model<P>>, st::adamw<P>> train;
   st::token_stream data{st::byte_tokens(st::generate_corpus(20000)), 11};
   st::checkpointer ckpt;
   explicit run(const std::string& dir, int keep = 0, const st::memory_space* space = nullptr)
@@ -155,7 +156,7 @@ TEST_CASE("checkpoint: a checkpoint of another model is refused, naming the fiel
   a.step();
   a.save();
   st::memory_ledger ledger;
-  gpt2::model<P32> model(ledger, tiny, st::seed{3});
+  st::sequential_model<gpt2::model<P32>> model(ledger, tiny, st::seed{3});
   st::adamw<P32> opt(model, {});
   st::checkpointer other({dir, 0}, st::group_ref(), {}, {{"layers", 5}, {"d_model", tiny.d_model}});
   CHECK_THROWS_WITH_AS(other.resume(st::train_state_ref<P32>{model.parameters(), opt, {}}),

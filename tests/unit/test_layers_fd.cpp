@@ -100,7 +100,7 @@ TEST_CASE("transformer block: input and parameter gradients match finite differe
 TEST_CASE("GPT-2 model: every parameter's gradient through the fused loss matches finite differences") {
   st::memory_ledger ledger;
   gpt2::dims d{.vocab = 11, .seq = 4, .layers = 2, .heads = 2, .d_model = 8};
-  gpt2::model<P64> model(ledger, d, st::seed{5});
+  st::sequential_model<gpt2::model<P64>> model(ledger, d, st::seed{5});
   auto& params = model.parameters();
   // Widen the initial weights so gradients are far from zero everywhere.
   for (std::int64_t i = 0; i < params.size(); ++i) params.weights_data()[i] *= 8.0;
@@ -146,5 +146,6 @@ TEST_CASE("layers meet the layer concept") {
   static_assert(st::hidden_layer<st::attention<P64>>);
   static_assert(st::hidden_layer<st::mlp<P64>>);
   static_assert(st::hidden_layer<st::transformer_block<P64>>);
-  CHECK(st::transformer_block<P64>::param_count({8, 2, 32}) == 12 * 8 * 8 + 13 * 8);
+  static_assert(st::input_layer<st::embedding<P64>> && st::output_layer<st::lm_head<P64>>);
+  CHECK(st::transformer_block<P64>::cost({.channels = 8, .heads = 2, .hidden = 32}, {}).params == 12 * 8 * 8 + 13 * 8);
 }

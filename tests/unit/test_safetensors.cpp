@@ -85,7 +85,7 @@ TEST_CASE("the example GPT-2 exports with GPT-2's names and loads back exactly")
   const gpt2::dims d{.vocab = 50, .seq = 8, .layers = 2, .heads = 2, .d_model = 16};
   // The layout the exporter walks is the model's own flat order.
   st::memory_ledger ledger;
-  gpt2::model<st::policy<st::host, st::serial, st::fp32>> a(ledger, d, st::seed{1});
+  st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>> a(ledger, d, st::seed{1});
   const auto layout = gpt2::hf_layout(d);
   REQUIRE(layout.size() == a.parameters().entries().size());
   for (std::size_t i = 0; i < layout.size(); ++i) {
@@ -109,10 +109,10 @@ TEST_CASE("the example GPT-2 exports with GPT-2's names and loads back exactly")
   CHECK(shapes["transformer.h.0.mlp.c_proj.weight"] == std::vector<std::int64_t>{64, 16});
   CHECK(shapes["transformer.ln_f.bias"] == std::vector<std::int64_t>{16});
   // Another seed, then the file: exactly the first model's weights.
-  gpt2::model<st::policy<st::host, st::serial, st::fp32>> b(ledger, d, st::seed{2});
+  st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>> b(ledger, d, st::seed{2});
   CHECK(weights_of(b.parameters()) != weights_of(a.parameters()));
   auto& p = b.parameters();
-  st::scatter_model_weights(p, std::span<float>(p.weights_data(), std::size_t(p.size())), gpt2::serial_names(d),
+  st::scatter_model_weights(p, std::span<float>(p.weights_data(), std::size_t(p.size())), st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>>::serial_parameters(d),
                             gpt2::import_hf(path, d));
   CHECK(weights_of(b.parameters()) == weights_of(a.parameters()));
   // bf16 models write BF16.

@@ -12,7 +12,8 @@
 
 #include "strata/comm/group_ref.hpp"
 #include "strata/core/init.hpp"
-#include "strata/kernels/host.hpp"
+#include "strata/kernels/cross_entropy.hpp"
+#include "strata/kernels/embedding.hpp"
 #include "strata/layers/parameters.hpp"
 
 namespace {

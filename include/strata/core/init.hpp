@@ -7,7 +7,9 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string_view>
+#include <type_traits>
 
 namespace strata {
 
@@ -54,6 +56,21 @@ inline double counter_normal(std::uint64_t seed, std::uint64_t param, std::uint6
   double u1 = counter_uniform(seed, param, index, 0);
   double u2 = counter_uniform(seed, param, index, 1);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// sqrt usable in constant expressions (a layer config's init std, e.g. 0.02/sqrt(2·layers), in a
+// constexpr model declaration); at run time it is std::sqrt, so values do not depend on where
+// the config was computed beyond the last bit of a constant-evaluated one.
+constexpr double constexpr_sqrt(double x) {
+  if (!std::is_constant_evaluated()) return std::sqrt(x);
+  if (!(x > 0)) return x == 0 ? 0.0 : std::numeric_limits<double>::quiet_NaN();
+  double r = x >= 1 ? x : 1.0;
+  for (int i = 0; i < 200; ++i) {
+    const double next = 0.5 * (r + x / r);
+    if (next == r) break;
+    r = next;
+  }
+  return r;
 }
 
 // How a parameter starts. `normal` draws N(0, std^2); `constant` fills `value`.

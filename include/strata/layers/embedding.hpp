@@ -1,7 +1,8 @@
 // strata/layers/embedding.hpp - token plus learned position embedding.
 //
 // Shapes: tokens [B, T] (int32) -> x [B, T, C] = wte[token] + wpe[position]. wte is [V, C]
-// and may be shared with the LM head (tied weights): its handle is token_table().
+// and may be shared with the LM head (tied weights), which names it ("wte" under this layer's
+// scope) in its config.
 //
 // Tensor parallel over t ranks: vocabulary-parallel. The vocabulary is padded to Vp, a multiple
 // of t (padding rows start at zero and no token id reaches them), and each rank holds Vp/t rows
@@ -12,8 +13,10 @@
 #include <cstdint>
 
 #include "strata/core/tensor.hpp"
-#include "strata/kernels/host/embedding.hpp"
+#include "strata/kernels/embedding.hpp"
+#include "strata/layers/cost.hpp"
 #include "strata/layers/module.hpp"
+#include "strata/layers/tensor_parallel.hpp"
 
 namespace strata {
 
@@ -26,41 +29,36 @@ class embedding {
   struct config {
     std::int64_t vocab = 0, max_seq = 0, channels = 0;
     double init_std = 0.02;
-    tensor_split tp{};
   };
 
   // The vocabulary rounded up to a multiple of the tensor-parallel degree.
-  static constexpr std::int64_t padded_vocab(const config& c) {
-    return (c.vocab + c.tp.degree - 1) / c.tp.degree * c.tp.degree;
-  }
-  // Where tensor-parallel rank r's piece of the token table sits (the whole table when t = 1);
-  // a pipeline's last stage registers its copy of a tied table with the same.
-  static tensor_shard token_table_shard(const config& c, int r) {
-    if (c.tp.degree == 1) return tensor_shard{{c.vocab, c.channels}};
-    return {{padded_vocab(c), c.channels}, 0, c.tp.degree, r, 1, c.vocab};
-  }
-  static constexpr std::int64_t param_count(const config& c) {
-    return (padded_vocab(c) / c.tp.degree + c.max_seq) * c.channels;
-  }
-  static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return batch * seq * c.channels;
-  }
-  static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * batch * seq * c.channels;
-  }
-  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    const std::int64_t rows = batch * seq;
-    return c.tp.local_rows(rows) * c.channels * static_cast<std::int64_t>(sizeof(T)) + rows * 4;  // output + ids
+  static constexpr std::int64_t padded_vocab(const config& c, int degree) { return (c.vocab + degree - 1) / degree * degree; }
+  // The vocabulary is padded, so any degree splits it: nothing to divide.
+  static constexpr tensor_extent_list tensor_extents(const config&) { return {}; }
+  // Keeps its output and the token ids; its rows of the table leave the region summed.
+  static constexpr layer_cost cost(const config& c, const cost_scope& s) {
+    const std::int64_t rows = s.rows(), t = s.tp.degree, bytes = static_cast<std::int64_t>(sizeof(T));
+    layer_cost r;
+    r.params = (padded_vocab(c, int(t)) / t + c.max_seq) * c.channels;
+    r.forward_flops = rows * c.channels;
+    r.backward_flops = 2 * rows * c.channels;
+    r.output_bytes = s.local_rows() * c.channels * bytes;
+    r.activation_bytes = r.output_bytes + rows * 4;
+    if (t > 1) {
+      r.tensor_forward_bytes = tensor_edge_bytes::leave_forward(s.tp, double(rows * c.channels * bytes));
+      r.tensor_backward_bytes = tensor_edge_bytes::leave_backward(s.tp, double(rows * c.channels * bytes));
+    }
+    return r;
   }
 
-  embedding(module_scope<P> scope, config c) : scope_(scope), cfg_(c) {
-    STRATA_CHECK(c.vocab > 0 && c.max_seq > 0 && c.channels > 0, scope.qualify("embedding"), ": vocab (", c.vocab,
+  embedding(module_scope<P> scope, const config& c) : scope_(scope), cfg_(c) {
+    STRATA_CHECK(c.vocab > 0 && c.max_seq > 0 && c.channels > 0, scope.qualify_layer(), ": vocab (", c.vocab,
                  "), max_seq (", c.max_seq, ") and channels (", c.channels, ") must be positive");
     auto& tp = scope.tensor();
-    tp.check(c.tp, scope.qualify("embedding"));
-    const tensor_shard table = token_table_shard(c, tp.rank());
-    rows_here_ = padded_vocab(c) / c.tp.degree;
-    first_row_ = rows_here_ * (c.tp.degree > 1 ? tp.rank() : 0);
+    degree_ = tp.degree();
+    const tensor_shard table = tensor_shard::padded_rows(c.vocab, c.channels, degree_, tp.rank());
+    rows_here_ = padded_vocab(c, degree_) / degree_;
+    first_row_ = rows_here_ * (degree_ > 1 ? tp.rank() : 0);
     wte_ = scope_.add_parameter("wte", table, init_rule::normal_with_std(c.init_std), true);
     wpe_ = scope_.add_parameter("wpe", {c.max_seq, c.channels}, init_rule::normal_with_std(c.init_std), true);
   }
@@ -79,14 +77,14 @@ class embedding {
     tokens_.upload(tokens.data, static_cast<std::size_t>(rows));  // token batches come from the host
     auto& p = scope_.params();
     auto& tp = scope_.tensor();
-    if (cfg_.tp.degree == 1) {
+    if (degree_ == 1) {
       ensure_size(out_, ledger, memory_category::activations, rows * cfg_.channels);
       kernels::embedding_forward(device{}, out_.data(), tokens_.data(), p.weights(wte_), p.weights(wpe_), batch_, seq_,
                                  cfg_.channels, cfg_.vocab);
       return {out_.data(), {batch_, seq_, cfg_.channels}};
     }
-    STRATA_CHECK(!tp.sequence_parallel() || seq_ % cfg_.tp.degree == 0, scope_.qualify("embedding"),
-                 ": sequence parallelism over tp=", cfg_.tp.degree, " needs a sequence length divisible by it, got ", seq_);
+    STRATA_CHECK(!tp.sequence_parallel() || seq_ % degree_ == 0, scope_.qualify("embedding"),
+                 ": sequence parallelism over tp=", degree_, " needs a sequence length divisible by it, got ", seq_);
     // This rank's rows of the table, the pieces summed over the group, then the positions.
     buffer<T> partial;
     buffer<T>& looked_up = tp.sequence_parallel() ? partial : out_;
@@ -108,7 +106,7 @@ class embedding {
     STRATA_CHECK(static_cast<std::int64_t>(dy.size()) == batch_ * seq_ * cfg_.channels, scope_.qualify("backward"),
                  ": expected ", batch_ * seq_ * cfg_.channels, " output gradients, got ", dy.size());
     auto& p = scope_.params();
-    if (cfg_.tp.degree == 1) {
+    if (degree_ == 1) {
       kernels::embedding_backward(device{}, p.grads(wte_), p.grads(wpe_), dy.data(), tokens_.data(), batch_, seq_,
                                   cfg_.channels);
     } else {
@@ -138,6 +136,7 @@ class embedding {
   module_scope<P> scope_;
   config cfg_;
   param_handle wte_, wpe_;
+  int degree_ = 1;
   std::int64_t rows_here_ = 0, first_row_ = 0;  // this rank's rows of the (padded) token table
   std::int64_t batch_ = 0, seq_ = 0;
   buffer<std::int32_t> tokens_;

@@ -8,9 +8,11 @@
 #include <span>
 
 #include "strata/core/tensor.hpp"
-#include "strata/kernels/host/layernorm.hpp"
-#include "strata/kernels/host/residual.hpp"
+#include "strata/kernels/layernorm.hpp"
+#include "strata/kernels/residual.hpp"
+#include "strata/layers/cost.hpp"
 #include "strata/layers/module.hpp"
+#include "strata/layers/tensor_split.hpp"
 
 namespace strata {
 
@@ -24,25 +26,28 @@ class layernorm {
   struct config {
     std::int64_t channels = 0;
     double eps = 1e-5;
-    tensor_split tp{};  // only sequence parallelism changes a LayerNorm: it sees rows/t tokens
   };
 
-  static constexpr std::int64_t param_count(const config& c) { return 2 * c.channels; }
-  // ~8 flops per element forward (mean, variance, normalise, scale, shift); backward ~2x.
-  static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 8 * c.tp.local_rows(batch * seq) * c.channels;
-  }
-  static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * forward_flops(c, batch, seq);
-  }
-  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    const std::int64_t rows = c.tp.local_rows(batch * seq);
-    return rows * c.channels * static_cast<std::int64_t>(sizeof(T)) + 2 * rows * static_cast<std::int64_t>(sizeof(A));
+  static constexpr tensor_extent_list tensor_extents(const config&) { return {}; }
+  // ~8 flops per element forward (mean, variance, normalise, scale, shift), backward ~2x; keeps
+  // its output and each row's mean and 1/std. Under sequence parallelism it sees rows/t tokens and
+  // sums its partial gain and bias gradients over the group.
+  static constexpr layer_cost cost(const config& c, const cost_scope& s) {
+    const std::int64_t rows = s.local_rows();
+    layer_cost r;
+    r.params = 2 * c.channels;
+    r.forward_flops = 8 * rows * c.channels;
+    r.backward_flops = 2 * r.forward_flops;
+    r.output_bytes = rows * c.channels * static_cast<std::int64_t>(sizeof(T));
+    r.activation_bytes = r.output_bytes + 2 * rows * static_cast<std::int64_t>(sizeof(A));
+    if (s.tp.sequence_parallel)
+      r.tensor_backward_bytes = ring_all_reduce_bytes(double(2 * c.channels * static_cast<std::int64_t>(sizeof(T))), s.tp.degree);
+    return r;
   }
 
-  layernorm(module_scope<P> scope, config c) : scope_(scope), cfg_(c) {
-    STRATA_CHECK(c.channels > 0, scope.qualify("layernorm"), ": channels (", c.channels, ") must be positive");
-    STRATA_CHECK(c.eps > 0, scope.qualify("layernorm"), ": eps (", c.eps, ") must be positive");
+  layernorm(module_scope<P> scope, const config& c) : scope_(scope), cfg_(c) {
+    STRATA_CHECK(c.channels > 0, scope.qualify_layer(), ": channels (", c.channels, ") must be positive");
+    STRATA_CHECK(c.eps > 0, scope.qualify_layer(), ": eps (", c.eps, ") must be positive");
     weight_ = scope_.add_parameter("weight", {c.channels}, init_rule::ones(), false);
     bias_ = scope_.add_parameter("bias", {c.channels}, init_rule::zeros(), false);
   }

@@ -3,7 +3,8 @@
 // Shapes: x [rows, in], W [out, in] (the layout PyTorch and GPT-2 checkpoints use), b [out],
 // y [rows, out]. Keeps a view of its input (owned by the layer before it) and owns its output.
 //
-// Under tensor parallelism over t ranks (config.split):
+// Under tensor parallelism over t ranks (config.split says which half; the degree comes from
+// where the layer is built):
 //   column  W [out/t, in] and b [out/t]: this rank's output features. The layer enters a
 //           tensor-parallel region (tensor_parallel.hpp): under sequence parallelism it gathers
 //           the tokens first, and gathers them again in backward rather than keeping them, so
@@ -14,11 +15,12 @@
 //           The bias joins rank 0's partial sum, so it is counted once.
 #pragma once
 #include <cstdint>
-#include <string>
 
 #include "strata/core/tensor.hpp"
-#include "strata/kernels/host/linear.hpp"
+#include "strata/kernels/linear.hpp"
+#include "strata/layers/cost.hpp"
 #include "strata/layers/module.hpp"
+#include "strata/layers/tensor_split.hpp"
 
 namespace strata {
 
@@ -33,42 +35,50 @@ class linear {
     bool bias = true;
     double init_std = 0.02;
     tensor_split_kind split = tensor_split_kind::none;
-    tensor_split tp{};
     int blocks = 1;  // column split only: equal groups of output features split separately
   };
 
-  static constexpr std::int64_t degree(const config& c) { return c.split == tensor_split_kind::none ? 1 : c.tp.degree; }
-  // Costs per rank for `batch` sequences of `seq` tokens.
-  static constexpr std::int64_t param_count(const config& c) {
-    const std::int64_t t = degree(c);
-    if (c.split == tensor_split_kind::row) return c.in / t * c.out + (c.bias ? c.out : 0);
-    return c.in * (c.out / t) + (c.bias ? c.out / t : 0);
+  // What a tensor-parallel degree must divide: the output features of each block (column), or
+  // the input features (row).
+  static constexpr tensor_extent_list tensor_extents(const config& c) {
+    if (c.split == tensor_split_kind::column) return {{"out features per block", c.out / c.blocks}};
+    if (c.split == tensor_split_kind::row) return {{"in features", c.in}};
+    return {};
   }
-  static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * batch * seq * c.in * c.out / degree(c);
-  }
-  static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * forward_flops(c, batch, seq);
-  }
-  // Bytes kept from forward to backward: the output (the input belongs to the layer before).
-  // A column-parallel output covers every token; a row-parallel (or whole) one this rank's tokens.
-  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    const std::int64_t rows = batch * seq;
-    if (c.split == tensor_split_kind::column) return rows * (c.out / c.tp.degree) * static_cast<std::int64_t>(sizeof(T));
-    return c.tp.local_rows(rows) * c.out * static_cast<std::int64_t>(sizeof(T));
+  // For `batch` sequences of `seq` tokens on one rank. A column-parallel output covers every
+  // token; a row-parallel (or whole) one this rank's tokens. The input belongs to the layer before.
+  static constexpr layer_cost cost(const config& c, const cost_scope& s) {
+    const tensor_split tp = c.split == tensor_split_kind::none ? tensor_split{} : s.tp;
+    const std::int64_t t = tp.degree, rows = s.rows(), bytes = static_cast<std::int64_t>(sizeof(T));
+    layer_cost r;
+    if (c.split == tensor_split_kind::row) r.params = c.in / t * c.out + (c.bias ? c.out : 0);
+    else r.params = c.in * (c.out / t) + (c.bias ? c.out / t : 0);
+    r.forward_flops = 2 * rows * c.in * c.out / t;
+    r.backward_flops = 2 * r.forward_flops;
+    r.output_bytes = (c.split == tensor_split_kind::column ? rows * (c.out / t) : s.tp.local_rows(rows) * c.out) * bytes;
+    r.activation_bytes = r.output_bytes;
+    if (c.split == tensor_split_kind::column) {
+      const double input = double(rows * c.in * bytes);
+      r.tensor_forward_bytes = tensor_edge_bytes::enter_forward(tp, input);
+      // backward: the input gradient's partial sums leave, and the input is gathered again
+      r.tensor_backward_bytes = tensor_edge_bytes::enter_backward(tp, input) + tensor_edge_bytes::enter_forward(tp, input);
+    } else if (c.split == tensor_split_kind::row) {
+      const double output = double(rows * c.out * bytes);
+      r.tensor_forward_bytes = tensor_edge_bytes::leave_forward(tp, output);
+      r.tensor_backward_bytes = tensor_edge_bytes::leave_backward(tp, output);
+    }
+    return r;
   }
 
-  linear(module_scope<P> scope, config c) : scope_(scope), cfg_(c) {
-    STRATA_CHECK(c.in > 0 && c.out > 0, scope.qualify("linear"), ": in (", c.in, ") and out (", c.out,
+  linear(module_scope<P> scope, const config& c) : scope_(scope), cfg_(c) {
+    STRATA_CHECK(c.in > 0 && c.out > 0, scope.qualify_layer(), ": in (", c.in, ") and out (", c.out,
                  ") must be positive");
+    STRATA_CHECK(c.blocks >= 1 && c.out % c.blocks == 0, scope.qualify_layer(), ": ", c.blocks,
+                 " blocks do not split out = ", c.out);
+    scope.check_tensor_extents(tensor_extents(c));
     auto& tp = scope.tensor();
-    if (c.split != tensor_split_kind::none) tp.check(c.tp, scope.qualify("linear"));
-    const int t = static_cast<int>(degree(c));
-    const std::int64_t split_extent = c.split == tensor_split_kind::row ? c.in : c.out;
+    const int t = c.split == tensor_split_kind::none ? 1 : tp.degree();
     const std::int64_t groups = c.split == tensor_split_kind::column ? c.blocks : 1;
-    STRATA_CHECK(split_extent % (t * groups) == 0, scope.qualify("linear"), ": tensor parallelism tp=", t,
-                 " does not divide ", c.split == tensor_split_kind::row ? "in" : "out", " = ", split_extent,
-                 groups > 1 ? " (split in groups of " + std::to_string(split_extent / groups) + ")" : std::string());
     out_local_ = c.split == tensor_split_kind::column ? c.out / t : c.out;
     in_local_ = c.split == tensor_split_kind::row ? c.in / t : c.in;
     const int r = c.split == tensor_split_kind::none ? 0 : tp.rank();

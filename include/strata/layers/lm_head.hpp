@@ -3,7 +3,8 @@
 // x [B, T, C] -> logits = x·Wᵀ [B, T, V] -> mean cross-entropy against targets [B, T].
 // The softmax and the loss are fused: the logits buffer is overwritten with dloss/dlogits in
 // the same pass, so no probability buffer ever exists. W is either the head's own [V, C]
-// matrix or, with tied_to, the token embedding's table (GPT-2 ties them).
+// matrix or, with config.tied_to naming it, another layer's table (GPT-2 ties the head to the
+// token embedding's "wte").
 //
 // Tensor parallel over t ranks: vocabulary-parallel, over the same padded rows as the embedding
 // (Vp/t each). The head enters a tensor-parallel region like a column-parallel layer (under
@@ -14,19 +15,17 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "strata/core/tensor.hpp"
-#include "strata/kernels/host/cross_entropy.hpp"
-#include "strata/kernels/host/linear.hpp"
+#include "strata/kernels/cross_entropy.hpp"
+#include "strata/kernels/linear.hpp"
+#include "strata/layers/cost.hpp"
 #include "strata/layers/module.hpp"
+#include "strata/layers/tensor_parallel.hpp"
 
 namespace strata {
-
-// Names an existing [V, C] parameter for the head to share.
-struct tied_to {
-  param_handle table;
-};
 
 template <class P>
 class lm_head {
@@ -37,43 +36,45 @@ class lm_head {
 
   struct config {
     std::int64_t vocab = 0, channels = 0;
-    double init_std = 0.02;  // only when the head owns its matrix
-    tensor_split tp{};
+    double init_std = 0.02;
+    std::string_view tied_to{};  // the absolute name of a [V, C] table to share ("wte"); empty: own
   };
 
-  // The vocabulary rounded up to a multiple of the degree, and this rank's share of it.
-  static constexpr std::int64_t padded_vocab(const config& c) {
-    return (c.vocab + c.tp.degree - 1) / c.tp.degree * c.tp.degree;
-  }
-  static constexpr std::int64_t local_vocab(const config& c) { return padded_vocab(c) / c.tp.degree; }
-  // A tied head adds no parameters of its own.
-  static constexpr std::int64_t param_count(const config& c, bool tied) { return tied ? 0 : local_vocab(c) * c.channels; }
-  static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * batch * seq * c.channels * local_vocab(c) + 5 * batch * seq * local_vocab(c);  // GEMM + softmax/loss
-  }
-  static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 4 * batch * seq * c.channels * local_vocab(c);
-  }
-  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    const std::int64_t rows = batch * seq;
-    return rows * local_vocab(c) * static_cast<std::int64_t>(sizeof(T)) +  // logits, then their gradient
-           rows * static_cast<std::int64_t>(sizeof(A)) + rows * 4;  // per-position losses, targets
+  // The vocabulary rounded up to a multiple of the degree, and a rank's share of it.
+  static constexpr std::int64_t padded_vocab(const config& c, int degree) { return (c.vocab + degree - 1) / degree * degree; }
+  static constexpr std::int64_t local_vocab(const config& c, int degree) { return padded_vocab(c, degree) / degree; }
+  // The vocabulary is padded, so any degree splits it.
+  static constexpr tensor_extent_list tensor_extents(const config&) { return {}; }
+  static constexpr std::string_view tied_parameter(const config& c) { return c.tied_to; }
+  // The GEMM, the fused softmax and loss; keeps the logits (then their gradient), the per-position
+  // losses and the targets. Under tensor parallelism it enters a region like a column-parallel
+  // layer and the loss takes three all-reduces of one value per row (max; sum and target logit).
+  static constexpr layer_cost cost(const config& c, const cost_scope& s) {
+    const int t = s.tp.degree;
+    const std::int64_t rows = s.rows(), vl = local_vocab(c, t), bytes = static_cast<std::int64_t>(sizeof(T));
+    layer_cost r;
+    (c.tied_to.empty() ? r.params : r.tied_params) = vl * c.channels;
+    r.forward_flops = 2 * rows * c.channels * vl + 5 * rows * vl;
+    r.backward_flops = 4 * rows * c.channels * vl;
+    r.activation_bytes = rows * vl * bytes + rows * static_cast<std::int64_t>(sizeof(A)) + rows * 4;
+    if (t > 1) {
+      const double input = double(rows * c.channels * bytes);
+      r.tensor_forward_bytes = tensor_edge_bytes::enter_forward(s.tp, input) +
+                               ring_all_reduce_bytes(double(3 * rows * static_cast<std::int64_t>(sizeof(A))), t);
+      r.tensor_backward_bytes = tensor_edge_bytes::enter_backward(s.tp, input) + tensor_edge_bytes::enter_forward(s.tp, input);
+    }
+    return r;
   }
 
-  lm_head(module_scope<P> scope, config c) : scope_(scope), cfg_(c) {
-    check_config();
-    tensor_shard table{{padded_vocab(c), c.channels}};
-    if (c.tp.degree > 1) table = {{padded_vocab(c), c.channels}, 0, c.tp.degree, scope.tensor().rank(), 1, c.vocab};
-    weight_ = scope_.add_parameter("weight", table, init_rule::normal_with_std(c.init_std), true);
-  }
-  lm_head(module_scope<P> scope, config c, tied_to tie) : scope_(scope), cfg_(c), weight_(tie.table), tied_(true) {
-    check_config();
-    // Its gradient is final only after both backwards (a shared copy's writers are counted once).
-    if (!scope_.context().sharing_parameters()) scope_.params().add_writer(weight_);
-    const auto& shared = scope_.params().info(weight_);
-    STRATA_CHECK(shared.shape.rank == 2 && shared.shape[0] == local_vocab(c) && shared.shape[1] == c.channels,
-                 scope_.qualify("lm_head"), ": tied table '", shared.name, "' has shape ", shared.shape.str(),
-                 ", expected [", local_vocab(c), ", ", c.channels, "]");
+  lm_head(module_scope<P> scope, const config& c) : scope_(scope), cfg_(c) {
+    STRATA_CHECK(c.vocab > 0 && c.channels > 0, scope_.qualify_layer(), ": vocab (", c.vocab, ") and channels (",
+                 c.channels, ") must be positive");
+    auto& tp = scope.tensor();
+    degree_ = tp.degree();
+    const tensor_shard table = tensor_shard::padded_rows(c.vocab, c.channels, degree_, tp.rank());
+    const auto init = init_rule::normal_with_std(c.init_std);
+    tied_ = !c.tied_to.empty();
+    weight_ = tied_ ? scope_.tied_parameter(c.tied_to, table, init, true) : scope_.add_parameter("weight", table, init, true);
   }
 
   // Mean loss over all positions; also leaves d(loss·loss_scale)/dlogits for backward.
@@ -88,7 +89,7 @@ class lm_head {
     ensure_size(losses_, ledger, memory_category::activations, rows);
     ensure_size(targets_, ledger, memory_category::activations, rows);
     targets_.upload(targets.data, static_cast<std::size_t>(rows));  // targets come from the host
-    if (cfg_.tp.degree == 1)
+    if (degree_ == 1)
       kernels::cross_entropy_forward_backward(device{}, losses_.data(), logits_.data(), targets_.data(), rows,
                                               cfg_.vocab, cfg_.vocab, static_cast<A>(loss_scale / double(rows)));
     else
@@ -105,7 +106,7 @@ class lm_head {
     ensure_size(losses_, scope_.ledger(), memory_category::activations, rows);
     ensure_size(targets_, scope_.ledger(), memory_category::activations, rows);
     targets_.upload(targets.data, static_cast<std::size_t>(rows));
-    if (cfg_.tp.degree == 1)
+    if (degree_ == 1)
       kernels::cross_entropy_forward(device{}, losses_.data(), logits_.data(), targets_.data(), rows, cfg_.vocab,
                                      cfg_.vocab);
     else
@@ -117,9 +118,9 @@ class lm_head {
   // gathered from every rank (sampling only: training never does this).
   tensor_view<const T> logits(tensor_view<const T> x) {
     compute_logits(x);
-    if (cfg_.tp.degree == 1) return {logits_.data(), {batch_, seq_, cfg_.vocab}};
-    const std::int64_t rows = batch_ * seq_, vl = local_vocab(cfg_);
-    buffer<T> pieces(scope_.ledger(), memory_category::communication, static_cast<std::size_t>(rows * padded_vocab(cfg_)));
+    if (degree_ == 1) return {logits_.data(), {batch_, seq_, cfg_.vocab}};
+    const std::int64_t rows = batch_ * seq_, vl = local_vocab(cfg_, degree_);
+    buffer<T> pieces(scope_.ledger(), memory_category::communication, static_cast<std::size_t>(rows * padded_vocab(cfg_, degree_)));
     scope_.tensor().group().all_gather(std::span<const T>(logits_.data(), logits_.size()),
                                        std::span<T>(pieces.data(), pieces.size()));
     ensure_size(whole_logits_, scope_.ledger(), memory_category::activations, rows * cfg_.vocab);
@@ -140,7 +141,7 @@ class lm_head {
     buffer<T> gathered;
     const T* x = tp.enter_forward(input_, gathered, ledger).data;
     kernels::linear_backward(device{}, scope_.workspace(), dx.data(), p.grads(weight_), static_cast<T*>(nullptr),
-                             logits_.data(), x, p.weights(weight_), rows, cfg_.channels, local_vocab(cfg_));
+                             logits_.data(), x, p.weights(weight_), rows, cfg_.channels, local_vocab(cfg_, degree_));
     p.grad_written(weight_);
     return tp.enter_backward(std::move(dx), ledger);
   }
@@ -162,11 +163,6 @@ class lm_head {
  private:
   using device = typename P::device;
 
-  void check_config() const {
-    STRATA_CHECK(cfg_.vocab > 0 && cfg_.channels > 0, scope_.qualify("lm_head"), ": vocab (", cfg_.vocab,
-                 ") and channels (", cfg_.channels, ") must be positive");
-    scope_.tensor().check(cfg_.tp, scope_.qualify("lm_head"));
-  }
   void compute_logits(tensor_view<const T> x) {
     STRATA_CHECK(x.shape.rank == 3 && x.shape[2] == cfg_.channels, scope_.qualify("forward"),
                  ": expected input [B, T, ", cfg_.channels, "], got ", x.shape.str());
@@ -175,7 +171,7 @@ class lm_head {
     auto whole = scope_.tensor().enter_forward(x, gathered, scope_.ledger());
     batch_ = whole.shape[0];
     seq_ = whole.shape[1];
-    const std::int64_t vl = local_vocab(cfg_);
+    const std::int64_t vl = local_vocab(cfg_, degree_);
     ensure_size(logits_, scope_.ledger(), memory_category::activations, batch_ * seq_ * vl);
     auto& p = scope_.params();
     kernels::linear_forward(device{}, scope_.workspace(), logits_.data(), whole.data, p.weights(weight_),
@@ -184,7 +180,7 @@ class lm_head {
   // The loss of every position from this rank's logits and two all-reduces; with `dlogits`
   // (the logits buffer) also its gradient.
   void vocab_parallel_loss(const std::int32_t* targets, T* dlogits, A dloss) {
-    const std::int64_t rows = batch_ * seq_, vl = local_vocab(cfg_), first = vl * scope_.tensor().rank();
+    const std::int64_t rows = batch_ * seq_, vl = local_vocab(cfg_, degree_), first = vl * scope_.tensor().rank();
     auto& group = scope_.tensor().group();
     buffer<A> row_max(scope_.ledger(), memory_category::communication, static_cast<std::size_t>(rows));
     buffer<A> sums(scope_.ledger(), memory_category::communication, static_cast<std::size_t>(2 * rows));
@@ -206,6 +202,7 @@ class lm_head {
 
   module_scope<P> scope_;
   config cfg_;
+  int degree_ = 1;
   param_handle weight_;
   bool tied_ = false;
   tensor_view<const T> input_;

@@ -7,7 +7,8 @@
 #include <cstdint>
 
 #include "strata/core/tensor.hpp"
-#include "strata/kernels/host/gelu.hpp"
+#include "strata/kernels/gelu.hpp"
+#include "strata/layers/cost.hpp"
 #include "strata/layers/linear.hpp"
 
 namespace strata {
@@ -22,31 +23,24 @@ class mlp {
     std::int64_t channels = 0, hidden = 0;
     double init_std = 0.02;
     double proj_init_std = 0.02;
-    tensor_split tp{};
   };
 
   static constexpr typename linear<P>::config fc_config(const config& c) {
-    return {c.channels, c.hidden, true, c.init_std, tensor_split_kind::column, c.tp, 1};
+    return {.in = c.channels, .out = c.hidden, .init_std = c.init_std, .split = tensor_split_kind::column};
   }
   static constexpr typename linear<P>::config proj_config(const config& c) {
-    return {c.hidden, c.channels, true, c.proj_init_std, tensor_split_kind::row, c.tp, 1};
+    return {.in = c.hidden, .out = c.channels, .init_std = c.proj_init_std, .split = tensor_split_kind::row};
   }
-  static constexpr std::int64_t param_count(const config& c) {
-    return linear<P>::param_count(fc_config(c)) + linear<P>::param_count(proj_config(c));
-  }
-  static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return linear<P>::forward_flops(fc_config(c), batch, seq) + linear<P>::forward_flops(proj_config(c), batch, seq);
-  }
-  static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * forward_flops(c, batch, seq);
-  }
-  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    return linear<P>::activation_bytes(fc_config(c), batch, seq) +  // pre-activation
-           batch * seq * (c.hidden / c.tp.degree) * static_cast<std::int64_t>(sizeof(T)) +  // GELU output
-           linear<P>::activation_bytes(proj_config(c), batch, seq);
+  static constexpr tensor_extent_list tensor_extents(const config& c) { return {{"FFN width", c.hidden}}; }
+  // fc, then GELU (its output kept: the projection's input), then the projection.
+  static constexpr layer_cost cost(const config& c, const cost_scope& s) {
+    layer_cost gelu;
+    gelu.output_bytes = gelu.activation_bytes =
+        s.rows() * (c.hidden / s.tp.degree) * static_cast<std::int64_t>(sizeof(T));
+    return linear<P>::cost(fc_config(c), s).then(gelu).then(linear<P>::cost(proj_config(c), s));
   }
 
-  mlp(module_scope<P> scope, config c)
+  mlp(module_scope<P> scope, const config& c)
       : scope_(scope), cfg_(validated(scope, c)), fc_(scope / "fc", fc_config(c)), proj_(scope / "proj", proj_config(c)) {}
 
   tensor_view<const T> forward(tensor_view<const T> x) {
@@ -80,8 +74,7 @@ class mlp {
  private:
   using device = typename P::device;
   static const config& validated(const module_scope<P>& scope, const config& c) {
-    STRATA_CHECK(c.tp.degree >= 1 && c.hidden % c.tp.degree == 0, scope.qualify("mlp"), ": tensor parallelism tp=",
-                 c.tp.degree, " does not divide the FFN width hidden = ", c.hidden);
+    scope.check_tensor_extents(tensor_extents(c));
     return c;
   }
   module_scope<P> scope_;

@@ -1,10 +1,11 @@
 // strata/layers/module.hpp - what a layer is handed when it is built.
 //
 // A model owns one model_context: the parameter store, scratch space and the memory ledger
-// every buffer is charged to. Layers receive a module_scope - the same context plus a dotted
-// name prefix - so each parameter gets a stable name ("blocks.3.mlp.fc.weight") that the
-// initializer, checkpoints and exports all key on. Under tensor parallelism the context also
-// holds the tensor-parallel group; every layer of the model shards over it.
+// every buffer is charged to, the tensor-parallel group every layer of the model shards over,
+// and the recomputation mode. Layers receive a module_scope - the same context plus a dotted
+// name prefix - so each parameter gets a stable name ("h.3.mlp.fc.weight") that the initializer,
+// checkpoints and exports all key on. A layer takes its tensor split from the scope (split()),
+// never from its config: the policy and the launch decide it, in one place.
 #pragma once
 #include <string>
 #include <string_view>
@@ -13,7 +14,9 @@
 #include "strata/core/memory.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/layers/tensor_parallel.hpp"
+#include "strata/layers/tensor_split.hpp"
 #include "strata/policy/policy.hpp"
+#include "strata/policy/recompute.hpp"
 
 namespace strata {
 
@@ -22,8 +25,9 @@ class model_context {
  public:
   using T = typename P::storage;
 
-  model_context(memory_ledger& ledger, strata::seed s, strata::tensor_parallel tp = {})
-      : params_(ledger, s), workspace_(ledger), tp_(std::move(tp)) {}
+  model_context(memory_ledger& ledger, strata::seed s, strata::tensor_parallel tp = {},
+                recompute_mode recompute = recompute_mode::none)
+      : params_(ledger, s), workspace_(ledger), tp_(std::move(tp)), recompute_(recompute) {}
   model_context(const model_context&) = delete;
   model_context& operator=(const model_context&) = delete;
 
@@ -32,6 +36,8 @@ class model_context {
   memory_ledger& ledger() { return params_.ledger(); }
   strata::tensor_parallel& tensor() { return tp_; }
   const strata::tensor_parallel& tensor() const { return tp_; }
+  // What recompute<recompute_from_context, L> does in this model.
+  recompute_mode recompute() const { return recompute_; }
 
   // While on, layers built in this context reuse parameters already registered under the same
   // names instead of registering new ones: a pipeline stage builds one copy of its layers per
@@ -40,11 +46,18 @@ class model_context {
   void share_parameters(bool on) { share_ = on; }
   bool sharing_parameters() const { return share_; }
 
+  // While on, a layer that uses a parameter another layer owns (a tied table) and does not find
+  // it registers a replica of it: a pipeline stage holding the user but not the owner. Off, not
+  // finding it is an error naming the parameter.
+  void allow_tied_replicas(bool on) { replicas_ = on; }
+  bool tied_replicas_allowed() const { return replicas_; }
+
  private:
   parameter_store<T> params_;
   strata::workspace workspace_;
   strata::tensor_parallel tp_;
-  bool share_ = false;
+  recompute_mode recompute_;
+  bool share_ = false, replicas_ = false;
 };
 
 template <class P>
@@ -77,6 +90,38 @@ class module_scope {
     }
     return ctx_->params().add(name, init, decay, shard);
   }
+  // A parameter another layer owns and registers under the absolute name `name` (a tied table):
+  // its handle, with this layer counted as one more writer of its gradient. Where the owner is
+  // not in this model (a pipeline stage without it), a replica is registered - same name, same
+  // piece - that the assembled model keeps equal to the owner's.
+  param_handle tied_parameter(std::string_view name, tensor_shard shard, init_rule init, bool decay) {
+    auto& p = ctx_->params();
+    param_handle h = p.find(name);
+    if (!h.valid()) {
+      STRATA_CHECK(ctx_->tied_replicas_allowed(), qualify_layer(), ": the tied parameter '", name,
+                   "' is not registered; the layer that owns it must be built first");
+      h = p.add(std::string(name), init, decay, shard);
+      p.mark_replica(h);
+      return h;
+    }
+    STRATA_CHECK(p.info(h).shape == shard.local(), qualify_layer(), ": the tied parameter '", name, "' has shape ",
+                 p.info(h).shape.str(), ", this layer needs ", shard.local().str());
+    // A copy built for another micro-batch of a pipeline stage writes the same gradient once.
+    if (!ctx_->sharing_parameters() && !p.info(h).replica) p.add_writer(h);
+    return h;
+  }
+
+  // The tensor split this layer runs under.
+  tensor_split split() const { return ctx_->tensor().split(); }
+  // Fails, naming the layer and the numbers, when the tensor-parallel degree does not divide
+  // one of `extents` (a layer's tensor_extents(config)).
+  void check_tensor_extents(const tensor_extent_list& extents) const {
+    const int t = ctx_->tensor().degree();
+    if (const tensor_extent* e = extents.first_not_divided_by(t))
+      fail(qualify_layer(), ": tensor parallelism tp=", t, " does not divide ", e->name(), " = ", e->extent);
+  }
+  // The scope's name for messages ("h.3.attn"; "model" at the root).
+  std::string qualify_layer() const { return prefix_.empty() ? std::string("model") : prefix_; }
 
   model_context<P>& context() const { return *ctx_; }
   parameter_store<T>& params() const { return ctx_->params(); }

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -62,6 +63,12 @@ struct tensor_shard {
     if (real_rows < 0) return false;
     const auto [row, col] = full_position(i);
     return (full.rank >= 2 ? row : col) >= real_rows;
+  }
+  // A [rows, cols] matrix whose rows are split over `parts` ranks after padding them to a
+  // multiple of `parts` (a vocabulary-parallel table); whole when parts = 1.
+  static tensor_shard padded_rows(std::int64_t rows, std::int64_t cols, int parts, int index) {
+    if (parts == 1) return tensor_shard{{rows, cols}};
+    return {{(rows + parts - 1) / parts * parts, cols}, 0, parts, index, 1, rows};
   }
   // The same split as seen from rank q.
   tensor_shard of_rank(int q) const {
@@ -174,6 +181,20 @@ class parameter_store {
     STRATA_CHECK(!weights_released_, "parameter_store: the flat weight buffer was released (parameters are "
                                      "sharded, ZeRO-3); gather them from their owner");
     return weights_.data();
+  }
+
+  // h's weights copied to or from the host, wherever the store's memory space keeps them.
+  void download_weights(param_handle h, std::span<T> out) {
+    STRATA_CHECK(static_cast<std::int64_t>(out.size()) == info(h).numel, "parameter_store: '", info(h).name, "' has ",
+                 info(h).numel, " elements, ", out.size(), " asked for");
+    materialize();
+    weights_.download(out.data(), out.size(), static_cast<std::size_t>(info(h).offset));
+  }
+  void upload_weights(param_handle h, std::span<const T> in) {
+    STRATA_CHECK(static_cast<std::int64_t>(in.size()) == info(h).numel, "parameter_store: '", info(h).name, "' has ",
+                 info(h).numel, " elements, ", in.size(), " given");
+    materialize();
+    weights_.upload(in.data(), in.size(), static_cast<std::size_t>(info(h).offset));
   }
 
   // ZeRO-3: weights are gathered on demand by someone else; the flat weight buffer is freed.

@@ -1,14 +1,16 @@
-// strata/layers/stack.hpp - N copies of one layer applied in sequence ("blocks.0" .. "blocks.N-1").
+// strata/layers/stack.hpp - N copies of one layer applied in sequence ("h.0" .. "h.N-1").
 //
-// The count may be fixed in the type (repeat<12, Block>) or given at run time (stack<Block>);
-// either way each copy has its own parameters and activations. Pipeline parallelism will split
-// a stack over stages.
+// The count may be fixed in the type (stack<Block, 12>) or given at run time (stack<Block>);
+// either way each copy has its own parameters and activations. A pipeline stage holds a stack
+// of the blocks it runs, numbered as in the whole model ("h.4" .. "h.7").
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "strata/core/error.hpp"
 #include "strata/core/extents.hpp"
+#include "strata/layers/cost.hpp"
+#include "strata/layers/layer.hpp"
 #include "strata/layers/module.hpp"
 
 namespace strata {
@@ -17,29 +19,24 @@ template <class Layer, int Count = dynamic>
 class stack {
  public:
   static_assert(is_valid_extent(Count), "strata::stack<Layer, Count>: Count must be >= 1 or strata::dynamic");
+  static_assert(check_hidden_layer<Layer>());
   using layer_type = Layer;
   using policy = typename Layer::policy;
   using T = typename policy::storage;
   using config = typename Layer::config;
 
-  static constexpr std::int64_t param_count(const config& c, std::int64_t count) { return count * Layer::param_count(c); }
-  static constexpr std::int64_t forward_flops(const config& c, std::int64_t count, std::int64_t batch, std::int64_t seq) {
-    return count * Layer::forward_flops(c, batch, seq);
-  }
-  static constexpr std::int64_t backward_flops(const config& c, std::int64_t count, std::int64_t batch, std::int64_t seq) {
-    return count * Layer::backward_flops(c, batch, seq);
-  }
-  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t count, std::int64_t batch, std::int64_t seq) {
-    return count * Layer::activation_bytes(c, batch, seq);
+  // `count` copies, one after another.
+  static constexpr layer_cost cost(const config& c, std::int64_t count, const cost_scope& s) {
+    return Layer::cost(c, s).repeated(count);
   }
 
   // Static count.
-  stack(module_scope<policy> scope, config c) requires(Count != dynamic) : stack(scope, c, Count) {}
+  stack(module_scope<policy> scope, const config& c) requires(Count != dynamic) : stack(scope, c, Count) {}
   // Run-time count (must equal Count when that is static). `first` numbers the copies from there
   // on ("h.4" .. "h.7" for a pipeline stage holding layers 4-7 of a longer stack).
-  stack(module_scope<policy> scope, config c, std::int64_t count, std::int64_t first = 0) {
-    STRATA_CHECK(count >= 1, scope.qualify("stack"), ": layer count (", count, ") must be >= 1");
-    STRATA_CHECK(Count == dynamic || count == Count, scope.qualify("stack"), ": layer count ", count,
+  stack(module_scope<policy> scope, const config& c, std::int64_t count, std::int64_t first = 0) {
+    STRATA_CHECK(count >= 1, scope.qualify_layer(), ": layer count (", count, ") must be >= 1");
+    STRATA_CHECK(Count == dynamic || count == Count, scope.qualify_layer(), ": layer count ", count,
                  " differs from the static count ", Count);
     layers_.reserve(static_cast<std::size_t>(count));
     for (std::int64_t i = 0; i < count; ++i) layers_.emplace_back(scope / static_cast<int>(first + i), c);
@@ -71,9 +68,5 @@ class stack {
  private:
   std::vector<Layer> layers_;
 };
-
-// A count fixed at compile time, as in north-star's repeat<12, block>.
-template <int Count, class Layer>
-using repeat = stack<Layer, Count>;
 
 }  // namespace strata

@@ -30,47 +30,27 @@
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/core/tensor.hpp"
-#include "strata/policy/parallel.hpp"
+#include "strata/layers/cost.hpp"
+#include "strata/layers/tensor_split.hpp"
 
 namespace strata {
 
-// Compile-time fit of a static tensor degree to a model's shape:
-//   static_assert(st::tensor_layout_fits<Layout, /*heads*/ 12, /*ffn width*/ 3072>);
-// A degree that does not divide them fails to compile in tensor_degree_divides_heads<5, 12> (or
-// ..._ffn_width<5, 3074>), which names the numbers. A dynamic degree passes here and is checked
-// at start-up, with the words "tensor parallelism tp=5 does not divide heads = 12".
-template <int Degree, std::int64_t Heads>
-struct tensor_degree_divides_heads {
-  static_assert(Heads % Degree == 0, "strata::tensor: the tensor-parallel degree must divide the attention heads");
-  static constexpr bool value = true;
+// Bytes a rank sends at the region edges for `bytes` of whole activations ([B, T, C] of every
+// token), by the operators below: what layers add up in their costs.
+struct tensor_edge_bytes {
+  static constexpr double enter_forward(const tensor_split& s, double bytes) {
+    return s.sequence_parallel ? ring_gather_bytes(bytes, s.degree) : 0.0;
+  }
+  static constexpr double enter_backward(const tensor_split& s, double bytes) {
+    return s.sequence_parallel ? ring_gather_bytes(bytes, s.degree) : ring_all_reduce_bytes(bytes, s.degree);
+  }
+  static constexpr double leave_forward(const tensor_split& s, double bytes) {
+    return s.sequence_parallel ? ring_gather_bytes(bytes, s.degree) : ring_all_reduce_bytes(bytes, s.degree);
+  }
+  static constexpr double leave_backward(const tensor_split& s, double bytes) {
+    return s.sequence_parallel ? ring_gather_bytes(bytes, s.degree) : 0.0;
+  }
 };
-template <int Degree, std::int64_t Width>
-struct tensor_degree_divides_ffn_width {
-  static_assert(Width % Degree == 0, "strata::tensor: the tensor-parallel degree must divide the FFN width");
-  static constexpr bool value = true;
-};
-namespace detail {
-template <int Degree, std::int64_t Heads, std::int64_t FfnWidth>
-constexpr bool tensor_fits() {
-  if constexpr (is_dynamic(Degree)) return true;
-  else return tensor_degree_divides_heads<Degree, Heads>::value && tensor_degree_divides_ffn_width<Degree, FfnWidth>::value;
-}
-}  // namespace detail
-template <parallel_layout Layout, std::int64_t Heads, std::int64_t FfnWidth>
-inline constexpr bool tensor_layout_fits = detail::tensor_fits<Layout::tp, Heads, FfnWidth>();
-
-// The tensor-parallel split a layer's costs and shapes depend on.
-struct tensor_split {
-  int degree = 1;
-  bool sequence_parallel = false;
-
-  bool operator==(const tensor_split&) const = default;
-  // Rows of activations held between regions, out of `rows` tokens.
-  constexpr std::int64_t local_rows(std::int64_t rows) const { return sequence_parallel ? rows / degree : rows; }
-};
-
-// Which half of a linear layer's weight a rank holds.
-enum class tensor_split_kind { none, column, row };
 
 // A model's tensor-parallel group and mode. Default: a group of one (nothing is split).
 class tensor_parallel {
@@ -81,16 +61,8 @@ class tensor_parallel {
   int degree() const { return group_.size(); }
   int rank() const { return group_.rank(); }
   bool sequence_parallel() const { return sp_ && degree() > 1; }
-  tensor_split split() const { return {degree(), sp_}; }
+  tensor_split split() const { return {degree(), sequence_parallel()}; }
   group_ref& group() { return group_; }
-
-  // Checks a layer's configured split against the group it runs in (the same words on every rank).
-  void check(const tensor_split& configured, const std::string& who) const {
-    STRATA_CHECK(configured.degree == degree() && configured.sequence_parallel == sp_, who,
-                 ": configured for tensor parallelism tp=", configured.degree,
-                 configured.sequence_parallel ? " with" : " without", " sequence parallelism, but runs in a group of ",
-                 degree(), sp_ ? " with" : " without", " it");
-  }
 
   // Entering a region: the whole input of a column-parallel layer. Under sequence parallelism
   // the local [B, T/t, C] pieces are gathered into `full` ([B, T, C]); otherwise x is returned.

@@ -8,8 +8,9 @@
 #pragma once
 #include <cstdint>
 
-#include "strata/kernels/host/residual.hpp"
+#include "strata/kernels/residual.hpp"
 #include "strata/layers/attention.hpp"
+#include "strata/layers/cost.hpp"
 #include "strata/layers/layernorm.hpp"
 #include "strata/layers/mlp.hpp"
 
@@ -26,45 +27,30 @@ class transformer_block {
     double eps = 1e-5;
     double init_std = 0.02;
     double proj_init_std = 0.02;  // residual projections; GPT-2 uses 0.02/sqrt(2·layers)
-    tensor_split tp{};
   };
 
-  static constexpr typename layernorm<P>::config ln_config(const config& c) { return {c.channels, c.eps, c.tp}; }
+  static constexpr typename layernorm<P>::config ln_config(const config& c) { return {.channels = c.channels, .eps = c.eps}; }
   static constexpr typename attention<P>::config attn_config(const config& c) {
-    return {c.channels, c.heads, c.init_std, c.proj_init_std, c.tp};
+    return {.channels = c.channels, .heads = c.heads, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
   }
   static constexpr typename mlp<P>::config mlp_config(const config& c) {
-    return {c.channels, c.hidden, c.init_std, c.proj_init_std, c.tp};
+    return {.channels = c.channels, .hidden = c.hidden, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
   }
 
-  static constexpr std::int64_t param_count(const config& c) {
-    return 2 * layernorm<P>::param_count(ln_config(c)) + attention<P>::param_count(attn_config(c)) +
-           mlp<P>::param_count(mlp_config(c));
+  static constexpr tensor_extent_list tensor_extents(const config& c) {
+    return attention<P>::tensor_extents(attn_config(c)).add(mlp<P>::tensor_extents(mlp_config(c)));
   }
-  static constexpr std::int64_t forward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * layernorm<P>::forward_flops(ln_config(c), batch, seq) +
-           attention<P>::forward_flops(attn_config(c), batch, seq) + mlp<P>::forward_flops(mlp_config(c), batch, seq) +
-           2 * c.tp.local_rows(batch * seq) * c.channels;  // two residual adds
-  }
-  static constexpr std::int64_t backward_flops(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * forward_flops(c, batch, seq);
-  }
-  static constexpr std::int64_t activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    return 2 * layernorm<P>::activation_bytes(ln_config(c), batch, seq) +
-           attention<P>::activation_bytes(attn_config(c), batch, seq) +
-           mlp<P>::activation_bytes(mlp_config(c), batch, seq) +
-           2 * c.tp.local_rows(batch * seq) * c.channels * static_cast<std::int64_t>(sizeof(T));  // r and y
-  }
-  // The output alone: what a fully recomputed block keeps.
-  static constexpr std::int64_t output_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    return c.tp.local_rows(batch * seq) * c.channels * static_cast<std::int64_t>(sizeof(T));
-  }
-  // What selective recomputation drops: the attention probabilities.
-  static constexpr std::int64_t core_activation_bytes(const config& c, std::int64_t batch, std::int64_t seq) {
-    return attention<P>::core_activation_bytes(attn_config(c), batch, seq);
+  // The four layers, plus two residual adds whose sums r and y are kept (y is the output).
+  static constexpr layer_cost cost(const config& c, const cost_scope& s) {
+    layer_cost residual;
+    residual.forward_flops = s.local_rows() * c.channels;
+    residual.backward_flops = 2 * residual.forward_flops;
+    residual.output_bytes = residual.activation_bytes = s.local_rows() * c.channels * static_cast<std::int64_t>(sizeof(T));
+    const layer_cost ln = layernorm<P>::cost(ln_config(c), s);
+    return ln.then(attention<P>::cost(attn_config(c), s)).then(residual).then(ln).then(mlp<P>::cost(mlp_config(c), s)).then(residual);
   }
 
-  transformer_block(module_scope<P> scope, config c)
+  transformer_block(module_scope<P> scope, const config& c)
       : scope_(scope),
         cfg_(validated(scope, c)),
         ln_1_(scope / "ln_1", ln_config(c)),
@@ -120,10 +106,7 @@ class transformer_block {
   using device = typename P::device;
   // The shape errors first (they name the numbers), before any layer is built.
   static const config& validated(const module_scope<P>& scope, const config& c) {
-    STRATA_CHECK(c.tp.degree >= 1 && c.heads % c.tp.degree == 0, scope.qualify("attn"), ": tensor parallelism tp=",
-                 c.tp.degree, " does not divide heads = ", c.heads);
-    STRATA_CHECK(c.hidden % c.tp.degree == 0, scope.qualify("mlp"), ": tensor parallelism tp=", c.tp.degree,
-                 " does not divide the FFN width hidden = ", c.hidden);
+    scope.check_tensor_extents(tensor_extents(c));
     return c;
   }
   module_scope<P> scope_;

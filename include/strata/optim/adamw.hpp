@@ -4,16 +4,21 @@
 // and, when weights are stored narrower than the master type, an fp32 master copy of the
 // weights. With fp32 AdamW that is 8Ψ bytes of moments and no master copy (the weights are
 // their own master), so model state is 4Ψ + 4Ψ + 8Ψ = 16Ψ bytes.
+//
+// Which pieces it updates comes from the gradient synchronizer: adamw<P> opt(sync, {...}) takes
+// this rank's segments (all of them, or a ZeRO shard) from it. Built from a model instead, it
+// updates every parameter; the trainer refuses to pair that with a synchronizer that shards.
 #pragma once
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "strata/core/memory.hpp"
-#include "strata/kernels/host/adamw.hpp"
-#include "strata/kernels/host/reduce.hpp"
+#include "strata/kernels/adamw.hpp"
+#include "strata/kernels/reduce.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/parallel/dp_layout.hpp"
+#include "strata/parallel/gradient_synchronizer.hpp"
 
 namespace strata {
 
@@ -30,7 +35,7 @@ class adamw {
   using M = typename P::master;
 
   // Every parameter: the serial case, and data parallelism without ZeRO.
-  adamw(parameter_store<T>& params, adamw_options o) : adamw(params, o, whole_model(params), params.size()) {}
+  adamw(parameter_store<T>& params, adamw_options o) : adamw(params, o, whole_model_segments(params), params.size()) {}
   // Only the given segments of the flat buffer, with optimizer state for `state_elems`
   // elements: a ZeRO shard (dp_layout::owned_segments()). Under ZeRO-3 the shard's weights
   // live apart from any flat buffer: `state_weights`, indexed like the optimizer state.
@@ -52,9 +57,16 @@ class adamw {
         kernels::convert_array(device{}, master_.data() + s.state, weights_of(s), s.count);
     }
   }
-  // Takes the parameters of any model that exposes them (north-star: adamw<P> opt(model, {...})).
+  // What the synchronizer gives this rank to update: its optimizer segments, and under ZeRO-3
+  // the shard's weights.
+  template <gradient_synchronizer Sync>
+  adamw(Sync& sync, adamw_options o)
+      : adamw(sync.parameters(), o, sync.optimizer_segments(), sync.optimizer_elements(), sync.state_weights()) {}
+  // Every parameter of a model that exposes them (a single rank; see the top of the file).
   template <class Model>
-    requires requires(Model& m) { { m.parameters() } -> std::same_as<parameter_store<T>&>; }
+    requires(!gradient_synchronizer<Model> && requires(Model& m) {
+      { m.parameters() } -> std::same_as<parameter_store<T>&>;
+    })
   adamw(Model& model, adamw_options o) : adamw(model.parameters(), o) {}
 
   // One update with learning rate `lr`; every gradient is first multiplied by `grad_scale`
@@ -75,6 +87,10 @@ class adamw {
   }
 
   int steps_taken() const { return step_; }
+  parameter_store<T>& parameters() const { return *params_; }
+  // Where the ZeRO-3 shard's weights live (null: the flat buffer).
+  const T* state_weights() const { return state_weights_; }
+  std::int64_t state_elements() const { return static_cast<std::int64_t>(m_.size()); }
   const adamw_options& options() const { return opt_; }
   const std::vector<owned_segment>& segments() const { return segments_; }
 
@@ -92,11 +108,6 @@ class adamw {
 
  private:
   using device = typename P::device;
-  static std::vector<owned_segment> whole_model(parameter_store<T>& params) {
-    std::vector<owned_segment> s;
-    for (const auto& e : params.entries()) s.push_back({e.offset, e.offset, e.numel, e.weight_decay});
-    return s;
-  }
   // The segment's weights: in the flat buffer, or in the ZeRO-3 shard.
   T* weights_of(const owned_segment& s) {
     return state_weights_ ? state_weights_ + s.state : params_->weights_data() + s.flat;

@@ -26,6 +26,8 @@ struct warmup_cosine {
                  ") must lie in [0, total_steps = ", total_steps, "]");
   }
 
+  bool operator==(const warmup_cosine&) const = default;
+
   double operator()(int step) const {
     if (step < warmup_steps) return max_lr * double(step + 1) / double(warmup_steps);
     const int decay_steps = std::max(1, total_steps - warmup_steps - 1);

@@ -1,4 +1,4 @@
-// strata/parallel/data_parallel.hpp - data parallelism with ZeRO stages 0, 1 and 2 over any
+// strata/parallel/data_parallel.hpp - data parallelism with ZeRO stages 0 to 3 over any
 // communicator.
 //
 // Every data-parallel rank runs the whole model on its slice of the global batch; then:
@@ -38,15 +38,18 @@
 #include <deque>
 #include <iterator>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "strata/comm/communicator.hpp"
 #include "strata/comm/group_ref.hpp"
+#include "strata/core/extents.hpp"
 #include "strata/core/memory.hpp"
-#include "strata/kernels/host/reduce.hpp"
-#include "strata/kernels/host/residual.hpp"
+#include "strata/kernels/reduce.hpp"
+#include "strata/kernels/residual.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/parallel/dp_layout.hpp"
+#include "strata/parallel/gradient_synchronizer.hpp"
 
 namespace strata {
 
@@ -123,6 +126,12 @@ class data_parallel {
   int zero_stage() const { return opt_.zero_stage; }
   const dp_layout& layout() const { return layout_; }
   Comm& group() { return *group_; }
+  parameter_store<T>& parameters() const { return *params_; }
+  // For messages: "data_parallel ZeRO-1 over dp=2 (this rank updates 1234 of 5000 elements)".
+  std::string description() const {
+    return detail::concat("data_parallel ZeRO-", opt_.zero_stage, " over dp=", group_->size(), " (this rank updates ",
+                          optimizer_elements(), " of ", params_->size(), " elements)");
+  }
 
   // The rows of a global batch of `batch` sequences this rank trains on.
   std::pair<std::int64_t, std::int64_t> local_rows(std::int64_t batch) const {
@@ -133,11 +142,7 @@ class data_parallel {
 
   // What the optimizer updates on this rank, and the size of its state.
   std::vector<owned_segment> optimizer_segments() const {
-    if (opt_.zero_stage == 0) {
-      std::vector<owned_segment> all;
-      for (const auto& e : params_->entries()) all.push_back({e.offset, e.offset, e.numel, e.weight_decay});
-      return all;
-    }
+    if (opt_.zero_stage == 0) return whole_model_segments(*params_);
     return layout_.owned_segments();
   }
   std::int64_t optimizer_elements() const {
@@ -299,7 +304,11 @@ class data_parallel {
   using clock = std::chrono::steady_clock;
 
   static data_parallel_options with_stage(data_parallel_options o) {
-    if (o.zero_stage == data_parallel_options::from_policy) o.zero_stage = P::layout::zero_stage;
+    if (o.zero_stage == data_parallel_options::from_policy) {
+      STRATA_CHECK(!is_dynamic(P::layout::zero_stage), "data_parallel: the policy leaves the ZeRO stage as "
+                   "strata::dynamic; give options.zero_stage");
+      o.zero_stage = P::layout::zero_stage;
+    }
     return o;
   }
   struct bucket_timing {

@@ -28,7 +28,17 @@ struct flat_range {
 struct owned_segment {
   std::int64_t flat = 0, state = 0, count = 0;
   bool decay = false;
+  bool operator==(const owned_segment&) const = default;
 };
+
+// Every parameter of a store as one segment each, state indexed like the flat buffer: what an
+// optimizer updates when nothing is sharded.
+template <class T>
+std::vector<owned_segment> whole_model_segments(const parameter_store<T>& params) {
+  std::vector<owned_segment> out;
+  for (const auto& e : params.entries()) out.push_back({e.offset, e.offset, e.numel, e.weight_decay});
+  return out;
+}
 
 struct dp_bucket {
   flat_range range;                  // in the flat buffers

@@ -8,7 +8,7 @@
 // copy of its layers per micro-batch) and its received input, until its backward. Gradients
 // accumulate in the stage's parameter store over the micro-batches; the optimizer steps once.
 //
-// What a stage model provides (examples/gpt2/gpt2_pipeline.hpp is one):
+// What a stage model provides (the pipeline_stage concept; sequential_model is one):
 //   using T = ...;                                       // the storage type
 //   tensor_view<const T> pipeline_forward(int chunk, int microbatch, tensor_view<const T> input,
 //       tensor_view<const int32_t> inputs, tensor_view<const int32_t> targets, double grad_scale, double& loss);
@@ -17,7 +17,8 @@
 //   buffer<T> pipeline_backward(int chunk, int microbatch, const buffer<T>* output_grad);
 //       // output_grad is null on the last virtual stage; returns the input's gradient (empty on
 //       // virtual stage 0) and lets the micro-batch's activations go
-//   strata::shape pipeline_activation_shape(std::int64_t sequences) const;  // what flows between stages
+//   strata::shape pipeline_activation_shape(std::int64_t sequences, std::int64_t seq) const;
+//       // what flows between stages for `sequences` sequences of `seq` tokens
 //
 // Per step it records each stage's busy time (computing), idle time (waiting for messages: the
 // bubble, plus transfer time not hidden) and the activation bytes it held after each forward,
@@ -33,6 +34,7 @@
 #include "strata/core/memory.hpp"
 #include "strata/core/tensor.hpp"
 #include "strata/parallel/pipeline_schedule.hpp"
+#include "strata/parallel/pipeline_stage.hpp"
 
 namespace strata {
 
@@ -51,6 +53,7 @@ class pipeline_executor {
   // `pp`: the pipeline group, ranks = stages in order; `ledger`: the stage's memory books.
   pipeline_executor(Stage& stage, group_ref pp, pipeline_shape shape, memory_ledger& ledger)
       : stage_(&stage), pp_(std::move(pp)), shape_(shape), ledger_(&ledger) {
+    static_assert(check_pipeline_stage<Stage>());
     shape_.validate();
     STRATA_CHECK(pp_.size() == shape_.stages, "pipeline: the pipeline group has ", pp_.size(), " ranks but the schedule ",
                  shape_.stages, " stages");
@@ -71,13 +74,13 @@ class pipeline_executor {
                  " micro-batches but the schedule was built for ", shape_.microbatches);
     const int M = shape_.microbatches, V = shape_.chunks, p = shape_.stages, s = pp_.rank();
     const int last_virtual = shape_.virtual_stages() - 1;
-    const strata::shape act_shape = stage_->pipeline_activation_shape(rows);
-    const auto act_count = static_cast<std::size_t>(act_shape.numel());
-    const auto slot = [&](int m, int c) { return static_cast<std::size_t>(m * V + c); };
     STRATA_CHECK(inputs.shape.rank == 2 && inputs.shape[0] == M * rows && targets.shape == inputs.shape,
                  "pipeline: expected ", M, " x ", rows, " sequences of inputs and targets, got ", inputs.shape.str(),
                  " and ", targets.shape.str());
     const std::int64_t seq = inputs.shape[1];
+    const strata::shape act_shape = stage_->pipeline_activation_shape(rows, seq);
+    const auto act_count = static_cast<std::size_t>(act_shape.numel());
+    const auto slot = [&](int m, int c) { return static_cast<std::size_t>(m * V + c); };
     const auto tokens_of = [&](tensor_view<const std::int32_t> all, int m) {
       return tensor_view<const std::int32_t>{all.data + std::int64_t(m) * rows * seq, {rows, seq}};
     };

@@ -1,53 +1,49 @@
 // strata/plan/plan.hpp - what each rank holds, computes and communicates, before anything runs.
 //
-// The plan of a GPT-style model (strata's embedding, transformer blocks, final LayerNorm and tied
-// head) under a layout and precision is the sum of the layers' own constexpr costs
-// (param_count, activation_bytes, forward/backward_flops) with each layer's tensor split, plus
-// the analytic formulas of the parallel axes. All of it is constexpr:
+// The plan of a declared model (layers/sequential.hpp) under a layout and precision is the sum
+// of its layers' own constexpr costs (cost.hpp: parameters, activations, FLOPs, tensor-group
+// traffic) with the layout's tensor split, placed on pipeline stages the way
+// sequential_model places them, plus the analytic formulas of the data and pipeline axes. No
+// model's wiring is written here: a user's model is planned exactly like the example GPT-2.
+// All of it is constexpr:
 //
-//   struct shape { static constexpr st::model_shape value{.vocab = 50304, .seq = 1024, .layers = 12,
-//                                                          .heads = 12, .hidden = 768}; };
 //   using Policy = st::policy<st::cuda, st::parallel<st::data<8, st::zero<1>>, st::tensor<2>>, st::mixed<st::bf16, float>>;
-//   static_assert(st::plan<shape, Policy>(st::batch{.micro = 4, .global = 512}).fits(st::hw::h100_80gb));
+//   static_assert(st::plan<my_model<Policy>>(config, st::batch{.micro = 4, .global = 512}).fits(st::hw::h100_80gb));
 //
 // A plan that does not fit fails to compile in a call to model_state_exceeds_device_memory(),
 // activations_exceed_device_memory() or total_exceeds_device_memory(): the function's name says
-// which category overflows. With dynamic degrees, plan_gpt<Precision>(shape, batch, setup) gives the
-// same figures at start-up and check_fits() throws with the numbers. docs/planner.md has every
+// which category overflows. With dynamic degrees, plan_model<Model>(config, batch, setup) gives
+// the same figures at start-up and check_fits() throws with the numbers. docs/planner.md has every
 // formula and its source.
 //
-// Per rank means the busiest rank: the pipeline stage holding the most (the first holds the
-// embedding, the last the head and its copy of the tied table). Bytes are exact for what strata's
-// allocator charges when the ZeRO pieces split evenly (Ψ divisible by dp and one bucket; otherwise
-// within one bucket's rounding). Activations are those kept from forward to backward (transients
-// of a single layer are not counted).
+// Per rank means the busiest rank: the pipeline stage holding the most (the first holds the parts
+// before the blocks, the last the parts after them and its replica of a tied table). Bytes are
+// exact for what strata's allocator charges when the ZeRO pieces split evenly (Ψ divisible by dp
+// and one bucket; otherwise within one bucket's rounding). Activations are those kept from
+// forward to backward (transients of a single layer are not counted).
 #pragma once
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "strata/core/error.hpp"
-#include "strata/layers/embedding.hpp"
-#include "strata/layers/layernorm.hpp"
-#include "strata/layers/lm_head.hpp"
+#include "strata/layers/cost.hpp"
 #include "strata/layers/recompute.hpp"
-#include "strata/layers/transformer_block.hpp"
+#include "strata/layers/sequential.hpp"
 #include "strata/parallel/pipeline_schedule.hpp"
 #include "strata/plan/hardware.hpp"
+#include "strata/layers/tensor_checks.hpp"
 #include "strata/policy/layout.hpp"
 #include "strata/policy/policy.hpp"
 
 namespace strata {
 
-struct model_shape {
-  std::int64_t vocab = 0, seq = 0, layers = 0, heads = 0, hidden = 0;
-  std::int64_t ffn = 0;  // 0: 4 x hidden
-  constexpr std::int64_t ffn_width() const { return ffn > 0 ? ffn : 4 * hidden; }
-};
-
 struct batch {
   std::int64_t micro = 1, global = 1;  // sequences per micro-batch, and per step over all ranks
+  std::int64_t seq = 0;                // tokens per sequence; 0: the model config's `seq`
 };
 
 enum class optimizer_kind { adamw, sgd };  // sgd: with momentum (one fp32 moment)
@@ -143,28 +139,58 @@ constexpr int in_flight(pipeline_schedule_kind k, int p, int s, int M, int V) {
   return std::min(M * V, warmup + 1);
 }
 
-// Ring volumes in elements (counters.hpp): all-reduce 2(n-1)/n, gather and scatter (n-1)/n.
-constexpr double all_reduce(double elems, int n) { return n > 1 ? 2.0 * (n - 1) / n * elems : 0.0; }
-constexpr double half_ring(double elems, int n) { return n > 1 ? double(n - 1) / n * elems : 0.0; }
+// The model's parts in three groups, for one micro-batch on one rank of the tensor group: the
+// parts before the blocks, one block (recomputation applied), the parts after the blocks.
+struct part_costs {
+  layer_cost before{}, block{}, after{};
+  std::int64_t blocks = 0;  // how many
+};
+template <class Model>
+constexpr part_costs costs_of(const typename Model::config& c, const cost_scope& s) {
+  const auto layers = Model::layers(c);
+  using list = layers_of<Model>;
+  part_costs r;
+  r.blocks = layers.blocks().count;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (
+        [&] {
+          using L = typename list::template part_type<I>::layer_type;
+          const auto& part = layers.template part<I>();
+          if constexpr (I == list::blocks_at) r.block = recompute<recompute_from_context, L>::cost(part.config, s);
+          else if constexpr (I < list::blocks_at) r.before = r.before.then(L::cost(part.config, s));
+          else r.after = r.after.then(L::cost(part.config, s));
+        }(),
+        ...);
+  }(std::make_index_sequence<list::size>{});
+  return r;
+}
+
+// The batch's sequence length: given, or the model config's `seq`.
+template <class Config>
+constexpr std::int64_t sequence_length(const Config& c, const batch& b) {
+  if (b.seq > 0) return b.seq;
+  if constexpr (requires { c.seq; }) return static_cast<std::int64_t>(c.seq);
+  fail("plan: give the batch's sequence length (batch.seq); the model config has no `seq`");
+}
 
 }  // namespace plan_detail
 
-// The plan for `shape` under `setup` with the precision's types (Precision: st::fp32,
-// st::mixed<st::bf16, float>, ...). Checks the layout against the shape first (the same words as
-// at start-up).
-template <class Precision>
-constexpr plan_result plan_gpt(const model_shape& m, const batch& b, const plan_setup& setup) {
-  using P = policy<host, serial, Precision>;
+// The plan for a declared model with config `c` under `setup`, in its policy's precision. Checks
+// the layout against the model first (the same words as at start-up).
+template <class Model>
+constexpr plan_result plan_model(const typename Model::config& c, const batch& b, const plan_setup& setup) {
+  using P = typename Model::policy;
+  using Precision = typename P::precision;
   using T = typename P::storage;
-  using block = recompute<recompute_mode_by_config, transformer_block<P>>;
   const layout_config& L = setup.layout;
   const int t = L.tp, p = L.pp, dp = L.dp, V = L.virtual_chunks;
-  const bool sp = L.sequence_parallel && t > 1;
-  STRATA_CHECK(m.heads % t == 0, "plan: tensor parallelism tp=", t, " does not divide heads = ", m.heads);
-  STRATA_CHECK(m.ffn_width() % t == 0, "plan: tensor parallelism tp=", t, " does not divide the FFN width ", m.ffn_width());
-  STRATA_CHECK(m.layers % (p * V) == 0, "plan: ", m.layers, " layers do not split evenly over ", p, " stages x ", V,
+  const bool sp = L.sequence_parallel == 1 && t > 1;
+  const std::int64_t s = plan_detail::sequence_length(c, b);
+  check_tensor_extents<Model>(c, t, "plan: ");
+  const std::int64_t layers = Model::layers(c).blocks().count;
+  STRATA_CHECK(layers % (p * V) == 0, "plan: ", layers, " layers do not split evenly over ", p, " stages x ", V,
                " chunks");
-  STRATA_CHECK(!sp || m.seq % t == 0, "plan: sequence parallelism over tp=", t, " needs seq divisible by it, got ", m.seq);
+  STRATA_CHECK(!sp || s % t == 0, "plan: sequence parallelism over tp=", t, " needs seq divisible by it, got ", s);
   STRATA_CHECK(b.global % (dp * b.micro) == 0, "plan: the global batch ", b.global, " does not split into dp=", dp,
                " x micro-batches of ", b.micro);
   STRATA_CHECK(p == 1 || L.zero_stage <= 1, "plan: pipeline parallelism works with ZeRO 0 or 1, not ", L.zero_stage);
@@ -173,31 +199,23 @@ constexpr plan_result plan_gpt(const model_shape& m, const batch& b, const plan_
                " virtual chunks per stage need the interleaved schedule");
   STRATA_CHECK(V == 1 || M % p == 0, "plan: interleaved 1F1B needs microbatches (", M,
                ") divisible by the pipeline degree (", p, ")");
-  const tensor_split split{t, sp};
 
-  typename embedding<P>::config emb{m.vocab, m.seq, m.hidden, 0.02, split};
-  typename block::config blk;
-  static_cast<typename transformer_block<P>::config&>(blk) = {m.hidden, m.heads, m.ffn_width(), 1e-5, 0.02, 0.02, split};
-  blk.recompute = setup.recompute;
-  const typename layernorm<P>::config lnf{m.hidden, 1e-5, split};
-  const typename lm_head<P>::config head{m.vocab, m.hidden, 0.02, split};
-  const std::int64_t per_stage = m.layers / p, per_chunk = m.layers / (p * V);
+  const tensor_split split{t, sp};
+  const std::int64_t per_stage = layers / p, per_chunk = layers / (p * V);
+  // One micro-batch on this rank, and the whole model unsplit over the global batch (FLOPs).
+  const plan_detail::part_costs mine = plan_detail::costs_of<Model>(c, {split, b.micro, s, setup.recompute});
+  const plan_detail::part_costs whole = plan_detail::costs_of<Model>(c, {{}, b.global, s, setup.recompute});
+  const plan_detail::part_costs plain = plan_detail::costs_of<Model>(c, {{}, b.global, s, recompute_mode::none});
 
   plan_result r;
-  // Ψ: the serial model's count.
-  {
-    typename embedding<P>::config e1 = emb;
-    e1.tp = {};
-    auto b1 = blk;
-    b1.tp = {};
-    r.params_total = embedding<P>::param_count(e1) + m.layers * block::param_count(b1) + 2 * m.hidden;
-  }
-  // The busiest stage: the first (embedding), the last (final LayerNorm and its copy of the
-  // table), or with one stage both.
-  const std::int64_t blocks = per_stage * block::param_count(blk);
-  const std::int64_t table = embedding<P>::param_count(emb);
-  const std::int64_t tail = layernorm<P>::param_count(lnf) + (p > 1 ? lm_head<P>::param_count(head, false) : 0);
-  r.params_per_rank = p == 1 ? table + blocks + tail : std::max(table + blocks, blocks + tail);
+  r.params_total = plan_detail::costs_of<Model>(c, {}).before.params + layers * whole.block.params + whole.after.params;
+  // The busiest stage: the first (the parts before the blocks), the last (the parts after them
+  // and, when it is another stage, its replica of a tied parameter), or with one stage both.
+  const std::int64_t replicas = p > 1 ? mine.before.tied_params + mine.after.tied_params : 0;
+  const std::int64_t first = mine.before.params + (p > 1 ? mine.before.tied_params : 0);
+  const std::int64_t last = mine.after.params + (p > 1 ? mine.after.tied_params : 0);
+  const std::int64_t blocks = per_stage * mine.block.params;
+  r.params_per_rank = p == 1 ? first + blocks + last : std::max(first + blocks, blocks + last);
 
   // Model state, ZeRO over dp (pieces rounded up: rank 0 holds the largest).
   const std::int64_t psi = r.params_per_rank, owned = plan_detail::ceil_div(psi, dp);
@@ -215,24 +233,21 @@ constexpr plan_result plan_gpt(const model_shape& m, const batch& b, const plan_
   r.comm_buffer_bytes = z == 1 && dp > 1 ? owned * storage : 0;
 
   // Activations kept from forward to backward, per chunk-micro-batch, on each stage.
-  const std::int64_t mb = b.micro, s = m.seq;
-  const std::int64_t act_blocks = per_chunk * block::activation_bytes(blk, mb, s);
-  const std::int64_t act_embed = embedding<P>::activation_bytes(emb, mb, s);
-  const std::int64_t act_tail = layernorm<P>::activation_bytes(lnf, mb, s) + lm_head<P>::activation_bytes(head, mb, s);
-  const std::int64_t act_input = mb * (sp ? s / t : s) * m.hidden * storage;  // a received activation
+  const std::int64_t act_blocks = per_chunk * mine.block.activation_bytes;
+  const std::int64_t act_input = mine.block.output_bytes;  // an activation received from the stage before
   r.microbatches = M;
   if (p == 1 && V == 1) {
-    r.activation_bytes_per_microbatch = act_embed + act_blocks + act_tail;
+    r.activation_bytes_per_microbatch = mine.before.activation_bytes + act_blocks + mine.after.activation_bytes;
     r.activation_bytes = r.activation_bytes_per_microbatch;
     r.in_flight = 1;
   } else {
     // Each stage: its in-flight chunk-micro-batches times its largest chunk (exact for V = 1).
     for (int stage = 0; stage < p; ++stage) {
       std::int64_t largest = 0;
-      for (int c = 0; c < V; ++c) {
-        const int v = c * p + stage;
-        std::int64_t bytes = act_blocks + (v == 0 ? act_embed : act_input);
-        if (v == p * V - 1) bytes += act_tail;
+      for (int ch = 0; ch < V; ++ch) {
+        const int v = ch * p + stage;
+        std::int64_t bytes = act_blocks + (v == 0 ? mine.before.activation_bytes : act_input);
+        if (v == p * V - 1) bytes += mine.after.activation_bytes;
         largest = std::max(largest, bytes);
       }
       const int n = plan_detail::in_flight(setup.schedule, p, stage, int(M), V);
@@ -244,38 +259,22 @@ constexpr plan_result plan_gpt(const model_shape& m, const batch& b, const plan_
     }
   }
 
-  // FLOPs of one iteration, whole model (unsplit costs over the global batch).
+  // FLOPs of one iteration, whole model (unsplit costs over the global batch); recomputation is
+  // counted in flops_per_step, not in model_flops_per_step (MFU's numerator).
   {
-    auto e1 = emb;
-    e1.tp = {};
-    auto b1 = blk;
-    b1.tp = {};
-    auto n1 = lnf;
-    n1.tp = {};
-    auto h1 = head;
-    h1.tp = {};
-    const std::int64_t B = b.global;
-    const double fwd = double(embedding<P>::forward_flops(e1, B, s)) +
-                       double(m.layers) * double(block::forward_flops(b1, B, s)) +
-                       double(layernorm<P>::forward_flops(n1, B, s)) + double(lm_head<P>::forward_flops(h1, B, s));
-    const double bwd = double(embedding<P>::backward_flops(e1, B, s)) +
-                       double(m.layers) * double(transformer_block<P>::backward_flops(b1, B, s)) +
-                       double(layernorm<P>::backward_flops(n1, B, s)) + double(lm_head<P>::backward_flops(h1, B, s));
-    const double block_fwd = double(transformer_block<P>::forward_flops(b1, B, s));
-    const double block_bwd = double(transformer_block<P>::backward_flops(b1, B, s));
-    double block_again = 0;  // recomputation
-    if (setup.recompute == recompute_mode::full) block_again = block_fwd;
-    if (setup.recompute == recompute_mode::selective)
-      block_again = double(attention<P>::core_flops(transformer_block<P>::attn_config(b1), B, s));
-    r.model_flops_per_step = fwd + bwd;
-    r.flops_per_step = fwd + bwd + double(m.layers) * block_again;
-    // The busiest stage: its blocks plus the embedding (first) or the final LayerNorm and head
-    // (last), shared by its dp·t ranks.
-    const double stage_blocks = double(per_stage) * (block_fwd + block_bwd + block_again);
-    const double first = double(embedding<P>::forward_flops(e1, B, s) + embedding<P>::backward_flops(e1, B, s));
-    const double last = double(layernorm<P>::forward_flops(n1, B, s) + layernorm<P>::backward_flops(n1, B, s) +
-                               lm_head<P>::forward_flops(h1, B, s) + lm_head<P>::backward_flops(h1, B, s));
-    const double busiest = p == 1 ? stage_blocks + first + last : stage_blocks + std::max(first, last);
+    const auto step_flops = [&](const plan_detail::part_costs& k) {
+      return double(k.before.forward_flops + k.before.backward_flops) +
+             double(layers) * double(k.block.forward_flops + k.block.backward_flops) +
+             double(k.after.forward_flops + k.after.backward_flops);
+    };
+    r.model_flops_per_step = step_flops(plain);
+    r.flops_per_step = step_flops(whole);
+    // The busiest stage: its blocks plus the parts before (first) or after (last) the blocks,
+    // shared by its dp·t ranks.
+    const double stage_blocks = double(per_stage) * double(whole.block.forward_flops + whole.block.backward_flops);
+    const double head = double(whole.before.forward_flops + whole.before.backward_flops);
+    const double tail = double(whole.after.forward_flops + whole.after.backward_flops);
+    const double busiest = p == 1 ? stage_blocks + head + tail : stage_blocks + std::max(head, tail);
     r.flops_per_rank = busiest / double(dp * t);
   }
 
@@ -286,37 +285,31 @@ constexpr plan_result plan_gpt(const model_shape& m, const batch& b, const plan_
     const int n_micro = int(M);
     switch (z) {
       case 0:
-      case 1: r.comm_bytes.dp = plan_detail::all_reduce(psi_b, dp); break;  // RS + AG = AR
-      case 2: r.comm_bytes.dp = (n_micro + 1) * plan_detail::half_ring(psi_b, dp); break;  // RS per micro-batch, AG once
-      default: r.comm_bytes.dp = 3.0 * n_micro * plan_detail::half_ring(psi_b, dp); break;  // 2 AG + RS per micro-batch
+      case 1: r.comm_bytes.dp = ring_all_reduce_bytes(psi_b, dp); break;  // RS + AG = AR
+      case 2: r.comm_bytes.dp = (n_micro + 1) * ring_gather_bytes(psi_b, dp); break;  // RS per micro-batch, AG once
+      default: r.comm_bytes.dp = 3.0 * n_micro * ring_gather_bytes(psi_b, dp); break;  // 2 AG + RS per micro-batch
     }
-    // Tensor parallel, per micro-batch and block: 2 all-reduces of b·s·h forward, 2 backward (one
-    // more forward's pair under full recomputation); sequence parallel: the same volume as
-    // gathers and scatters, plus 2 re-gathers in backward and the LayerNorm gradient sums.
-    const double bsh = double(mb * s * m.hidden) * S;
-    const int passes = setup.recompute == recompute_mode::full ? 3 : 2;  // forward, backward (, forward again)
-    double per_block = 2.0 * passes * plan_detail::all_reduce(bsh, t);
-    if (sp) per_block += 2 * plan_detail::half_ring(bsh, t) + 2 * plan_detail::all_reduce(double(2 * m.hidden) * S, t);
-    double per_micro = double(per_stage) * per_block;
-    // The embedding leaves its region once; the head enters one (and its loss needs 3 all-reduces of b·s).
-    per_micro += plan_detail::all_reduce(bsh, t) + plan_detail::all_reduce(bsh, t) +
-                 plan_detail::all_reduce(3.0 * double(mb * s) * 4.0, t);
+    // Tensor parallel: what the layers of the busiest stage send, per micro-batch.
+    const double block_tp = double(per_stage) * mine.block.tensor_bytes();
+    const double first_tp = block_tp + mine.before.tensor_bytes(), last_tp = block_tp + mine.after.tensor_bytes();
+    const double per_micro = p == 1 ? block_tp + mine.before.tensor_bytes() + mine.after.tensor_bytes()
+                                    : std::max(first_tp, last_tp);
     r.comm_bytes.tp = t > 1 ? per_micro * n_micro : 0.0;
     // Pipeline: each chunk-micro-batch sends its activation on and its input gradient back.
     r.comm_bytes.pp = p > 1 ? 2.0 * double(n_micro) * V * double(act_input) : 0.0;
-    r.comm_bytes.embedding = p > 1 ? plan_detail::all_reduce(double(lm_head<P>::param_count(head, false)) * S, 2) : 0.0;
+    // Tied parameters: the replica's gradient summed with the owner's, once per step.
+    r.comm_bytes.embedding = p > 1 ? ring_all_reduce_bytes(double(replicas) * S, 2) : 0.0;
   }
   r.bubble_fraction = p > 1 ? double(p - 1) / double(V * M + p - 1) : 0.0;
   return r;
 }
 
-// The plan of a model shape given as a type (static constexpr model_shape value) under a policy
-// whose layout is static: usable in static_assert.
-template <class Shape, class Policy>
-constexpr plan_result plan(const batch& b, recompute_mode r = recompute_mode::none,
-                           optimizer_kind o = optimizer_kind::adamw) {
+// The layout of a policy whose layout type fixes everything: usable in static_assert.
+template <class Policy>
+constexpr plan_setup static_plan_setup(recompute_mode r, optimizer_kind o) {
   using L = typename Policy::layout;
-  static_assert(L::is_static, "strata::plan<Shape, Policy>: the layout has dynamic degrees; call plan_gpt at start-up");
+  static_assert(L::is_fully_static, "strata::plan<Model>: the layout leaves values to the launch; call plan_model "
+                                    "with the resolved layout at start-up");
   plan_setup setup;
   setup.layout.dp = L::dp;
   setup.layout.tp = L::tp;
@@ -330,7 +323,22 @@ constexpr plan_result plan(const batch& b, recompute_mode r = recompute_mode::no
   setup.schedule = std::is_base_of_v<interleaved_1f1b, typename L::schedule> ? pipeline_schedule_kind::interleaved
                    : std::is_base_of_v<one_f_one_b, typename L::schedule>    ? pipeline_schedule_kind::one_f_one_b
                                                                               : pipeline_schedule_kind::gpipe;
-  return plan_gpt<typename Policy::precision>(Shape::value, b, setup);
+  return setup;
+}
+
+// The plan of a model under its policy's static layout, for a config given here or the model's
+// static shape (`static constexpr config shape`).
+template <class Model>
+constexpr plan_result plan(const typename Model::config& c, const batch& b, recompute_mode r = recompute_mode::none,
+                           optimizer_kind o = optimizer_kind::adamw) {
+  static_assert(check_static_layout<Model>());
+  return plan_model<Model>(c, b, static_plan_setup<typename Model::policy>(r, o));
+}
+template <class Model>
+  requires has_static_shape<Model>
+constexpr plan_result plan(const batch& b, recompute_mode r = recompute_mode::none,
+                           optimizer_kind o = optimizer_kind::adamw) {
+  return plan<Model>(Model::shape, b, r, o);
 }
 
 }  // namespace strata

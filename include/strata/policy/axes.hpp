@@ -15,10 +15,12 @@
 namespace strata {
 
 // ---- ZeRO: how much of the optimizer state, gradients and parameters data ranks shard ----
-// 0: nothing sharded (plain DP), 1: optimizer state, 2: + gradients, 3: + parameters.
+// 0: nothing sharded (plain DP), 1: optimizer state, 2: + gradients, 3: + parameters;
+// strata::dynamic: given at launch.
 template <int Stage>
 struct zero {
-  static_assert(Stage >= 0 && Stage <= 3, "strata::zero: ZeRO stage must be 0, 1, 2 or 3");
+  static_assert((Stage >= 0 && Stage <= 3) || Stage == dynamic,
+                "strata::zero: ZeRO stage must be 0, 1, 2, 3 or strata::dynamic");
   static constexpr int stage = Stage;
 };
 
@@ -26,10 +28,12 @@ template <class T> struct is_zero : std::false_type {};
 template <int Stage> struct is_zero<zero<Stage>> : std::true_type {};
 template <class T> inline constexpr bool is_zero_v = is_zero<T>::value;
 
-// ---- The option tag for the tensor axis ----
+// ---- The option tags for the tensor axis ----
 // Megatron sequence parallelism: the norm/dropout regions are split along the sequence over
 // the tensor group, turning each TP all-reduce into a reduce-scatter / all-gather pair.
 struct sequence_parallel {};
+// Sequence parallelism on or off as the launch says (e.g. a --sp flag).
+struct dynamic_sequence_parallel {};
 
 namespace detail {
 
@@ -61,8 +65,9 @@ constexpr bool check_tensor_degree() {
 }
 template <class Option>
 constexpr bool check_tensor_option() {
-  static_assert(std::is_same_v<Option, strata::sequence_parallel>,
-                "strata::tensor: unknown option; the only tensor option is strata::sequence_parallel");
+  static_assert(std::is_same_v<Option, strata::sequence_parallel> || std::is_same_v<Option, strata::dynamic_sequence_parallel>,
+                "strata::tensor: unknown option; the tensor options are strata::sequence_parallel and "
+                "strata::dynamic_sequence_parallel");
   return true;
 }
 template <int Degree>
@@ -85,12 +90,13 @@ constexpr bool check_pipeline_microbatches() {
 }
 template <int Virtual>
 constexpr bool check_pipeline_virtual() {
-  static_assert(Virtual >= 1, "strata::pipeline: virtual chunks per stage must be >= 1");
+  static_assert(is_valid_extent(Virtual), "strata::pipeline: virtual chunks per stage must be >= 1 or strata::dynamic");
   return true;
 }
 template <class Schedule, int Virtual>
 constexpr bool check_virtual_needs_interleaving() {
-  static_assert(Virtual == 1 || is_interleaved_v<Schedule>,
+  static_assert(Virtual == 1 || is_dynamic(Virtual) || is_interleaved_v<Schedule> ||
+                    std::is_same_v<Schedule, dynamic_schedule>,
                 "strata::pipeline: virtual chunks > 1 need the strata::interleaved_1f1b schedule");
   return true;
 }
@@ -117,17 +123,23 @@ struct data {
 };
 
 // ---- tensor: split each layer's matrices over Degree ranks (Megatron TP) ----
+// sequence_parallel is 1 (on), 0 (off) or strata::dynamic (dynamic_sequence_parallel: the launch says).
 template <int Degree = 1, class... Options>
 struct tensor {
   static_assert(detail::check_tensor_degree<Degree>() && (detail::check_tensor_option<Options>() && ...));
-  static_assert((0 + ... + int(std::is_same_v<Options, strata::sequence_parallel>)) <= 1,
-                "strata::tensor: strata::sequence_parallel is given twice");
+  static_assert((0 + ... + int(std::is_same_v<Options, strata::sequence_parallel> ||
+                               std::is_same_v<Options, strata::dynamic_sequence_parallel>)) <= 1,
+                "strata::tensor: sequence parallelism is given twice");
   static constexpr int degree = Degree;
-  static constexpr bool sequence_parallel = (false || ... || std::is_same_v<Options, strata::sequence_parallel>);
+  static constexpr int sequence_parallel =
+      (false || ... || std::is_same_v<Options, strata::dynamic_sequence_parallel>) ? dynamic
+      : (false || ... || std::is_same_v<Options, strata::sequence_parallel>)       ? 1
+                                                                                   : 0;
 };
 
 // ---- pipeline: split the layer stack into Degree stages, fed Microbatches per step ----
-// Virtual is the number of model chunks per stage; > 1 only with interleaved_1f1b.
+// Virtual is the number of model chunks per stage; > 1 only with interleaved_1f1b. The schedule
+// may be strata::dynamic_schedule and the numbers strata::dynamic: the launch gives them.
 template <int Degree = 1, class Schedule = one_f_one_b, int Microbatches = 1, int Virtual = 1>
 struct pipeline {
   static_assert(detail::check_pipeline_degree<Degree>() && detail::check_pipeline_schedule<Schedule>() &&

@@ -1,16 +1,18 @@
 // strata/policy/layout.hpp - a parallel layout resolved against the launch: all numbers known.
 //
-// A layout type may leave degrees (and the microbatch count) as strata::dynamic. At start-up
-// every rank calls resolve_layout with the world size and the values given at launch; the
-// result is a plain layout_config with every number filled in, or a strata::error whose one
-// line names the numbers that disagree. Every rank sees the same inputs, so every rank fails
-// with the same words.
+// A layout type may leave degrees, the microbatch and virtual chunk counts and the ZeRO stage as
+// strata::dynamic, sequence parallelism as dynamic_sequence_parallel and the schedule as
+// dynamic_schedule. At start-up every rank calls resolve_layout with the world size and the
+// values given at launch; the result is a plain layout_config with everything filled in, or a
+// strata::error whose one line names the values that disagree. Every rank sees the same inputs,
+// so every rank fails with the same words.
 //
 //   using L = st::parallel<st::data<st::dynamic, st::zero<1>>, st::tensor<st::dynamic>>;
 //   st::layout_config cfg = st::resolve_layout<L>(world_size, {.tp = 2});  // dp = world / 2
 //
 // Rules:
-//   - a dynamic tp, pp or microbatch count takes the value given; not given is an error;
+//   - a dynamic tp, pp, microbatch or virtual chunk count, ZeRO stage, sequence parallelism or
+//     schedule takes the value given; not given is an error;
 //   - a dynamic dp takes the value given, or else what is left of the world: world / (tp * pp);
 //   - a static value may be given again at launch, but only the same number;
 //   - dp * tp * pp must equal the world size;
@@ -25,11 +27,12 @@
 
 namespace strata {
 
-// A layout with every number known.
+// A layout with every value known (once resolved; declared_layout leaves open ones dynamic and
+// the schedule "dynamic").
 struct layout_config {
   int dp = 1, tp = 1, pp = 1;
   int zero_stage = 0;
-  bool sequence_parallel = false;
+  int sequence_parallel = 0;  // 1 on, 0 off (strata::dynamic while open)
   int microbatches = 1;
   int virtual_chunks = 1;
   std::string schedule = "one_f_one_b";  // schedule_name of the tag
@@ -38,14 +41,17 @@ struct layout_config {
   bool operator==(const layout_config&) const = default;
 };
 
-// The numbers a launch may supply (from flags or the environment); strata::dynamic = not given.
-// Only these can be dynamic in a layout type; ZeRO stage, sequence parallelism, the schedule and
-// the virtual chunk count are always fixed by the type.
+// The values a launch may supply (from flags or the environment); strata::dynamic (or an empty
+// schedule) = not given.
 struct layout_overrides {
   int dp = dynamic;
   int tp = dynamic;
   int pp = dynamic;
   int microbatches = dynamic;
+  int zero_stage = dynamic;
+  int sequence_parallel = dynamic;  // 0 or 1
+  int virtual_chunks = dynamic;
+  std::string schedule{};  // gpipe, one_f_one_b (or 1f1b), interleaved_1f1b (or interleaved)
 };
 
 // The layout type's numbers as written, dynamic where the type leaves them open.
@@ -66,9 +72,9 @@ template <parallel_layout Layout>
 namespace detail {
 
 // One number: the declared value if static (a launch value must agree), else the launch value.
-inline int resolve_one(const char* name, int declared, int given) {
+inline int resolve_one(const char* name, int declared, int given, int least = 1) {
   if (!is_dynamic(given)) {
-    STRATA_CHECK(given >= 1, "layout ", name, "=", given, " given at launch must be >= 1");
+    STRATA_CHECK(given >= least, "layout ", name, "=", given, " given at launch must be >= ", least);
   }
   if (!is_dynamic(declared)) {
     STRATA_CHECK(is_dynamic(given) || given == declared, "the layout fixes ", name, "=", declared, " but ",
@@ -76,6 +82,14 @@ inline int resolve_one(const char* name, int declared, int given) {
     return declared;
   }
   return given;  // may still be dynamic; the caller decides what that means
+}
+
+// A schedule's tag name from what a launch may say.
+inline std::string canonical_schedule(const std::string& s) {
+  if (s == "gpipe") return "gpipe";
+  if (s == "1f1b" || s == "one_f_one_b") return "one_f_one_b";
+  if (s == "interleaved" || s == "interleaved_1f1b") return "interleaved_1f1b";
+  fail("layout schedule '", s, "' given at launch is not a schedule (gpipe, 1f1b or interleaved)");
 }
 
 }  // namespace detail
@@ -90,10 +104,31 @@ inline int resolve_one(const char* name, int declared, int given) {
   c.pp = detail::resolve_one("pp", declared.pp, given.pp);
   c.dp = detail::resolve_one("dp", declared.dp, given.dp);
   c.microbatches = detail::resolve_one("microbatches", declared.microbatches, given.microbatches);
+  c.virtual_chunks = detail::resolve_one("virtual", declared.virtual_chunks, given.virtual_chunks);
+  c.zero_stage = detail::resolve_one("zero", declared.zero_stage, given.zero_stage, 0);
+  c.sequence_parallel = detail::resolve_one("sp", declared.sequence_parallel, given.sequence_parallel, 0);
   STRATA_CHECK(!is_dynamic(c.tp), "the layout leaves tp as strata::dynamic but no tp was given at launch");
   STRATA_CHECK(!is_dynamic(c.pp), "the layout leaves pp as strata::dynamic but no pp was given at launch");
   STRATA_CHECK(!is_dynamic(c.microbatches),
                "the layout leaves microbatches as strata::dynamic but no count was given at launch");
+  STRATA_CHECK(!is_dynamic(c.virtual_chunks),
+               "the layout leaves the virtual chunks as strata::dynamic but no count was given at launch");
+  STRATA_CHECK(!is_dynamic(c.zero_stage),
+               "the layout leaves the ZeRO stage as strata::dynamic but no stage was given at launch");
+  STRATA_CHECK(c.zero_stage <= 3, "layout zero=", c.zero_stage, " given at launch is not a ZeRO stage (0, 1, 2 or 3)");
+  STRATA_CHECK(!is_dynamic(c.sequence_parallel), "the layout leaves sequence parallelism as "
+               "strata::dynamic_sequence_parallel but the launch did not say whether to use it");
+  STRATA_CHECK(c.sequence_parallel <= 1, "layout sp=", c.sequence_parallel, " given at launch must be 0 or 1");
+  if (!given.schedule.empty()) {
+    const std::string named = detail::canonical_schedule(given.schedule);
+    STRATA_CHECK(declared.schedule == "dynamic" || declared.schedule == named, "the layout fixes the schedule ",
+                 declared.schedule, " but ", given.schedule, " was given at launch");
+    c.schedule = named;
+  }
+  STRATA_CHECK(c.schedule != "dynamic",
+               "the layout leaves the schedule as strata::dynamic_schedule but no schedule was given at launch");
+  STRATA_CHECK(c.virtual_chunks == 1 || c.schedule == schedule_name<interleaved_1f1b>, "layout virtual=",
+               c.virtual_chunks, " chunks per stage need the interleaved_1f1b schedule, not ", c.schedule);
 
   if (is_dynamic(c.dp)) {
     // Data parallelism takes whatever the model-parallel groups leave.

@@ -59,14 +59,19 @@ struct parallel {
   static constexpr int tp = tensor_axis::degree;
   static constexpr int pp = pipeline_axis::degree;
 
+  // Each may be left to the launch: strata::dynamic, or dynamic_schedule.
   static constexpr int zero_stage = data_axis::zero_stage;
-  static constexpr bool sequence_parallel = tensor_axis::sequence_parallel;
+  static constexpr int sequence_parallel = tensor_axis::sequence_parallel;  // 1, 0 or strata::dynamic
   using schedule = typename pipeline_axis::schedule;
-  static constexpr int microbatches = pipeline_axis::microbatches;  // may be strata::dynamic
+  static constexpr int microbatches = pipeline_axis::microbatches;
   static constexpr int virtual_chunks = pipeline_axis::virtual_chunks;
 
   // True when every degree is known at compile time, so the world size is too.
   static constexpr bool is_static = !is_dynamic(dp) && !is_dynamic(tp) && !is_dynamic(pp);
+  // True when, besides the degrees, the ZeRO stage, sequence parallelism, the schedule and the
+  // virtual chunks are fixed: all a plan needs but the batch.
+  static constexpr bool is_fully_static = is_static && !is_dynamic(zero_stage) && !is_dynamic(sequence_parallel) &&
+                                          !std::is_same_v<schedule, dynamic_schedule> && !is_dynamic(virtual_chunks);
 };
 
 template <class T> struct is_parallel : std::false_type {};

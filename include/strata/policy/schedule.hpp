@@ -16,6 +16,8 @@ struct schedule_tag {};
 struct gpipe : schedule_tag {};
 struct one_f_one_b : schedule_tag {};
 struct interleaved_1f1b : schedule_tag {};
+// The schedule is given at launch (e.g. a --schedule flag).
+struct dynamic_schedule : schedule_tag {};
 
 // True for the schedule tags and tags derived from them; false for schedule_tag itself.
 template <class T>
@@ -31,7 +33,9 @@ constexpr std::string_view schedule_name_of() {
   static_assert(is_schedule_v<Schedule>,
                 "strata::schedule_name: not a schedule; expected strata::gpipe, strata::one_f_one_b or "
                 "strata::interleaved_1f1b");
-  if constexpr (std::is_base_of_v<interleaved_1f1b, Schedule>) {
+  if constexpr (std::is_base_of_v<dynamic_schedule, Schedule>) {
+    return "dynamic";
+  } else if constexpr (std::is_base_of_v<interleaved_1f1b, Schedule>) {
     return "interleaved_1f1b";
   } else if constexpr (std::is_base_of_v<one_f_one_b, Schedule>) {
     return "one_f_one_b";
@@ -41,7 +45,8 @@ constexpr std::string_view schedule_name_of() {
 }
 }  // namespace detail
 
-// The schedule's name, spelled as its tag: "gpipe", "one_f_one_b" or "interleaved_1f1b".
+// The schedule's name, spelled as its tag: "gpipe", "one_f_one_b", "interleaved_1f1b" (or
+// "dynamic": given at launch).
 template <class Schedule>
 inline constexpr std::string_view schedule_name = detail::schedule_name_of<Schedule>();
 

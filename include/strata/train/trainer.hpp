@@ -6,29 +6,33 @@
 // loss scale off if anything overflowed; clip; let the optimizer update with the schedule's
 // learning rate.
 //
-// Data parallelism plugs in as a gradient synchronizer (parallel/data_parallel.hpp): it picks
-// this rank's rows of the global batch, reduces the gradients around each backward (ZeRO 0/1:
-// only the last micro-batch's; ZeRO-2: every one, since it keeps no full gradient), gives the
-// global gradient norm, and shares the updated weights. Without one, nothing is shared.
+// The gradient synchronizer (parallel/gradient_synchronizer.hpp; data_parallel for any layout)
+// picks this rank's rows of the global batch, reduces the gradients around each backward (ZeRO
+// 0/1: only the last micro-batch's; ZeRO-2: every one, since it keeps no full gradient), gives
+// the global gradient norm, and shares the updated weights. Without one, the rank trains alone.
+// The optimizer must update what the synchronizer gives this rank: build it from the
+// synchronizer (adamw<P> opt(sync, {...})); a pair that disagrees is refused at construction,
+// naming both. A pipelined model runs its micro-batches itself, under its schedule
+// (train/trainable_model.hpp): the trainer splits this rank's rows into the schedule's count.
 //
-// The model is any type with
-//   double forward(tensor_view<const int32_t> inputs, tensor_view<const int32_t> targets, double grad_scale);
-//   void backward();
-//   parameter_store<T>& parameters();
+// train/training.hpp assembles model, synchronizer, optimizer and trainer from a policy.
 #pragma once
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
 #include "strata/core/error.hpp"
-#include "strata/kernels/host/reduce.hpp"
+#include "strata/kernels/reduce.hpp"
 #include "strata/optim/adamw.hpp"
 #include "strata/optim/grad_clip.hpp"
 #include "strata/optim/loss_scaler.hpp"
 #include "strata/optim/lr_schedule.hpp"
+#include "strata/parallel/gradient_synchronizer.hpp"
 #include "strata/train/token_data.hpp"
+#include "strata/train/trainable_model.hpp"
 
 namespace strata {
 
@@ -48,44 +52,59 @@ struct step_result {
   std::int64_t tokens = 0;
 };
 
-// The synchronizer of a single rank: the whole batch, nothing to reduce or share.
+namespace detail {
+// The synchronizer of a single rank for Model; a placeholder when Model has no policy, so that
+// trainer's own checks (check_trainable_model) name what is missing.
 template <class Model>
-struct no_sync {
-  using T = typename Model::T;
-  Model* model;
-  std::pair<std::int64_t, std::int64_t> local_rows(std::int64_t batch) const { return {0, batch}; }
-  void begin_step() {}
-  void after_forward() {}
-  void before_backward(bool /*last*/) {}
-  void after_backward(bool /*last*/) {}
-  double grad_sum_of_squares() {
-    auto& p = model->parameters();
-    return kernels::sum_of_squares(typename Model::policy::device{}, p.grads_data(), p.size());
+struct default_sync {
+  using type = struct model_without_policy {};
+};
+template <class Model>
+  requires requires { typename Model::policy; }
+struct default_sync<Model> {
+  using type = no_sync<typename Model::policy>;
+};
+// The model first: with it wrong, the rest would only repeat the error.
+template <class Model, class Optimizer, class Sync>
+consteval bool check_trainer_parts() {
+  check_trainable_model<Model>();
+  if constexpr (trainable_model<Model>) {
+    check_gradient_synchronizer<Sync>();
+    static_assert(std::is_same_v<typename Optimizer::T, typename Model::T>,
+                  "strata::trainer: the optimizer's storage type differs from the model's (built for another policy)");
   }
-  const T* state_gradients() const { return nullptr; }
-  void share_weights() {}
-  double mean(double v) { return v; }
-};
+  return true;
+}
+}  // namespace detail
 
-// A model split over pipeline stages runs a whole step's micro-batches itself, under its
-// schedule (examples/gpt2/gpt2_pipeline.hpp); the trainer hands it the rows and reduces after.
-template <class M>
-concept pipelined_model = requires(M& m, tensor_view<const std::int32_t> tokens, std::int64_t rows, int n, double s) {
-  { m.run_microbatches(tokens, tokens, rows, n, s) } -> std::convertible_to<double>;
-};
-
-template <class Model, class Optimizer, class Sync = no_sync<Model>>
+template <class Model, class Optimizer, class Sync = typename detail::default_sync<Model>::type>
 class trainer {
+  static_assert(detail::check_trainer_parts<Model, Optimizer, Sync>());
+  using own_sync_type = typename detail::default_sync<Model>::type;
+
  public:
+  // A single rank: the whole batch, every parameter.
   trainer(Model& model, Optimizer& opt, trainer_options o)
-    requires std::is_same_v<Sync, no_sync<Model>>
-      : trainer(model, opt, o, own_sync_, true) {}
-  trainer(Model& model, Optimizer& opt, trainer_options o, Sync& sync) : trainer(model, opt, o, sync, false) {}
+    requires std::is_same_v<Sync, own_sync_type>
+      : trainer(model, opt, o, nullptr) {}
+  trainer(Model& model, Optimizer& opt, trainer_options o, Sync& sync) : trainer(model, opt, o, &sync) {}
 
   step_result step(const token_batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto [first_row, rows] = sync_->local_rows(batch.batch);
-    const std::int64_t micro = opt_s_.micro_batch > 0 ? opt_s_.micro_batch : rows;
+    const bool piped = is_pipelined();
+    std::int64_t micro = opt_s_.micro_batch > 0 ? opt_s_.micro_batch : rows;
+    if constexpr (pipelined_model<Model>) {
+      if (piped) {
+        const int count = model_->microbatches();
+        STRATA_CHECK(rows % count == 0, "trainer: ", rows, " sequences per data-parallel rank (global batch ",
+                     batch.batch, ") do not split into the pipeline's ", count, " micro-batches");
+        STRATA_CHECK(opt_s_.micro_batch == 0 || opt_s_.micro_batch == rows / count, "trainer: micro_batch ",
+                     opt_s_.micro_batch, " was given, but the pipeline splits this rank's ", rows, " sequences into ",
+                     count, " micro-batches of ", rows / count, " (leave micro_batch 0 under a pipeline)");
+        micro = rows / count;
+      }
+    }
     STRATA_CHECK(rows % micro == 0, "trainer: ", rows, " sequences per rank (global batch ", batch.batch,
                  ") is not a multiple of the micro-batch ", micro);
     const std::int64_t n_micro = rows / micro;
@@ -97,11 +116,12 @@ class trainer {
     r.step = step_;
     r.loss_scale = scaler_.scale();
     double loss_sum = 0;
-    if constexpr (pipelined_model<Model>) {
+    if (piped) {
       // Every forward and backward of the step happens inside; no gradient is reported ready
       // while the schedule runs, so the synchronizer reduces them all once it is done.
-      loss_sum = model_->run_microbatches(batch.input_view(first_row, rows), batch.target_view(first_row, rows), micro,
-                                          static_cast<int>(n_micro), r.loss_scale / static_cast<double>(n_micro));
+      if constexpr (pipelined_model<Model>)
+        loss_sum = model_->run_microbatches(batch.input_view(first_row, rows), batch.target_view(first_row, rows), micro,
+                                            static_cast<int>(n_micro), r.loss_scale / static_cast<double>(n_micro));
       sync_->before_backward(true);
       sync_->after_backward(true);
     } else {
@@ -144,20 +164,22 @@ class trainer {
   }
 
  private:
-  trainer(Model& model, Optimizer& opt, trainer_options o, Sync& sync, bool)
-      : model_(&model), opt_(&opt), opt_s_(o), scaler_(scaler_options(o)), sync_(&sync) {
-    if constexpr (std::is_same_v<Sync, no_sync<Model>>) own_sync_.model = &model;
+  // `given` null: the trainer's own synchronizer of a single rank.
+  trainer(Model& model, Optimizer& opt, trainer_options o, Sync* given)
+      : model_(&model), opt_(&opt), opt_s_(o), scaler_(scaler_options(o)),
+        own_sync_(own_sync(model, given == nullptr)), sync_(pick(given, own_sync_)) {
+    const bool own = given == nullptr;
     o.schedule.validate();
     STRATA_CHECK(o.micro_batch >= 0, "trainer: micro_batch (", o.micro_batch, ") must be >= 0");
-    if constexpr (pipelined_model<Model>) {
-      if constexpr (requires { sync.zero_stage(); })
-        STRATA_CHECK(sync.zero_stage() <= 1, "trainer: pipeline parallelism works with ZeRO 0 or 1, not ", sync.zero_stage(),
+    check_wiring();
+    if (is_pipelined()) {
+      if constexpr (requires { sync_->zero_stage(); })
+        STRATA_CHECK(sync_->zero_stage() <= 1, "trainer: pipeline parallelism works with ZeRO 0 or 1, not ", sync_->zero_stage(),
                      " (ZeRO-2/3 would reduce gradients or gather weights for every micro-batch of every stage)");
+      STRATA_CHECK(!own, "trainer: a model split over pipeline stages needs a synchronizer that knows the pipeline "
+                         "group (data_parallel with options.pipeline_group) for its global gradient norm");
     }
-    if constexpr (std::is_same_v<Sync, no_sync<Model>> && pipelined_model<Model>)
-      fail("trainer: a model split over pipeline stages needs a synchronizer that knows the pipeline group "
-           "(data_parallel with options.pipeline_group) for its global gradient norm");
-    if constexpr (std::is_same_v<Sync, no_sync<Model>>) {
+    if (own) {
       // A rank of a tensor-parallel model holds pieces: its own squares are not the global
       // gradient norm, and clipping by them would silently differ from the serial model.
       for (const auto& e : model.parameters().entries())
@@ -165,6 +187,33 @@ class trainer {
                      "' is split over a tensor-parallel group; train with a synchronizer that knows the group "
                      "(data_parallel with options.tensor_group, over a data-parallel group of one if need be)");
     }
+  }
+
+  bool is_pipelined() const {
+    if constexpr (pipelined_model<Model>) return model_->pipelined();
+    else return false;
+  }
+  // Model, optimizer and synchronizer must agree on the parameters and on which pieces this
+  // rank's optimizer updates: the mistakes that would otherwise train silently wrong.
+  void check_wiring() const {
+    auto& params = model_->parameters();
+    STRATA_CHECK(&opt_->parameters() == &params, "trainer: the optimizer was built for another model's parameters");
+    STRATA_CHECK(&sync_->parameters() == &params, "trainer: the synchronizer (", sync_->description(),
+                 ") was built for another model's parameters");
+    const auto expected = sync_->optimizer_segments();
+    const bool same = opt_->segments() == expected && opt_->state_weights() == sync_->state_weights();
+    STRATA_CHECK(same, "trainer: the optimizer updates ", opt_->state_elements(), " elements in ", opt_->segments().size(),
+                 " segments, but the synchronizer, ", sync_->description(), ", gives this rank ",
+                 sync_->optimizer_elements(), " elements in ", expected.size(),
+                 " segments; build the optimizer from the synchronizer: st::adamw<P> opt(sync, {...})");
+  }
+  static std::optional<own_sync_type> own_sync(Model& model, bool own) {
+    if (!own) return std::nullopt;
+    return own_sync_type(model.parameters());
+  }
+  static Sync* pick(Sync* given, std::optional<own_sync_type>& own) {
+    if constexpr (std::is_same_v<Sync, own_sync_type>) return given ? given : &*own;
+    else return given;
   }
   static loss_scaler::options scaler_options(const trainer_options& o) {
     loss_scaler::options s;
@@ -178,8 +227,8 @@ class trainer {
   Optimizer* opt_;
   trainer_options opt_s_;
   loss_scaler scaler_;
-  // The trainer's own no-op synchronizer, when none is given.
-  std::conditional_t<std::is_same_v<Sync, no_sync<Model>>, no_sync<Model>, char> own_sync_{};
+  // The trainer's own synchronizer of a single rank, when none is given.
+  std::optional<own_sync_type> own_sync_;
   Sync* sync_;
   int step_ = 0;
 };

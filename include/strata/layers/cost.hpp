@@ -1,0 +1,85 @@
+// strata/layers/cost.hpp - what a layer costs, as a constexpr value the planner adds up.
+//
+// Every layer states its costs in one function next to the code that incurs them:
+//   static constexpr layer_cost cost(const config& c, const cost_scope& s);
+// for one micro-batch of s.batch sequences of s.seq tokens, on one rank of a tensor-parallel
+// group split as s.tp. A composite layer sums its parts (a.then(b): b runs after a, so the
+// output is b's). The planner (plan/plan.hpp) adds the parts of a model under a layout; the
+// tests hold the sums to what the allocator and the byte counters really see.
+#pragma once
+#include <cstdint>
+
+#include "strata/layers/tensor_split.hpp"
+#include "strata/policy/recompute.hpp"
+
+namespace strata {
+
+struct cost_scope {
+  tensor_split tp{};
+  std::int64_t batch = 1, seq = 1;  // one micro-batch
+  recompute_mode recompute = recompute_mode::none;  // what recompute<recompute_from_context, L> does
+
+  constexpr std::int64_t rows() const { return batch * seq; }
+  // Tokens held between tensor-parallel regions (a 1/t share under sequence parallelism).
+  constexpr std::int64_t local_rows() const { return tp.local_rows(rows()); }
+};
+
+struct layer_cost {
+  std::int64_t params = 0;       // parameter elements this rank registers
+  std::int64_t tied_params = 0;  // elements of a parameter another layer owns (held again, as a
+                                 // replica, where that layer sits on another pipeline stage)
+  std::int64_t forward_flops = 0, backward_flops = 0;
+  std::int64_t activation_bytes = 0;  // kept from forward to backward
+  std::int64_t output_bytes = 0;      // the output alone: the next layer's input, and all that
+                                      // full recomputation keeps
+  std::int64_t core_bytes = 0;        // what selective recomputation drops...
+  std::int64_t core_flops = 0;        // ...and what recomputing it costs
+  double tensor_forward_bytes = 0, tensor_backward_bytes = 0;  // sent per rank in the tensor group
+
+  // `next` runs after this: everything adds up, the output is next's.
+  constexpr layer_cost then(const layer_cost& next) const {
+    layer_cost r = *this + next;
+    r.output_bytes = next.output_bytes;
+    return r;
+  }
+  // n copies one after another.
+  constexpr layer_cost repeated(std::int64_t n) const {
+    layer_cost r;
+    r.params = n * params;
+    r.tied_params = n * tied_params;
+    r.forward_flops = n * forward_flops;
+    r.backward_flops = n * backward_flops;
+    r.activation_bytes = n * activation_bytes;
+    r.output_bytes = output_bytes;
+    r.core_bytes = n * core_bytes;
+    r.core_flops = n * core_flops;
+    r.tensor_forward_bytes = double(n) * tensor_forward_bytes;
+    r.tensor_backward_bytes = double(n) * tensor_backward_bytes;
+    return r;
+  }
+  // Side by side (two branches over the same input): everything adds up, outputs included.
+  constexpr layer_cost operator+(const layer_cost& o) const {
+    layer_cost r = *this;
+    r.params += o.params;
+    r.tied_params += o.tied_params;
+    r.forward_flops += o.forward_flops;
+    r.backward_flops += o.backward_flops;
+    r.activation_bytes += o.activation_bytes;
+    r.output_bytes += o.output_bytes;
+    r.core_bytes += o.core_bytes;
+    r.core_flops += o.core_flops;
+    r.tensor_forward_bytes += o.tensor_forward_bytes;
+    r.tensor_backward_bytes += o.tensor_backward_bytes;
+    return r;
+  }
+  constexpr double tensor_bytes() const { return tensor_forward_bytes + tensor_backward_bytes; }
+  bool operator==(const layer_cost&) const = default;
+};
+
+// Bytes each rank sends in ring collectives over n ranks (comm/counters.hpp counts the same):
+// an all-reduce of `bytes` sends 2(n-1)/n of them, an all-gather or reduce-scatter (n-1)/n of the
+// whole.
+constexpr double ring_all_reduce_bytes(double bytes, int n) { return n > 1 ? 2.0 * (n - 1) / n * bytes : 0.0; }
+constexpr double ring_gather_bytes(double bytes, int n) { return n > 1 ? double(n - 1) / n * bytes : 0.0; }
+
+}  // namespace strata

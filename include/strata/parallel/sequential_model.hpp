@@ -1,0 +1,383 @@
+// strata/parallel/sequential_model.hpp - a declared model built on one rank: the whole model, or
+// this rank's pipeline stage of it.
+//
+//   st::sequential_model<my_model<P>> model(ledger, config, st::seed{1}, placement);
+//
+// From the declaration (layers/sequential.hpp) and where the rank sits (model_placement: its
+// tensor-parallel group, the recomputation mode, its pipeline stage), it builds the layers this
+// rank runs and gives the trainer what it needs: forward/backward (one stage), or
+// run_microbatches (a pipeline: the schedule's whole step). Nothing here knows any particular
+// model.
+//
+// Pipeline stages: the blocks form p·V virtual stages (p stages of the pipeline group, V chunks
+// each; virtual stage v = c·p + s is chunk c of stage s), evenly or with an explicit block count
+// per virtual stage. The parts before the blocks go with virtual stage 0, the parts after them
+// with the last. Blocks keep their names ("h.5"), so every stage starts with the serial model's
+// values. A parameter tied across the two ends (the head sharing the embedding's table) is
+// registered again, as a replica, on the stage that lacks its owner; at start-up the replica is
+// set to the owner's values, and after each step's backward the two gradients are summed over the
+// first and last stages (the embedding group), so they stay equal. A stage builds one copy of its
+// layers per micro-batch (sharing one set of parameters): each micro-batch in flight keeps its own
+// activations, released after its backward, so the allocator sees exactly the micro-batches the
+// schedule holds. Every block is wrapped in recompute<recompute_from_context, Block>: the
+// placement's recomputation mode applies to the blocks.
+#pragma once
+#include <cstddef>
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "strata/comm/group_ref.hpp"
+#include "strata/core/error.hpp"
+#include "strata/core/memory.hpp"
+#include "strata/layers/layer.hpp"
+#include "strata/layers/module.hpp"
+#include "strata/layers/recompute.hpp"
+#include "strata/layers/sequential.hpp"
+#include "strata/layers/stack.hpp"
+#include "strata/layers/tensor_checks.hpp"
+#include "strata/layers/tensor_parallel.hpp"
+#include "strata/parallel/pipeline.hpp"
+#include "strata/parallel/pipeline_schedule.hpp"
+
+namespace strata {
+
+// Where this rank sits in the pipeline and how the blocks are split.
+struct pipeline_placement {
+  pipeline_shape shape{};                              // schedule, stages p, micro-batches M, chunks V
+  int stage = 0;                                       // this rank's stage (its rank in the pp group)
+  std::vector<std::int64_t> blocks_per_virtual_stage;  // p·V counts in virtual-stage order; empty: even
+
+  bool pipelined() const { return shape.stages > 1 || shape.chunks > 1; }
+
+  // First block and block count of each virtual stage; the errors name the numbers.
+  std::vector<std::pair<std::int64_t, std::int64_t>> block_ranges(std::int64_t blocks) const {
+    const int vs = shape.virtual_stages();
+    std::vector<std::int64_t> counts = blocks_per_virtual_stage;
+    if (counts.empty()) {
+      STRATA_CHECK(blocks % vs == 0, "pipeline: ", blocks, " layers do not split evenly over ", shape.stages,
+                   " stages x ", shape.chunks, " chunks = ", vs, " virtual stages; give the layers per stage");
+      counts.assign(std::size_t(vs), blocks / vs);
+    }
+    STRATA_CHECK(static_cast<int>(counts.size()) == vs, "pipeline: ", counts.size(), " layer counts given for ", vs,
+                 " virtual stages (", shape.stages, " stages x ", shape.chunks, " chunks)");
+    std::vector<std::pair<std::int64_t, std::int64_t>> out;
+    std::int64_t first = 0;
+    for (int v = 0; v < vs; ++v) {
+      STRATA_CHECK(counts[std::size_t(v)] >= 1, "pipeline: virtual stage ", v, " has ", counts[std::size_t(v)],
+                   " layers; every stage needs at least one");
+      out.push_back({first, counts[std::size_t(v)]});
+      first += counts[std::size_t(v)];
+    }
+    STRATA_CHECK(first == blocks, "pipeline: the layer counts per stage add up to ", first, ", the model has ", blocks);
+    return out;
+  }
+};
+
+// Where a rank's piece of a model sits: what an assembled run (train/training.hpp) fills in from
+// the mesh; the default is the serial model.
+struct model_placement {
+  tensor_parallel tensor{};
+  recompute_mode recompute = recompute_mode::none;
+  pipeline_placement pipeline{};
+  group_ref pipeline_group{};   // the stages in order
+  group_ref embedding_group{};  // the first and last stages (an empty group elsewhere, and when p = 1)
+};
+
+namespace detail {
+// What a part of the declaration becomes on a rank.
+template <class Part> struct built_part;
+template <class L> struct built_part<layer_part<L>> { using type = L; };
+template <class L> struct built_part<blocks_part<L>> { using type = stack<recompute<recompute_from_context, L>>; };
+
+// One copy of the parts a virtual stage holds (the others stay empty).
+template <class Layers> struct built_replica;
+template <class... Parts>
+struct built_replica<sequential_layers<Parts...>> {
+  using type = std::tuple<std::optional<typename built_part<Parts>::type>...>;
+};
+}  // namespace detail
+
+template <class Model>
+class sequential_model {
+  static_assert(check_model_declaration<Model>());
+  static_assert(check_static_layout<Model>());
+
+ public:
+  using declaration = Model;
+  using policy = typename Model::policy;
+  using T = typename policy::storage;
+  using config = typename Model::config;
+  using layers_type = layers_of<Model>;
+
+  sequential_model(memory_ledger& ledger, const config& c, strata::seed seed, model_placement where = {})
+      : cfg_(c), layers_(Model::layers(c)), place_(std::move(where)),
+        ctx_(ledger, seed, place_.tensor, place_.recompute) {
+    const auto& pl = place_.pipeline;
+    const bool piped = pl.pipelined();
+    if (piped) exec_.emplace(*this, place_.pipeline_group, pl.shape, ledger);
+    const auto ranges = pl.block_ranges(layers_.blocks().count);
+    ctx_.share_parameters(piped);
+    ctx_.allow_tied_replicas(piped);
+    const int replicas = piped ? pl.shape.microbatches : 1;
+    for (int ch = 0; ch < pl.shape.chunks; ++ch) {
+      const int v = pl.shape.virtual_stage(pl.stage, ch);
+      auto& chunk = chunks_.emplace_back();
+      chunk.virtual_stage = v;
+      chunk.replicas.reserve(std::size_t(replicas));
+      for (int m = 0; m < replicas; ++m)
+        build(chunk.replicas.emplace_back(), ctx_, layers_, v == 0, v == pl.shape.virtual_stages() - 1,
+              ranges[std::size_t(v)]);
+    }
+    ctx_.params().materialize();
+    if (piped) link_tied_parameters();
+  }
+  sequential_model(const sequential_model&) = delete;
+  sequential_model& operator=(const sequential_model&) = delete;
+
+  // ---- one stage holding the whole model: the trainer's forward and backward ----
+
+  // Mean next-token loss over the batch; leaves the loss gradient (times grad_scale) in place.
+  double forward(tensor_view<const std::int32_t> inputs, tensor_view<const std::int32_t> targets,
+                 double grad_scale = 1.0) {
+    check_tokens(inputs);
+    double loss = 0;
+    run_forward(whole(), tensor_view<const T>{}, inputs, targets, grad_scale, loss);
+    return loss;
+  }
+  void backward() { run_backward(whole(), nullptr); }
+  // The loss without gradients.
+  double evaluate(tensor_view<const std::int32_t> inputs, tensor_view<const std::int32_t> targets) {
+    auto& r = whole();
+    return std::get<N - 1>(r)->evaluate(hidden_to_head(r, inputs), targets);
+  }
+  // The output layer's logits for sampling (when it offers them).
+  auto logits(tensor_view<const std::int32_t> inputs) {
+    auto& r = whole();
+    return std::get<N - 1>(r)->logits(hidden_to_head(r, inputs));
+  }
+
+  // ---- a pipeline: the schedule's whole step ----
+
+  bool pipelined() const { return exec_.has_value(); }
+  int microbatches() const { return place_.pipeline.shape.microbatches; }
+  // Every micro-batch's forward and backward under the schedule, then each tied parameter's
+  // gradient summed between the first and last stages. Returns the losses' sum.
+  double run_microbatches(tensor_view<const std::int32_t> inputs, tensor_view<const std::int32_t> targets,
+                          std::int64_t rows, int microbatches, double grad_scale) {
+    STRATA_CHECK(exec_, "sequential_model: run_microbatches needs a pipeline (the model is one stage)");
+    check_tokens(inputs);
+    const double loss = exec_->run(inputs, targets, rows, microbatches, grad_scale);
+    auto& p = ctx_.params();
+    for (const param_handle h : tied_to_sum_)
+      place_.embedding_group.all_reduce(std::span<T>(p.grads(h), std::size_t(p.info(h).numel)));
+    return loss;
+  }
+
+  // The executor's stage interface (parallel/pipeline.hpp).
+  tensor_view<const T> pipeline_forward(int c, int m, tensor_view<const T> input, tensor_view<const std::int32_t> inputs,
+                                        tensor_view<const std::int32_t> targets, double grad_scale, double& loss) {
+    return run_forward(chunks_[std::size_t(c)].replicas[std::size_t(m)], input, inputs, targets, grad_scale, loss);
+  }
+  buffer<T> pipeline_backward(int c, int m, const buffer<T>* output_grad) {
+    auto& r = chunks_[std::size_t(c)].replicas[std::size_t(m)];
+    buffer<T> dx = run_backward(r, output_grad);
+    release(r);
+    return dx;
+  }
+  // What flows between stages: [sequences, tokens held, the blocks' width].
+  strata::shape pipeline_activation_shape(std::int64_t sequences, std::int64_t seq) const {
+    return {sequences, ctx_.tensor().split().local_rows(seq), block_width()};
+  }
+  const pipeline_step_stats& last_step() const {
+    STRATA_CHECK(exec_, "sequential_model: the model is one stage; it keeps no pipeline statistics");
+    return exec_->last_step();
+  }
+  const pipeline_placement& placement() const { return place_.pipeline; }
+
+  // ---- what every model offers ----
+
+  parameter_store<T>& parameters() { return ctx_.params(); }
+  model_context<policy>& context() { return ctx_; }
+  const model_context<policy>& context() const { return ctx_; }
+  const config& shape() const { return cfg_; }
+  const layers_type& layers() const { return layers_; }
+
+  // The serial model's parameters in order, each with its element count: the layout the
+  // gathered weights, exports and comparisons with the serial run use. Built without allocating.
+  static std::vector<std::pair<std::string, std::int64_t>> serial_parameters(const config& c) {
+    memory_ledger scratch;
+    model_context<policy> ctx(scratch, strata::seed{});
+    const layers_type layers = Model::layers(c);
+    replica r;
+    build(r, ctx, layers, true, true, {0, layers.blocks().count});
+    std::vector<std::pair<std::string, std::int64_t>> out;
+    for (const auto& e : ctx.params().entries()) out.push_back({e.name, e.numel});
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t N = layers_type::size, B = layers_type::blocks_at;
+  using replica = typename detail::built_replica<layers_type>::type;
+  struct chunk {
+    int virtual_stage = 0;
+    std::vector<replica> replicas;  // one per micro-batch in flight
+  };
+
+  // Builds the parts virtual stage v holds, in declaration order (an owner before its ties).
+  static void build(replica& r, model_context<policy>& ctx, const layers_type& layers, bool first, bool last,
+                    std::pair<std::int64_t, std::int64_t> blocks) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (build_part<I>(r, ctx, layers, first, last, blocks), ...);
+    }(std::make_index_sequence<N>{});
+  }
+  template <std::size_t I>
+  static void build_part(replica& r, model_context<policy>& ctx, const layers_type& layers, bool first, bool last,
+                         std::pair<std::int64_t, std::int64_t> blocks) {
+    const auto& part = layers.template part<I>();
+    module_scope<policy> scope(ctx, std::string(part.name));
+    if constexpr (I == B) std::get<I>(r).emplace(scope, part.config, blocks.second, blocks.first);
+    else if ((I < B && first) || (I > B && last)) std::get<I>(r).emplace(scope, part.config);
+  }
+
+  // Checked on every rank alike before anything runs (a pipeline's stages would otherwise wait
+  // for one that stopped): sequence parallelism splits each sequence over the tensor group.
+  void check_tokens(tensor_view<const std::int32_t> inputs) const {
+    const auto split = ctx_.tensor().split();
+    STRATA_CHECK(inputs.shape.rank == 2, "model: expected token ids [B, T], got ", inputs.shape.str());
+    STRATA_CHECK(!split.sequence_parallel || inputs.shape[1] % split.degree == 0, "model: sequence parallelism over tp=",
+                 split.degree, " needs a sequence length divisible by it, got ", inputs.shape[1]);
+  }
+
+  replica& whole() {
+    STRATA_CHECK(!exec_, "sequential_model: the model is split over pipeline stages; the trainer runs its "
+                         "micro-batches through run_microbatches");
+    return chunks_.front().replicas.front();
+  }
+
+  tensor_view<const T> run_forward(replica& r, tensor_view<const T> x, tensor_view<const std::int32_t> inputs,
+                                   tensor_view<const std::int32_t> targets, double grad_scale, double& loss) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            auto& part = std::get<I>(r);
+            if (!part) return;
+            if constexpr (I == 0) x = part->forward(inputs);
+            else if constexpr (I + 1 == N) {
+              loss = part->forward(x, targets, grad_scale);
+              x = {};
+            } else x = part->forward(x);
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+    return x;
+  }
+  // Parts in reverse; the last virtual stage starts from its loss, the others from `output_grad`.
+  buffer<T> run_backward(replica& r, const buffer<T>* output_grad) {
+    buffer<T> d;
+    const buffer<T>* dy = output_grad;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            constexpr std::size_t J = N - 1 - I;
+            auto& part = std::get<J>(r);
+            if (!part) return;
+            if constexpr (J + 1 == N) {
+              d = part->backward();
+            } else if constexpr (J == 0) {
+              part->backward(dy ? *dy : d);
+              d = buffer<T>();
+            } else {
+              d = part->backward(dy ? *dy : d);
+            }
+            dy = nullptr;
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+    return d;
+  }
+  // Everything before the output layer (one stage holding the whole model).
+  tensor_view<const T> hidden_to_head(replica& r, tensor_view<const std::int32_t> inputs) {
+    tensor_view<const T> x;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if constexpr (I == 0) x = std::get<I>(r)->forward(inputs);
+            else if constexpr (I + 1 < N) x = std::get<I>(r)->forward(x);
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+    return x;
+  }
+  static void release(replica& r) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            auto& part = std::get<I>(r);
+            if constexpr (releases_activations<std::remove_cvref_t<decltype(*part)>>)
+              if (part) part->release_activations();
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+  }
+
+  // Elements per token of what the blocks pass on.
+  std::int64_t block_width() const {
+    using block = typename layers_type::template part_type<B>::layer_type;
+    const layer_cost one = block::cost(layers_.blocks().config, cost_scope{});
+    return one.output_bytes / static_cast<std::int64_t>(sizeof(T));
+  }
+
+  // The names of the parameters tied across parts, in declaration order (the same on every rank).
+  std::vector<std::string> tied_names() const {
+    std::vector<std::string> out;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using L = typename layers_type::template part_type<I>::layer_type;
+            if constexpr (ties_a_parameter<L>) {
+              const std::string_view name = L::tied_parameter(layers_.template part<I>().config);
+              if (!name.empty()) out.emplace_back(name);
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+    return out;
+  }
+  // For each tie held on both the first and the last stage (owner and replica): the replica
+  // takes the owner's values, and its gradient is summed after every step. Collective over the
+  // embedding group.
+  void link_tied_parameters() {
+    auto& p = ctx_.params();
+    for (const std::string& name : tied_names()) {
+      const param_handle h = p.find(name);
+      double holders = h.valid() ? 1.0 : 0.0;
+      place_.embedding_group.all_reduce(std::span<double>(&holders, 1));
+      if (h.valid() && p.info(h).replica)
+        STRATA_CHECK(holders == 2.0, "pipeline: the tied parameter '", name, "' has no owner on the first stage "
+                                     "(no part before the blocks registers it)");
+      if (holders != 2.0) continue;
+      std::vector<T> values(std::size_t(p.info(h).numel));
+      p.download_weights(h, values);
+      if (p.info(h).replica) std::fill(values.begin(), values.end(), convert<T>(0.0));
+      place_.embedding_group.all_reduce(std::span<T>(values));
+      p.upload_weights(h, values);
+      tied_to_sum_.push_back(h);
+    }
+  }
+
+  config cfg_;
+  layers_type layers_;
+  model_placement place_;
+  model_context<policy> ctx_;
+  std::vector<chunk> chunks_;
+  std::vector<param_handle> tied_to_sum_;
+  std::optional<pipeline_executor<sequential_model>> exec_;
+};
+
+}  // namespace strata
