@@ -128,11 +128,9 @@ class sequential_model {
     for (int ch = 0; ch < pl.shape.chunks; ++ch) {
       const int v = pl.shape.virtual_stage(pl.stage, ch);
       auto& chunk = chunks_.emplace_back();
-      chunk.virtual_stage = v;
-      chunk.replicas.reserve(std::size_t(replicas));
+      chunk.reserve(std::size_t(replicas));  // the layers stay where they are built
       for (int m = 0; m < replicas; ++m)
-        build(chunk.replicas.emplace_back(), ctx_, layers_, v == 0, v == pl.shape.virtual_stages() - 1,
-              ranges[std::size_t(v)]);
+        build(chunk.emplace_back(), ctx_, layers_, v == 0, v == pl.shape.virtual_stages() - 1, ranges[std::size_t(v)]);
     }
     ctx_.params().materialize();
     if (piped) link_tied_parameters();
@@ -182,10 +180,10 @@ class sequential_model {
   // The executor's stage interface (parallel/pipeline.hpp).
   tensor_view<const T> pipeline_forward(int c, int m, tensor_view<const T> input, tensor_view<const std::int32_t> inputs,
                                         tensor_view<const std::int32_t> targets, double grad_scale, double& loss) {
-    return run_forward(chunks_[std::size_t(c)].replicas[std::size_t(m)], input, inputs, targets, grad_scale, loss);
+    return run_forward(chunks_[std::size_t(c)][std::size_t(m)], input, inputs, targets, grad_scale, loss);
   }
   buffer<T> pipeline_backward(int c, int m, const buffer<T>* output_grad) {
-    auto& r = chunks_[std::size_t(c)].replicas[std::size_t(m)];
+    auto& r = chunks_[std::size_t(c)][std::size_t(m)];
     buffer<T> dx = run_backward(r, output_grad);
     release(r);
     return dx;
@@ -224,10 +222,7 @@ class sequential_model {
  private:
   static constexpr std::size_t N = layers_type::size, B = layers_type::blocks_at;
   using replica = typename detail::built_replica<layers_type>::type;
-  struct chunk {
-    int virtual_stage = 0;
-    std::vector<replica> replicas;  // one per micro-batch in flight
-  };
+  using chunk = std::vector<replica>;  // one copy of the chunk's layers per micro-batch in flight
 
   // Builds the parts virtual stage v holds, in declaration order (an owner before its ties).
   static void build(replica& r, model_context<policy>& ctx, const layers_type& layers, bool first, bool last,
@@ -257,7 +252,7 @@ class sequential_model {
   replica& whole() {
     STRATA_CHECK(!exec_, "sequential_model: the model is split over pipeline stages; the trainer runs its "
                          "micro-batches through run_microbatches");
-    return chunks_.front().replicas.front();
+    return chunks_.front().front();
   }
 
   tensor_view<const T> run_forward(replica& r, tensor_view<const T> x, tensor_view<const std::int32_t> inputs,
