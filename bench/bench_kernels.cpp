@@ -1,4 +1,6 @@
-// Host kernel throughput at GPT-small-ish sizes (rows N = B*T = 1024, C = 768, 12 heads).
+// Host kernel throughput at GPT-small-ish sizes (rows N = B*T = 1024, C = 768, 12 heads), and
+// the Llama family's kernels beside them (RMSNorm, RoPE, SwiGLU, grouped-query attention with
+// 8 query heads sharing 2 key/value heads of 64).
 //
 // GEMM-bound ops report "GFLOPS"; memory-bound ops report "GBps", counting each tensor's bytes
 // once (the minimum traffic). Activation-sized tensors (N*C floats, 3 MB) stay in L3, so their
@@ -91,13 +93,13 @@ void BM_cblas_sgemm(benchmark::State& state) {
   report_flops(state, 2.0 * M * Nn * K);
 }
 
-// --- Attention: naive causal loops, FLOPs of the causal half --------------------------------
+// --- Attention: causal loops over one logsumexp per row, FLOPs of the causal half -----------
 
 template <class T_>
 void BM_attention_forward(benchmark::State& state) {
   auto qkv = random_array<T_>(N * 3 * C, 7);
   std::vector<T_> out(static_cast<std::size_t>(N * C));
-  std::vector<strata::acc_t<T_>> att(static_cast<std::size_t>(B * NH * T * T));
+  std::vector<strata::acc_t<T_>> att(static_cast<std::size_t>(B * NH * T));
   for (auto _ : state) {
     k::attention_forward(host{}, out.data(), att.data(), qkv.data(), B, T, C, NH);
     benchmark::DoNotOptimize(out.data());
@@ -109,13 +111,44 @@ template <class T_>
 void BM_attention_backward(benchmark::State& state) {
   auto qkv = random_array<T_>(N * 3 * C, 7), dout = random_array<T_>(N * C, 8);
   std::vector<T_> out(static_cast<std::size_t>(N * C)), dqkv(qkv.size());
-  std::vector<strata::acc_t<T_>> att(static_cast<std::size_t>(B * NH * T * T));
+  std::vector<strata::acc_t<T_>> att(static_cast<std::size_t>(B * NH * T));
   k::attention_forward(host{}, out.data(), att.data(), qkv.data(), B, T, C, NH);
   for (auto _ : state) {
-    k::attention_backward(host{}, dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    // With the forward's output, as the layer calls it (without, backward redoes the forward).
+    k::attention_backward(host{}, dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, out.data());
     benchmark::DoNotOptimize(dqkv.data());
   }
-  report_flops(state, 4.0 * 2.0 * B * C * (T * (T + 1) / 2));  // dP, dV, dQ, dK
+  // dP, dV, dQ, dK; the recomputed scores (a fifth product) are not counted.
+  report_flops(state, 4.0 * 2.0 * B * C * (T * (T + 1) / 2));
+}
+
+// Grouped-query attention, Llama-style: 8 query heads of 64 share 2 key/value heads.
+constexpr k::attention_shape gqa{.batch = B, .seq = T, .heads = 8, .kv_heads = 2, .head_dim = 64};
+constexpr double gqa_causal_flops = 2.0 * B * gqa.heads * gqa.head_dim * (T * (T + 1) / 2);  // one causal product
+
+template <class T_>
+void BM_gqa_attention_forward(benchmark::State& state) {
+  auto qkv = random_array<T_>(N * gqa.row_width(), 7);
+  std::vector<T_> out(static_cast<std::size_t>(N * gqa.q_width()));
+  std::vector<strata::acc_t<T_>> lse(static_cast<std::size_t>(B * gqa.heads * T));
+  for (auto _ : state) {
+    k::attention_forward(host{}, out.data(), lse.data(), qkv.data(), gqa);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report_flops(state, 2.0 * gqa_causal_flops);  // q.k and p.v
+}
+
+template <class T_>
+void BM_gqa_attention_backward(benchmark::State& state) {
+  auto qkv = random_array<T_>(N * gqa.row_width(), 7), dout = random_array<T_>(N * gqa.q_width(), 8);
+  std::vector<T_> out(dout.size()), dqkv(qkv.size());
+  std::vector<strata::acc_t<T_>> lse(static_cast<std::size_t>(B * gqa.heads * T));
+  k::attention_forward(host{}, out.data(), lse.data(), qkv.data(), gqa);
+  for (auto _ : state) {
+    k::attention_backward(host{}, dqkv.data(), dout.data(), qkv.data(), lse.data(), out.data(), gqa);
+    benchmark::DoNotOptimize(dqkv.data());
+  }
+  report_flops(state, 4.0 * gqa_causal_flops);  // dP, dV, dQ, dK, as for the MHA backward above
 }
 
 // --- Memory-bound ops ----------------------------------------------------------------------
@@ -147,6 +180,67 @@ void BM_layernorm_backward(benchmark::State& state) {
     benchmark::DoNotOptimize(dinp.data());
   }
   report_bytes(state, 4.0 * N * C * sizeof(T_));  // inp, dout, dinp read and written
+}
+
+template <class T_>
+void BM_rmsnorm_forward(benchmark::State& state) {
+  auto inp = random_array<T_>(N * C, 9), w = random_array<T_>(C, 10);
+  std::vector<T_> out(inp.size());
+  std::vector<strata::acc_t<T_>> rstd(static_cast<std::size_t>(N));
+  for (auto _ : state) {
+    k::rmsnorm_forward(host{}, out.data(), rstd.data(), inp.data(), w.data(), N, C, strata::acc_t<T_>(1e-5));
+    benchmark::DoNotOptimize(out.data());
+  }
+  report_bytes(state, 2.0 * N * C * sizeof(T_));
+}
+
+template <class T_>
+void BM_rmsnorm_backward(benchmark::State& state) {
+  auto inp = random_array<T_>(N * C, 9), w = random_array<T_>(C, 10), dout = random_array<T_>(N * C, 12);
+  std::vector<T_> out(inp.size()), dinp(inp.size()), dw(w.size());
+  std::vector<strata::acc_t<T_>> rstd(static_cast<std::size_t>(N));
+  k::rmsnorm_forward(host{}, out.data(), rstd.data(), inp.data(), w.data(), N, C, strata::acc_t<T_>(1e-5));
+  for (auto _ : state) {
+    k::rmsnorm_backward(host{}, dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), N, C);
+    benchmark::DoNotOptimize(dinp.data());
+  }
+  report_bytes(state, 4.0 * N * C * sizeof(T_));  // inp, dout, dinp read and written
+}
+
+// RoPE in place on the GQA qkv buffer: the q and k heads read and written (the table included).
+template <class T_>
+void BM_rope_forward(benchmark::State& state) {
+  auto qkv = random_array<T_>(N * gqa.row_width(), 7);
+  for (auto _ : state) {
+    k::rope_forward(host{}, qkv.data(), gqa, 10000.0);
+    benchmark::DoNotOptimize(qkv.data());
+  }
+  report_bytes(state, 2.0 * N * (gqa.q_width() + gqa.kv_width()) * sizeof(T_));
+}
+
+// SwiGLU on a Llama-style MLP hidden width H = 8C/3 rounded to 2048.
+constexpr std::int64_t swiglu_H = 2048;
+
+template <class T_>
+void BM_swiglu_forward(benchmark::State& state) {
+  auto gate_up = random_array<T_>(N * 2 * swiglu_H, 13, 3.0);
+  std::vector<T_> out(static_cast<std::size_t>(N * swiglu_H));
+  for (auto _ : state) {
+    k::swiglu_forward(host{}, out.data(), gate_up.data(), N, swiglu_H);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report_bytes(state, 3.0 * N * swiglu_H * sizeof(T_));  // gate and up read, out written
+}
+
+template <class T_>
+void BM_swiglu_backward(benchmark::State& state) {
+  auto gate_up = random_array<T_>(N * 2 * swiglu_H, 13, 3.0), dout = random_array<T_>(N * swiglu_H, 14);
+  std::vector<T_> dgate_up(gate_up.size());
+  for (auto _ : state) {
+    k::swiglu_backward(host{}, dgate_up.data(), dout.data(), gate_up.data(), N, swiglu_H);
+    benchmark::DoNotOptimize(dgate_up.data());
+  }
+  report_bytes(state, 5.0 * N * swiglu_H * sizeof(T_));  // gate_up and dout read, dgate_up written
 }
 
 // GELU on the MLP's hidden activations [N, 4C].
@@ -327,10 +421,25 @@ BENCHMARK_TEMPLATE(BM_attention_forward, bf16)->MinTime(min_time)->UseRealTime()
 BENCHMARK_TEMPLATE(BM_attention_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_attention_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+BENCHMARK_TEMPLATE(BM_gqa_attention_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_gqa_attention_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_gqa_attention_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_gqa_attention_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 BENCHMARK_TEMPLATE(BM_layernorm_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_layernorm_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_layernorm_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_layernorm_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_rmsnorm_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_rmsnorm_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_rmsnorm_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_rmsnorm_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_rope_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_rope_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_swiglu_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_swiglu_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_swiglu_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_swiglu_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_gelu_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_gelu_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_gelu_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -1,11 +1,15 @@
 // strata-plan - what a training layout costs per rank, before anything runs.
 //
-// Three modes, all built on include/strata/plan/plan.hpp. The shape flags describe the example
-// GPT-2 (examples/gpt2/gpt2.hpp), which is planned as any declared model is: plan_model sums its
-// own layers' costs under the flags' layout, on a CUDA device in the chosen precision.
+// Three modes, all built on include/strata/plan/plan.hpp. The shape flags describe one of the
+// example models, --model gpt2 (examples/gpt2/gpt2.hpp, the default) or --model llama
+// (examples/llama/llama.hpp: grouped-query attention with --kv-heads, SwiGLU of width --ffn, an
+// untied head unless --tied), which is planned as any declared model is: plan_model sums its own
+// layers' costs under the flags' layout, on a CUDA device in the chosen precision.
 //
 //   strata-plan --layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 50304
 //               --global-batch 512 --micro-batch 8 --dp 8 --zero 1 [--json]
+//   strata-plan --model llama --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336
+//               --vocab 128256 --seq 8192 --global-batch 512 --dp 8 --tp 8 [--json]
 //       the plan of one layout: memory per rank by category, FLOPs, communication, bubble
 //   strata-plan --params 70e9 --precision bf16 --optimizer adamw [--master none] [--json]
 //       the back-of-envelope model state of N parameters
@@ -33,6 +37,7 @@
 
 #include "common/cli_checks.hpp"
 #include "gpt2/gpt2.hpp"
+#include "llama/llama.hpp"
 
 namespace st = strata;
 
@@ -191,7 +196,10 @@ CLI::Validator device_preset() {
 
 struct options {
   // model shape
+  std::string model = "gpt2";
   std::int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0, ffn = 0;
+  std::int64_t kv_heads = 0;  // llama: 0 as many as heads
+  bool tied = false;          // llama: the head shares the embedding's table
   std::int64_t global_batch = 0, micro_batch = 1;
   // layout
   int dp = 1, tp = 1, pp = 1, virtual_chunks = 1, zero = 0;
@@ -217,17 +225,106 @@ std::string precision_text(const std::string& precision) {
   return precision == "fp32" ? "fp32 (the weights are their own master copy)" : precision + " with fp32 master weights";
 }
 
-// The example GPT-2 in a precision, on a GPU: the device decides what attention keeps for
-// backward (one logsumexp per row there, not the probabilities). plan_model takes the layout from
-// the setup, so the policy's own layout is not read.
-template <class Precision>
-using gpt2_on_gpu = gpt2::model<st::policy<st::cuda, st::serial, Precision>>;
+// ---------------------------------------------------------------------------------------------
+// The model families the shape flags describe
+// ---------------------------------------------------------------------------------------------
+//
+// Each names its example's dims and model template, fills the dims from the flags and describes
+// the shape in words and JSON. The modes below are templates on the family: every figure is
+// plan_model's sum of that model's own layers' costs, never a formula of the tool's.
 
-st::plan_result plan_with(const std::string& precision, const gpt2::dims& m, const st::batch& b,
+// GPT-2 (examples/gpt2/gpt2.hpp): learned positions, multi-head attention, a GELU MLP of width
+// --ffn (default 4 x --hidden), a head tied to the embedding.
+struct gpt2_family {
+  static constexpr const char* name = "gpt2";
+  using dims = gpt2::dims;
+  template <class P>
+  using model = gpt2::model<P>;
+
+  static dims shape(const options& o) {
+    return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .heads = o.heads, .d_model = o.hidden, .ffn = o.ffn};
+  }
+  static std::string text(const dims& m) {
+    return printf_string("GPT: %lld layers, hidden %lld, %lld heads, FFN %lld, seq %lld, vocab %lld", (long long)m.layers,
+                         (long long)m.d_model, (long long)m.heads, (long long)m.ffn_width(), (long long)m.seq,
+                         (long long)m.vocab);
+  }
+  static json_object json(const dims& m) {
+    json_object j;
+    j.add("layers", json_number(m.layers))
+        .add("hidden", json_number(m.d_model))
+        .add("heads", json_number(m.heads))
+        .add("ffn", json_number(m.ffn_width()))
+        .add("seq", json_number(m.seq))
+        .add("vocab", json_number(m.vocab))
+        .add("tied", json_bool(true));
+    return j;
+  }
+};
+
+// Llama (examples/llama/llama.hpp): rotary positions, grouped-query attention with --kv-heads
+// key/value heads (default: as many as heads), SwiGLU of width --ffn (default 8/3 x --hidden
+// rounded up to 32), RMSNorm, a head of its own unless --tied.
+struct llama_family {
+  static constexpr const char* name = "llama";
+  using dims = llama::dims;
+  template <class P>
+  using model = llama::model<P>;
+
+  static dims shape(const options& o) {
+    if (o.kv_heads > 0 && o.heads % o.kv_heads != 0)
+      throw usage_error("--kv-heads " + std::to_string(o.kv_heads) + " does not divide --heads " +
+                        std::to_string(o.heads));
+    if ((o.hidden / o.heads) % 2 != 0)
+      throw usage_error("the rotary embedding needs an even head size, got --hidden " + std::to_string(o.hidden) +
+                        " / --heads " + std::to_string(o.heads) + " = " + std::to_string(o.hidden / o.heads));
+    return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .heads = o.heads, .d_model = o.hidden,
+            .kv_heads = o.kv_heads, .ffn = o.ffn, .tied = o.tied};
+  }
+  static std::string text(const dims& m) {
+    return printf_string("Llama: %lld layers, hidden %lld, %lld heads, %lld kv heads, SwiGLU FFN %lld, seq %lld, "
+                         "vocab %lld, %s head",
+                         (long long)m.layers, (long long)m.d_model, (long long)m.heads, (long long)m.kv(),
+                         (long long)m.ffn_width(), (long long)m.seq, (long long)m.vocab, m.tied ? "tied" : "untied");
+  }
+  static json_object json(const dims& m) {
+    json_object j;
+    j.add("layers", json_number(m.layers))
+        .add("hidden", json_number(m.d_model))
+        .add("heads", json_number(m.heads))
+        .add("kv_heads", json_number(m.kv()))
+        .add("ffn", json_number(m.ffn_width()))
+        .add("seq", json_number(m.seq))
+        .add("vocab", json_number(m.vocab))
+        .add("tied", json_bool(m.tied));
+    return j;
+  }
+};
+
+// A family's model in a precision, on a GPU (its kernels and memory; attention keeps one logsumexp
+// per query row, as on the host). plan_model takes the layout from the setup, so the policy's own
+// layout is not read.
+template <class F, class Precision>
+using on_gpu = typename F::template model<st::policy<st::cuda, st::serial, Precision>>;
+
+template <class F>
+st::plan_result plan_with(const std::string& precision, const typename F::dims& m, const st::batch& b,
                           const st::plan_setup& s) {
-  if (precision == "fp32") return st::plan_model<gpt2_on_gpu<st::fp32>>(m, b, s);
-  if (precision == "fp16") return st::plan_model<gpt2_on_gpu<st::mixed<st::fp16, float>>>(m, b, s);
-  return st::plan_model<gpt2_on_gpu<st::mixed<st::bf16, float>>>(m, b, s);
+  if (precision == "fp32") return st::plan_model<on_gpu<F, st::fp32>>(m, b, s);
+  if (precision == "fp16") return st::plan_model<on_gpu<F, st::mixed<st::fp16, float>>>(m, b, s);
+  return st::plan_model<on_gpu<F, st::mixed<st::bf16, float>>>(m, b, s);
+}
+
+// Whether a tensor-parallel degree suits the model: the extents its layers list (heads, key/value
+// heads, which a degree may also be a multiple of, the FFN width), as plan_model checks them.
+template <class F>
+bool tensor_degree_fits(const typename F::dims& m, int tp) {
+  try {
+    st::check_tensor_extents<on_gpu<F, st::mixed<st::bf16, float>>>(m, tp);
+    return true;
+  } catch (const st::error&) {
+    return false;
+  }
 }
 
 std::string schedule_tag(st::pipeline_schedule_kind k) {
@@ -299,8 +396,9 @@ bool group_within_node(int ranks, int per_node, int stride, int size) {
   return true;
 }
 
-step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, const gpt2::dims& m,
-                            const st::batch& b, const st::hw::device_spec& d, int storage_bytes, double efficiency) {
+template <class Dims>
+step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, const Dims& m, const st::batch& b,
+                            const st::hw::device_spec& d, int storage_bytes, double efficiency) {
   const int tp = s.layout.tp, dp = s.layout.dp, pp = s.layout.pp, gpus = tp * dp * pp;
   const double peak = d.peak_flops(storage_bytes);
   step_estimate e;
@@ -337,12 +435,6 @@ json_object estimate_json(const step_estimate& e) {
   return o;
 }
 
-std::string shape_text(const gpt2::dims& m) {
-  return printf_string("GPT: %lld layers, hidden %lld, %lld heads, FFN %lld, seq %lld, vocab %lld", (long long)m.layers,
-                       (long long)m.d_model, (long long)m.heads, (long long)m.ffn_width(), (long long)m.seq,
-                       (long long)m.vocab);
-}
-
 std::string device_text(const st::hw::device_spec& d, int storage_bytes) {
   return printf_string("%s: %g GB, %s/s peak (%s), %d per node, %g GB/s in a node, %g GB/s between nodes",
                        std::string(d.name).c_str(), d.memory_bytes / 1e9,
@@ -354,7 +446,8 @@ std::string device_text(const st::hw::device_spec& d, int storage_bytes) {
 // Mode 1: the plan of one layout
 // ---------------------------------------------------------------------------------------------
 
-int run_plan(const options& o, const gpt2::dims& m, const st::hw::device_spec& d) {
+template <class F>
+int run_plan(const options& o, const typename F::dims& m, const st::hw::device_spec& d) {
   const st::batch b{.micro = o.micro_batch, .global = o.global_batch};
   auto schedule = o.virtual_chunks > 1 ? st::pipeline_schedule_kind::interleaved : st::pipeline_schedule_kind::one_f_one_b;
   if (!o.schedule.empty()) schedule = st::parse_pipeline_schedule(o.schedule);
@@ -366,7 +459,7 @@ int run_plan(const options& o, const gpt2::dims& m, const st::hw::device_spec& d
   const auto opt = o.optimizer == "sgd" ? st::optimizer_kind::sgd : st::optimizer_kind::adamw;
   const st::plan_setup setup = make_setup(o.dp, o.tp, o.pp, o.virtual_chunks, o.zero, o.sp, microbatches,
                                           st::parse_recompute_mode(o.recompute), opt, schedule);
-  const st::plan_result r = plan_with(o.precision, m, b, setup);
+  const st::plan_result r = plan_with<F>(o.precision, m, b, setup);
   const int storage = storage_bytes_of(o.precision);
   const bool fits = r.fits(d);
   const step_estimate e = estimate_step(r, setup, m, b, d, storage, o.efficiency);
@@ -393,7 +486,9 @@ int run_plan(const options& o, const gpt2::dims& m, const st::hw::device_spec& d
         .add("pp", json_number(r.comm_bytes.pp))
         .add("embedding", json_number(r.comm_bytes.embedding));
     json_object out;
-    out.add("hw", json_string(d.name))
+    out.add("model", json_string(F::name))
+        .add("shape", F::json(m))
+        .add("hw", json_string(d.name))
         .add("device_memory_bytes", json_number(mem))
         .add("layout", layout)
         .add("global_batch", json_number(o.global_batch))
@@ -423,7 +518,7 @@ int run_plan(const options& o, const gpt2::dims& m, const st::hw::device_spec& d
   }
 
   const int ranks = o.dp * o.tp * o.pp;
-  std::printf("strata-plan: %s (%s parameters)\n", shape_text(m).c_str(), grouped(r.params_total).c_str());
+  std::printf("strata-plan: %s (%s parameters)\n", F::text(m).c_str(), grouped(r.params_total).c_str());
   std::printf("layout:   dp %d x tp %d x pp %d = %d rank%s, ZeRO-%d, %s, recompute %s", o.dp, o.tp, o.pp, ranks,
               ranks == 1 ? "" : "s", o.zero,
               sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
@@ -591,7 +686,8 @@ const char* recompute_name(st::recompute_mode r) {
   }
 }
 
-int run_search(const options& o, const gpt2::dims& m, const st::hw::device_spec& d) {
+template <class F>
+int run_search(const options& o, const typename F::dims& m, const st::hw::device_spec& d) {
   const int G = o.gpus;
   const auto opt = o.optimizer == "sgd" ? st::optimizer_kind::sgd : st::optimizer_kind::adamw;
   const int storage = storage_bytes_of(o.precision);
@@ -600,7 +696,7 @@ int run_search(const options& o, const gpt2::dims& m, const st::hw::device_spec&
   std::int64_t considered = 0;
 
   for (int tp = 1; tp <= std::min(G, d.gpus_per_node); ++tp) {
-    if (G % tp || m.heads % tp || m.ffn_width() % tp) continue;
+    if (G % tp || !tensor_degree_fits<F>(m, tp)) continue;
     for (int pp = 1; pp <= G / tp; ++pp) {
       if ((G / tp) % pp || m.layers % pp) continue;
       const int dp = G / (tp * pp);
@@ -622,7 +718,7 @@ int run_search(const options& o, const gpt2::dims& m, const st::hw::device_spec&
                 const st::plan_setup s = make_setup(dp, tp, pp, v, zero, sp, M, rc, opt, schedule);
                 const st::batch b{.micro = micro, .global = B};
                 try {
-                  c.plan = plan_with(o.precision, m, b, s);
+                  c.plan = plan_with<F>(o.precision, m, b, s);
                 } catch (const st::error&) {
                   continue;  // a combination the planner refuses is not a candidate
                 }
@@ -661,7 +757,8 @@ int run_search(const options& o, const gpt2::dims& m, const st::hw::device_spec&
     for (std::size_t i = 0; i < shown; ++i) {
       const candidate& c = fitting[i];
       json_object j;
-      j.add("dp", json_number(c.dp))
+      j.add("model", json_string(F::name))
+          .add("dp", json_number(c.dp))
           .add("tp", json_number(c.tp))
           .add("pp", json_number(c.pp))
           .add("virtual", json_number(c.v))
@@ -680,7 +777,7 @@ int run_search(const options& o, const gpt2::dims& m, const st::hw::device_spec&
     return 0;
   }
 
-  std::printf("strata-plan --search: %s, global batch %lld\n", shape_text(m).c_str(), (long long)B);
+  std::printf("strata-plan --search: %s, global batch %lld\n", F::text(m).c_str(), (long long)B);
   std::printf("on %d x %s\n", G, device_text(d, storage).c_str());
   std::printf("%s, %s; step-time model: compute at %g of peak, ranks placed tp, dp, pp (see --help)\n",
               precision_text(o.precision).c_str(), opt == st::optimizer_kind::adamw ? "AdamW" : "SGD with momentum",
@@ -711,12 +808,20 @@ Search step-time model (ranks the layouts; an estimate, not a measurement):
   tokens/s = global batch x seq / T_step; TFLOP/s per GPU = model FLOPs / T_step / GPUs
 )";
 
+// Plan one layout or search, for the family the flags name.
+template <class F>
+int run_shape(const options& o, const st::hw::device_spec& d) {
+  const typename F::dims shape = F::shape(o);
+  return o.search ? run_search<F>(o, shape, d) : run_plan<F>(o, shape, d);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   options o;
   CLI::App app{
-      "strata-plan: memory, compute and communication per rank of a GPT training layout, before anything runs.\n"
+      "strata-plan: memory, compute and communication per rank of a training layout of the example GPT-2 or\n"
+      "Llama (--model), before anything runs.\n"
       "Plan one layout (shape flags), estimate the model state of N parameters (--params), or rank every\n"
       "layout of --gpus devices that fits (--search). Exit codes: 0 done, 1 no plan, 2 bad flags."};
   app.footer(search_model_help);
@@ -724,12 +829,24 @@ int main(int argc, char** argv) {
 
   // Model shape.
   std::vector<CLI::Option*> shape_flags;
+  shape_flags.push_back(app.add_option("--model", o.model, "the example model the shape flags describe: gpt2 "
+                                                           "(examples/gpt2) or llama (examples/llama)")
+                            ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str());
   shape_flags.push_back(app.add_option("--layers", o.layers, "transformer blocks")->check(positive));
   shape_flags.push_back(app.add_option("--hidden", o.hidden, "model width")->check(positive));
   shape_flags.push_back(app.add_option("--heads", o.heads, "attention heads (must divide --hidden)")->check(positive));
   shape_flags.push_back(app.add_option("--seq", o.seq, "sequence length")->check(positive));
   shape_flags.push_back(app.add_option("--vocab", o.vocab, "vocabulary size")->check(positive));
-  shape_flags.push_back(app.add_option("--ffn", o.ffn, "FFN width (default 4 x --hidden)")->check(positive));
+  shape_flags.push_back(app.add_option("--ffn", o.ffn, "FFN width: gpt2 the MLP's (default 4 x --hidden), llama the "
+                                                       "SwiGLU's (default 8/3 x --hidden rounded up to 32)")
+                            ->check(positive));
+  // Llama only (refused with --model gpt2).
+  auto* kv_heads = app.add_option("--kv-heads", o.kv_heads, "llama: key/value heads, dividing --heads (0: as many as "
+                                                            "heads); tp may also be a multiple of it")
+                       ->check(cli_checks::integer_at_least(0));
+  auto* tied = app.add_flag("--tied", o.tied, "llama: the LM head shares the token embedding's table (default: its own)");
+  shape_flags.push_back(kv_heads);
+  shape_flags.push_back(tied);
   auto* global_batch =
       app.add_option("--global-batch", o.global_batch, "sequences per step over all ranks")->check(positive);
   shape_flags.push_back(global_batch);
@@ -795,6 +912,11 @@ int main(int argc, char** argv) {
 
   const st::hw::device_spec& device = *st::hw::find(o.hw);
   try {
+    if (o.model != "llama") {
+      if (kv_heads->count() > 0)
+        throw usage_error("--kv-heads needs --model llama (GPT-2 has as many key/value heads as heads)");
+      if (tied->count() > 0) throw usage_error("--tied needs --model llama (GPT-2's head is always tied)");
+    }
     if (!o.params.empty()) return run_model_state(o, device);
 
     // Plan and search need a shape and a batch.
@@ -810,9 +932,7 @@ int main(int argc, char** argv) {
                         " (a plan needs --layers, --hidden, --heads, --seq, --vocab and --global-batch; "
                         "--search also --gpus; or give --params N for the model-state estimate); see --help");
     STRATA_CHECK(o.hidden % o.heads == 0, "--heads ", o.heads, " does not divide --hidden ", o.hidden);
-    const gpt2::dims shape{.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .heads = o.heads, .d_model = o.hidden,
-                           .ffn = o.ffn};
-    return o.search ? run_search(o, shape, device) : run_plan(o, shape, device);
+    return o.model == "llama" ? run_shape<llama_family>(o, device) : run_shape<gpt2_family>(o, device);
   } catch (const usage_error& e) {
     std::fprintf(stderr, "strata-plan: error: %s\n", e.what());
     return 2;

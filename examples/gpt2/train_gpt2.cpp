@@ -1,8 +1,10 @@
-// gpt2_train - trains the example GPT-2 on the CPU (or, with --device cuda, on one GPU).
+// gpt2_train - trains the example GPT-2 (or, with --model llama, the example Llama) on the CPU
+// (or, with --device cuda, GPT-2 on one GPU).
 //
 // With no flags: a small model on the generated corpus (byte-level tokens), one progress line
 // per step and a generated sample at the end. --data reads uint16 token shards instead. The
-// run is one strata::training of gpt2::model under a policy whose layout the flags fill in.
+// run is one strata::training of gpt2::model or llama::model under a policy whose layout the
+// flags fill in; every layout, precision, checkpoint and metrics flag means the same for both.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -20,14 +22,58 @@
 #include "common/cli_checks.hpp"
 #include "gpt2.hpp"
 #include "gpt2_hf.hpp"
+#include "llama/llama.hpp"
+#include "llama/llama_hf.hpp"
 #include "train_cuda.hpp"
 
 namespace st = strata;
 
 namespace {
 
+// The shape flags of every model; each model takes the ones it has.
+struct shape_flags {
+  std::int64_t vocab = 256, seq = 64, layers = 3, heads = 4, d_model = 96;
+  std::int64_t ffn = 0;       // 0: the model's own rule (GPT-2 4 x d_model, Llama 8/3 x d_model)
+  std::int64_t kv_heads = 0;  // Llama: 0 as many as heads
+  double rope_theta = 10000.0, norm_eps = 1e-5;
+};
+
+// The models gpt2_train trains: the declaration, its shape from the flags, its Hugging Face names.
+struct gpt2_family {
+  template <class P>
+  using model = gpt2::model<P>;
+  using dims = gpt2::dims;
+  static constexpr const char* name = "gpt2";
+  static constexpr const char* hf_class = "GPT2LMHeadModel";
+  static dims shape(const shape_flags& f) {
+    return {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .d_model = f.d_model, .ffn = f.ffn};
+  }
+  template <class T>
+  static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
+    gpt2::export_hf<T>(path, d, serial);
+  }
+  static std::vector<double> import_hf(const std::string& path, const dims& d) { return gpt2::import_hf(path, d); }
+};
+struct llama_family {
+  template <class P>
+  using model = llama::model<P>;
+  using dims = llama::dims;
+  static constexpr const char* name = "llama";
+  static constexpr const char* hf_class = "LlamaForCausalLM";
+  static dims shape(const shape_flags& f) {
+    return {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .d_model = f.d_model,
+            .kv_heads = f.kv_heads, .ffn = f.ffn, .rope_theta = f.rope_theta, .norm_eps = f.norm_eps};
+  }
+  template <class T>
+  static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
+    llama::export_hf<T>(path, d, serial);
+  }
+  static std::vector<double> import_hf(const std::string& path, const dims& d) { return llama::import_hf(path, d); }
+};
+
 struct run_options {
-  gpt2::dims dims;
+  std::string model = "gpt2";
+  shape_flags shape;
   std::int64_t batch = 16, micro_batch = 0;
   int steps = 250, warmup = 10;
   double lr = 3e-3, grad_clip = 1.0;
@@ -112,10 +158,11 @@ st::layout_overrides layout_flags(const run_options& o) {
           .schedule = o.schedule};
 }
 
-template <class Precision>
+template <class Family, class Precision>
 int train(const run_options& o, st::world& world) {
   using P = st::policy<st::host, flag_layout, Precision>;
-  using model_decl = gpt2::model<P>;
+  using model_decl = typename Family::template model<P>;
+  const typename Family::dims dims = Family::shape(o.shape);
   const st::layout_config layout = st::resolve_layout<flag_layout>(world.size(), layout_flags(o));
   const bool lead = world.rank() == 0;
   const bool pipelined = layout.pp > 1 || layout.virtual_chunks > 1;
@@ -132,7 +179,7 @@ int train(const run_options& o, st::world& world) {
     const std::int64_t micro = o.micro_batch > 0 && !pipelined ? o.micro_batch : o.batch / layout.dp / layout.microbatches;
     try {
       if (micro > 0 && o.batch % (layout.dp * micro) == 0)
-        plan = st::plan_model<model_decl>(o.dims, {.micro = micro, .global = o.batch}, setup);
+        plan = st::plan_model<model_decl>(dims, {.micro = micro, .global = o.batch}, setup);
     } catch (const st::error&) {
       // A shape the layout cannot split: the start-up checks below name it in their words.
     }
@@ -158,19 +205,19 @@ int train(const run_options& o, st::world& world) {
   topts.trainer.grad_clip = o.grad_clip;
   if (!o.init_from.empty()) {
     // Every rank reads the file and keeps its own pieces, before the optimizer copies the weights.
-    topts.initial_weights = gpt2::import_hf(o.init_from, o.dims);
+    topts.initial_weights = Family::import_hf(o.init_from, dims);
     if (lead) std::printf("init-from: %s (%zu weights)\n", o.init_from.c_str(), topts.initial_weights.size());
   }
-  st::training<model_decl> run(world, o.dims, std::move(topts));
+  st::training<model_decl> run(world, dims, std::move(topts));
   auto& model = run.model();
   auto& mesh = run.mesh();
 
   if (o.data.empty())
-    STRATA_CHECK(o.dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
-                 o.dims.vocab);
+    STRATA_CHECK(dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
+                 dims.vocab);
   st::token_stream data = o.data.empty()
                               ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed, st::parse_data_order(o.data_order))
-                              : st::token_stream::from_glob(o.data, o.dims.vocab, o.seed, st::parse_data_order(o.data_order));
+                              : st::token_stream::from_glob(o.data, dims.vocab, o.seed, st::parse_data_order(o.data_order));
   // A batch the ranks or the schedule cannot share fails here, on every rank.
   const auto rows = run.synchronizer().local_rows(o.batch).second;
   STRATA_CHECK(!pipelined || rows % layout.microbatches == 0, "gpt2_train: ", rows, " sequences per data-parallel rank (--batch ",
@@ -202,14 +249,15 @@ int train(const run_options& o, st::world& world) {
   const std::int64_t micro_batch =
       pipelined ? o.batch / layout.dp / layout.microbatches : (o.micro_batch ? o.micro_batch : o.batch / layout.dp);
   if (lead) {
-    std::printf("gpt2_train: %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n",
-                (long long)o.dims.layers, (long long)o.dims.heads, (long long)o.dims.d_model, (long long)o.dims.seq,
-                (long long)o.dims.vocab, (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "",
-                o.precision.c_str());
+    std::printf("gpt2_train: %s, %lld layers, %lld heads", Family::name, (long long)dims.layers, (long long)dims.heads);
+    if constexpr (std::is_same_v<Family, llama_family>) std::printf(" (%lld key/value)", (long long)dims.kv());
+    std::printf(", d_model %lld, ffn %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n", (long long)dims.d_model,
+                (long long)dims.ffn_width(), (long long)dims.seq, (long long)dims.vocab,
+                (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "", o.precision.c_str());
     std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; "
                 "recompute %s\n",
                 o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
-                (long long)o.dims.seq, (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp,
+                (long long)dims.seq, (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp,
                 o.sp ? " + sequence parallel" : "", o.recompute.c_str());
     if (pipelined) {
       const auto& sh = model.placement().shape;
@@ -222,7 +270,7 @@ int train(const run_options& o, st::world& world) {
   for (int s = first_step; s < o.steps; ++s) {
     if (fault.kill_at_step == s + 1 && fault.targets(world.rank(), world.size())) st::fault_injection::die("before a step");
     mesh.reset_counters();
-    auto r = run.step(data.next_batch(o.batch, o.dims.seq));
+    auto r = run.step(data.next_batch(o.batch, dims.seq));
     if (checkpoints && o.save_every > 0 && (s + 1) % o.save_every == 0) last_saved = run.save(*checkpoints, data.position());
     std::string pipeline, idle;
     if (pipelined) {
@@ -253,8 +301,9 @@ int train(const run_options& o, st::world& world) {
     // The whole model, gathered from every piece and stage, written by rank 0.
     const auto serial = run.serial_weights();
     if (lead) {
-      gpt2::export_hf<typename P::storage>(o.export_path, o.dims, serial);
-      std::printf("export: %s (%zu weights, Hugging Face GPT-2 names)\n", o.export_path.c_str(), serial.size());
+      Family::template export_hf<typename P::storage>(o.export_path, dims, serial);
+      std::printf("export: %s (%zu weights, Hugging Face %s names)\n", o.export_path.c_str(), serial.size(),
+                  Family::hf_class);
     }
   }
 
@@ -265,7 +314,7 @@ int train(const run_options& o, st::world& world) {
   if (o.sample_tokens > 0) {
     // Every rank samples the same tokens in step (under ZeRO-3 each forward gathers weights, a
     // collective); rank 0 prints them.
-    const bool bytes = o.dims.vocab <= 256 && o.data.empty();
+    const bool bytes = dims.vocab <= 256 && o.data.empty();
     std::vector<std::int32_t> prompt = bytes ? std::vector<std::int32_t>{'T', 'h', 'e', ' '}
                                              : std::vector<std::int32_t>{0};
     auto out = sample(model, prompt, o.sample_tokens, o.seed, o.sp ? layout.tp : 1);
@@ -294,8 +343,9 @@ int train_cuda(const run_options& o, st::world& world) {
   refuse(o.recompute != "none", "--recompute");
   refuse(!o.save_dir.empty() || o.resume, "checkpoints (--save, --resume)");
   refuse(!o.export_path.empty() || !o.init_from.empty(), "--export and --init-from");
+  refuse(o.model != "gpt2", "--model llama (its CUDA kernels are built and tested; the CUDA trainer runs GPT-2)");
   gpt2::cuda_run r;
-  r.shape = o.dims;
+  r.shape = gpt2_family::shape(o.shape);
   r.batch = o.batch;
   r.micro_batch = o.micro_batch;
   r.steps = o.steps;
@@ -312,19 +362,26 @@ int train_cuda(const run_options& o, st::world& world) {
   return gpt2::train_on_cuda(r);
 }
 
+template <class Family>
 int dispatch(const run_options& o, st::world& world) {
-  if (o.precision == "fp32") return train<st::fp32>(o, world);
-  if (o.precision == "bf16") return train<st::mixed<st::bf16, float>>(o, world);
-  return train<st::mixed<st::fp16, float>>(o, world);
+  if (o.precision == "fp32") return train<Family, st::fp32>(o, world);
+  if (o.precision == "bf16") return train<Family, st::mixed<st::bf16, float>>(o, world);
+  return train<Family, st::mixed<st::fp16, float>>(o, world);
 }
 
 // The shape's own rules, in the flags' words (the layers would say the same in theirs).
 void check_dims(const run_options& o) {
-  const auto& d = o.dims;
-  STRATA_CHECK(d.d_model % d.heads == 0, "gpt2: --heads ", d.heads, " does not divide --d-model ", d.d_model,
+  const auto& d = o.shape;
+  STRATA_CHECK(d.d_model % d.heads == 0, o.model, ": --heads ", d.heads, " does not divide --d-model ", d.d_model,
                " (head_dim must be a whole number)");
-  STRATA_CHECK(!o.sp || d.seq % o.tp == 0, "gpt2: sequence parallelism over tp=", o.tp,
+  STRATA_CHECK(!o.sp || d.seq % o.tp == 0, o.model, ": sequence parallelism over tp=", o.tp,
                " needs --seq divisible by it, got ", d.seq);
+  if (o.model == "llama") {
+    STRATA_CHECK(d.kv_heads == 0 || d.heads % d.kv_heads == 0, "llama: --kv-heads ", d.kv_heads, " does not divide --heads ",
+                 d.heads);
+    STRATA_CHECK(d.d_model / d.heads % 2 == 0, "llama: the rotary embedding needs an even head size, --d-model ", d.d_model,
+                 " / --heads ", d.heads, " = ", d.d_model / d.heads);
+  }
 }
 
 }  // namespace
@@ -341,13 +398,23 @@ int main(int argc, char** argv) {
   }
   st::world& world = *started;
   run_options o;
-  CLI::App app{"gpt2_train: train the example GPT-2 with strata on the CPU"};
+  CLI::App app{"gpt2_train: train the example GPT-2 or Llama with strata on the CPU"};
   const auto positive = cli_checks::integer_at_least(1), non_negative = cli_checks::integer_at_least(0);
-  app.add_option("--layers", o.dims.layers, "transformer blocks")->check(positive)->capture_default_str();
-  app.add_option("--heads", o.dims.heads, "attention heads (must divide --d-model)")->check(positive)->capture_default_str();
-  app.add_option("--d-model", o.dims.d_model, "model width")->check(positive)->capture_default_str();
-  app.add_option("--seq", o.dims.seq, "sequence length")->check(positive)->capture_default_str();
-  app.add_option("--vocab", o.dims.vocab, "vocabulary size")->check(cli_checks::integer_at_least(2))->capture_default_str();
+  app.add_option("--model", o.model, "the model: gpt2 (examples/gpt2) or llama (examples/llama)")
+      ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str();
+  app.add_option("--layers", o.shape.layers, "transformer blocks")->check(positive)->capture_default_str();
+  app.add_option("--heads", o.shape.heads, "attention heads (must divide --d-model)")->check(positive)->capture_default_str();
+  app.add_option("--d-model", o.shape.d_model, "model width")->check(positive)->capture_default_str();
+  app.add_option("--seq", o.shape.seq, "sequence length")->check(positive)->capture_default_str();
+  app.add_option("--vocab", o.shape.vocab, "vocabulary size")->check(cli_checks::integer_at_least(2))->capture_default_str();
+  app.add_option("--ffn", o.shape.ffn, "feed-forward width (0: 4 x --d-model for gpt2, 8/3 x --d-model rounded up to 32 "
+                 "for llama)")->check(non_negative)->capture_default_str();
+  auto* kv_heads = app.add_option("--kv-heads", o.shape.kv_heads, "llama: key/value heads, dividing --heads (0: as many "
+                                  "as --heads; fewer: grouped-query attention)")->check(non_negative)->capture_default_str();
+  auto* rope_theta = app.add_option("--rope-theta", o.shape.rope_theta, "llama: the rotary embedding's base")
+      ->check(cli_checks::real_in(0, false))->capture_default_str();
+  auto* norm_eps = app.add_option("--norm-eps", o.shape.norm_eps, "llama: RMSNorm's epsilon")
+      ->check(cli_checks::real_in(0, false))->capture_default_str();
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(positive)->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per forward/backward (0: whole batch)")
       ->check(non_negative)->capture_default_str();
@@ -372,7 +439,8 @@ int main(int argc, char** argv) {
   app.add_option("--dp", o.dp, "data-parallel degree (default: every rank of the launch)")->check(positive);
   app.add_option("--zero", o.zero, "ZeRO stage: 0 (replicated), 1 (sharded optimizer state), 2 (+ gradients), 3 (+ parameters)")
       ->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
-  app.add_option("--tp", o.tp, "tensor-parallel degree (must divide --heads and 4 x --d-model)")->check(positive)
+  app.add_option("--tp", o.tp, "tensor-parallel degree (must divide --heads and --ffn; llama: --kv-heads too, or be a "
+                 "multiple of it)")->check(positive)
       ->capture_default_str();
   app.add_flag("--sp", o.sp, "sequence parallelism within the tensor-parallel group (--seq divisible by --tp)");
   app.add_option("--recompute", o.recompute, "activation recomputation of the blocks: none, selective or full")
@@ -386,8 +454,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stage-layers", o.stage_layers, "blocks per virtual stage, in order (default: even)")
       ->delimiter(',');
-  app.add_option("--export", o.export_path, "write the trained weights to FILE as safetensors with GPT-2's names");
-  app.add_option("--init-from", o.init_from, "start from the weights in a GPT-2 safetensors FILE");
+  app.add_option("--export", o.export_path, "write the trained weights to FILE as safetensors with Hugging Face's names "
+                 "(GPT2LMHeadModel, LlamaForCausalLM)");
+  app.add_option("--init-from", o.init_from, "start from the weights in a Hugging Face safetensors FILE of the model");
   app.add_option("--save", o.save_dir, "write checkpoints under DIR (DIR/step-NNNNNNNN, one file per rank)");
   app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end)")->check(non_negative)
       ->capture_default_str();
@@ -398,9 +467,12 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const bool llama_flags = kv_heads->count() + rope_theta->count() + norm_eps->count() > 0;
 
   return world.run(
       [&] {
+        STRATA_CHECK(o.model == "llama" || !llama_flags, "gpt2_train: --kv-heads, --rope-theta and --norm-eps apply to "
+                     "--model llama only");
         check_dims(o);
         STRATA_CHECK(!o.resume || !o.save_dir.empty(), "gpt2_train: --resume needs --save DIR (where the checkpoints are)");
         STRATA_CHECK(o.save_every == 0 || !o.save_dir.empty(), "gpt2_train: --save-every needs --save DIR");
@@ -411,7 +483,7 @@ int main(int argc, char** argv) {
                      "gpt2_train: --microbatches ", o.microbatches, " needs --pp > 1 (or --virtual); use --micro-batch "
                      "for gradient accumulation without a pipeline");
         if (o.device == "cuda") return train_cuda(o, world);
-        return dispatch(o, world);
+        return o.model == "llama" ? dispatch<llama_family>(o, world) : dispatch<gpt2_family>(o, world);
       },
       "gpt2_train");
 }

@@ -1,4 +1,4 @@
-// expect: tensor_degree_divides<4, strata::tensor_extent\{"FFN width", 150\}>
+// expect: tensor_degree_divides<4, strata::tensor_extent\{"FFN width", 150, false\}>
 // A static tensor<4> divides the 4 heads but not an FFN width of 150: building the model fails
 // to compile, naming the degree, the extent and its value.
 #include <strata/parallel/sequential_model.hpp>

@@ -1,4 +1,4 @@
-// expect: tensor_degree_divides<3, strata::tensor_extent\{"heads", 4\}>
+// expect: tensor_degree_divides<3, strata::tensor_extent\{"heads", 4, false\}>
 // A static tensor<3> on a model whose static shape has 4 attention heads: building the model
 // fails to compile, naming the degree and the extent, with no assert written by the user.
 #include <strata/parallel/sequential_model.hpp>

@@ -5,8 +5,10 @@
 //  3. the assembly templates get through nvcc's front end when instantiated: a model declared
 //     here, built by strata::training under a host policy with every axis dynamic (so the
 //     tensor-parallel and pipeline paths of sequential_model are compiled, not only the serial
-//     one), and by sequential_model + adamw + trainer under a cuda policy. The functions are
-//     defined, never called.
+//     one), and by sequential_model + adamw + trainer under a cuda policy; the same for a
+//     Llama-shaped model (RMSNorm, rotary grouped-query attention, SwiGLU, untied head), whose
+//     layers reach the CUDA rmsnorm, rope, swiglu and grouped-query attention kernels. The
+//     functions are defined, never called.
 #include <strata/strata.hpp>
 
 #include <cstdint>
@@ -69,6 +71,24 @@ struct tiny_model {
   }
 };
 
+// A declared Llama-shaped model: no position table, 4 query heads sharing 2 key/value heads.
+template <class P>
+struct tiny_llama {
+  using policy = P;
+  struct config {
+    std::int64_t vocab = 64, seq = 16, layers = 2, heads = 4, kv_heads = 2, d_model = 32, ffn = 96;
+  };
+  static constexpr auto layers(const config& c) {
+    return strata::sequential(
+        strata::layer<strata::embedding<P>>("", {.vocab = c.vocab, .max_seq = 0, .channels = c.d_model}),
+        strata::blocks<strata::llama_block<P>>("h", c.layers,
+                                               {.channels = c.d_model, .heads = c.heads, .hidden = c.ffn,
+                                                .kv_heads = c.kv_heads, .rope_theta = 10000.0, .bias = false}),
+        strata::layer<strata::rmsnorm<P>>("norm", {.channels = c.d_model}),
+        strata::layer<strata::lm_head<P>>("lm_head", {.vocab = c.vocab, .channels = c.d_model}));
+  }
+};
+
 using host_layout = strata::parallel<strata::data<strata::dynamic, strata::zero<1>>, strata::tensor<strata::dynamic>,
                                      strata::pipeline<strata::dynamic>>;
 using host_policy = strata::policy<strata::host, host_layout, strata::mixed<strata::bf16, float>>;
@@ -88,6 +108,21 @@ double cuda_step(const strata::token_batch& b) {
   strata::trainer train(net, opt, strata::trainer_options{});
   const auto r = train.step(b);
   return r.loss + strata::plan_model<model>({}, {.micro = 1, .global = 4}, strata::plan_setup{}).flops_per_step;
+}
+
+double cuda_llama_step(const strata::token_batch& b) {
+  using model = tiny_llama<cuda_policy>;
+  strata::memory_ledger ledger(strata::gpu::device_memory());
+  strata::sequential_model<model> net(ledger, {}, strata::seed{1});
+  strata::adamw<cuda_policy> opt(net, {});
+  strata::trainer train(net, opt, strata::trainer_options{});
+  const auto r = train.step(b);
+  return r.loss + strata::plan_model<model>({}, {.micro = 1, .global = 4}, strata::plan_setup{}).flops_per_step;
+}
+
+double assembled_host_llama_step(strata::world& w, const strata::token_batch& b) {
+  strata::training<tiny_llama<host_policy>> run(w, {});
+  return run.step(b).loss;
 }
 
 }  // namespace strata_cuda_test

@@ -5,9 +5,10 @@
 // Correctness: each kernel's output against kernels/host (the same op on the CPU, same inputs),
 // as ||out - ref|| / ||ref||: fp32 within 1e-5, bf16/fp16 within 1e-2; NaN never passes. Outputs
 // that accumulate (+=) start from random values on both sides. Determinism: the reductions
-// (attention and LayerNorm backward, embedding backward, sum of squares) run twice and must agree
-// bit for bit. Linear layers are checked against a naive double-precision GEMM compiled in here,
-// so this program needs nothing but the CUDA toolkit (no BLAS, no doctest).
+// (attention backward, multi-head and grouped-query, LayerNorm and RMSNorm backward, embedding
+// backward, sum of squares) run twice and must agree bit for bit. Linear layers are checked
+// against a naive double-precision GEMM compiled in here, so this program needs nothing but the
+// CUDA toolkit (no BLAS, no doctest).
 //
 // --bench adds, at GPT-2 124M shapes (B = 16, T = 1024, bf16), each kernel's time as GB/s or
 // TFLOP/s against two measured ceilings: a 1 GiB device-to-device copy and an 8192^3 bf16
@@ -356,6 +357,172 @@ void test_attention(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_
   check("attention_backward (recompute out)", dt, sh, rel_error(dd2.host(), dqkv), tol_for<T>(), path);
   k::attention_backward(D, dd3.get(), dg.get(), dqkv_in.get(), dlse.get(), B, T_, C, NH, dout_.get());
   check_true("attention_backward (deterministic)", dt, sh, bitwise_equal(dd1.host(), dd3.host()), "two runs bitwise equal");
+}
+
+// Grouped-query / multi-query attention with an explicit softmax scale (attention_shape), fwd and
+// bwd against the host, plus (fp32) against the CUDA multi-head kernel run on K and V repeated
+// per query head: the contract's head mapping (query head h reads key/value head h / group)
+// checked independently of the host code.
+template <class T>
+void test_attention_gqa(std::int64_t B, std::int64_t T_, std::int64_t heads, std::int64_t kv_heads,
+                        std::int64_t hd, double scale) {
+  const k::attention_shape s{B, T_, heads, kv_heads, hd, scale};
+  const std::string dt = st::dtype_name<T>();
+  const std::string sh = shape_str({B, T_, heads, kv_heads, hd});
+  const auto plan = gpu::plan_attention(hd, sizeof(T), gpu::tensor_core_storage_v<T>, 227 * 1024);
+  const std::string path = std::string(plan.tensor_cores ? "tensor cores" : "scalar") +
+                           (kv_heads == 1 ? ", MQA" : kv_heads < heads ? ", GQA" : ", MHA") +
+                           (scale != 0 ? ", scale " + fmt("%.3g", scale) : "");
+  const std::int64_t W = s.row_width(), QW = s.q_width(), G = s.group();
+  const std::size_t n_qkv = std::size_t(B * T_ * W), n_out = std::size_t(B * T_ * QW), n_lse = std::size_t(B * heads * T_);
+  const auto qkv = random_vec<T>(n_qkv, -1.5f, 1.5f, 140);
+  std::vector<T> out(n_out);
+  std::vector<float> lse(n_lse);
+  k::attention_forward(H, out.data(), lse.data(), qkv.data(), s);
+  dvec<T> dqkv_in(qkv), dout_(n_out);
+  dvec<float> dlse(n_lse);
+  k::attention_forward(D, dout_.get(), dlse.get(), dqkv_in.get(), s);
+  const auto got_out = dout_.host();
+  const auto got_lse = dlse.host();
+  check("attention_forward (shape)", dt, sh, rel_error(got_out, out), tol_for<T>(), path);
+  check("attention_forward (shape: logsumexp)", "fp32", sh, rel_error(got_lse, lse), 1e-5, path);
+
+  // backward, accumulating into random dqkv; each side uses its own forward's out and lse
+  const auto g = random_vec<T>(n_out, -1, 1, 141);
+  auto dqkv = random_vec<T>(n_qkv, -1, 1, 142);
+  const auto dqkv0 = dqkv;
+  k::attention_backward(H, dqkv.data(), g.data(), qkv.data(), lse.data(), out.data(), s);
+  dvec<T> dg(g), dd1(dqkv0), dd2(dqkv0), dd3(dqkv0);
+  k::attention_backward(D, dd1.get(), dg.get(), dqkv_in.get(), dlse.get(), dout_.get(), s);
+  const auto got1 = dd1.host();
+  check("attention_backward (shape)", dt, sh, rel_error(got1, dqkv), tol_for<T>(), path);
+  k::attention_backward(D, dd2.get(), dg.get(), dqkv_in.get(), dlse.get(), static_cast<const T*>(nullptr), s);
+  check("attention_backward (shape, recompute out)", dt, sh, rel_error(dd2.host(), dqkv), tol_for<T>(), path);
+  k::attention_backward(D, dd3.get(), dg.get(), dqkv_in.get(), dlse.get(), dout_.get(), s);
+  check_true("attention_backward (shape, deterministic)", dt, sh, bitwise_equal(got1, dd3.host()),
+             "two runs bitwise equal");
+
+  if constexpr (std::is_same_v<T, float>) {
+    if (G > 1) {
+      // The same attention as multi-head attention over K and V repeated per query head.
+      const k::attention_shape m{B, T_, heads, heads, hd, scale};
+      const std::int64_t MW = m.row_width();
+      std::vector<T> rep(std::size_t(B * T_ * MW));
+      for (std::int64_t r = 0; r < B * T_; ++r)
+        for (std::int64_t h = 0; h < heads; ++h)
+          for (std::int64_t i = 0; i < hd; ++i) {
+            const std::int64_t kvh = h / G;
+            rep[std::size_t(r * MW + h * hd + i)] = qkv[std::size_t(r * W + h * hd + i)];
+            rep[std::size_t(r * MW + QW + h * hd + i)] = qkv[std::size_t(r * W + QW + kvh * hd + i)];
+            rep[std::size_t(r * MW + 2 * QW + h * hd + i)] = qkv[std::size_t(r * W + QW + s.kv_width() + kvh * hd + i)];
+          }
+      dvec<T> drep(rep), mout(n_out), mgrad(std::vector<T>(rep.size(), st::convert<T>(0.0f)));
+      dvec<float> mlse(n_lse);
+      k::attention_forward(D, mout.get(), mlse.get(), drep.get(), m);
+      check("attention_forward (shape vs repeated K/V)", dt, sh,
+            std::max(rel_error(got_out, mout.host()), rel_error(got_lse, mlse.host())), 1e-5, path);
+      k::attention_backward(D, mgrad.get(), dg.get(), drep.get(), mlse.get(), mout.get(), m);
+      const auto mg = mgrad.host();
+      // Fold the repeated heads' dK, dV back onto their key/value head (double), add the start.
+      std::vector<double> fold(n_qkv, 0.0);
+      for (std::int64_t r = 0; r < B * T_; ++r)
+        for (std::int64_t h = 0; h < heads; ++h)
+          for (std::int64_t i = 0; i < hd; ++i) {
+            const std::int64_t kvh = h / G;
+            fold[std::size_t(r * W + h * hd + i)] += mg[std::size_t(r * MW + h * hd + i)];
+            fold[std::size_t(r * W + QW + kvh * hd + i)] += mg[std::size_t(r * MW + QW + h * hd + i)];
+            fold[std::size_t(r * W + QW + s.kv_width() + kvh * hd + i)] += mg[std::size_t(r * MW + 2 * QW + h * hd + i)];
+          }
+      std::vector<T> expect(n_qkv);
+      for (std::size_t i = 0; i < n_qkv; ++i) expect[i] = st::convert<T>(float(fold[i] + st::convert<double>(dqkv0[i])));
+      check("attention_backward (shape vs repeated K/V)", dt, sh, rel_error(got1, expect), 1e-5, path);
+    }
+  }
+}
+
+template <class T>
+void test_rmsnorm(std::int64_t N, std::int64_t C) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({N, C});
+  const auto x = random_vec<T>(std::size_t(N * C), -2, 2, 150);
+  const auto w = random_vec<T>(std::size_t(C), 0.5f, 1.5f, 151);
+  const float eps = 1e-5f;
+  std::vector<T> out(std::size_t(N * C));
+  std::vector<float> rstd(static_cast<std::size_t>(N));
+  k::rmsnorm_forward(H, out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+  dvec<T> dx(x), dw(w), dout(std::size_t(N * C)), dout2(std::size_t(N * C));
+  dvec<float> drstd(static_cast<std::size_t>(N));
+  k::rmsnorm_forward(D, dout.get(), drstd.get(), dx.get(), dw.get(), N, C, eps);
+  check("rmsnorm_forward", dt, sh, rel_error(dout.host(), out), tol_for<T>());
+  check("rmsnorm_forward (rstd)", "fp32", sh, rel_error(drstd.host(), rstd), 1e-5);
+  k::rmsnorm_forward(D, dout2.get(), static_cast<float*>(nullptr), dx.get(), dw.get(), N, C, eps);
+  check_true("rmsnorm_forward (no rstd)", dt, sh, bitwise_equal(dout2.host(), dout.host()), "equal to the run with rstd");
+
+  // backward: dinp and dweight accumulate into random starting values
+  const auto g = random_vec<T>(std::size_t(N * C), -1, 1, 152);
+  auto dinp = random_vec<T>(std::size_t(N * C), -1, 1, 153);
+  auto dweight = random_vec<T>(std::size_t(C), -1, 1, 154);
+  dvec<T> ddinp(dinp), ddw(dweight), dg(g);
+  k::rmsnorm_backward(H, dinp.data(), dweight.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+  k::rmsnorm_backward(D, ddinp.get(), ddw.get(), dg.get(), dx.get(), dw.get(), drstd.get(), N, C);
+  const auto got_dinp = ddinp.host(), got_dw = ddw.host();
+  check("rmsnorm_backward (dinp)", dt, sh, rel_error(got_dinp, dinp), tol_for<T>());
+  check("rmsnorm_backward (dweight)", dt, sh, rel_error(got_dw, dweight), tol_for<T>());
+  dvec<T> e1(random_vec<T>(std::size_t(N * C), -1, 1, 153)), w1(random_vec<T>(std::size_t(C), -1, 1, 154));
+  k::rmsnorm_backward(D, e1.get(), w1.get(), dg.get(), dx.get(), dw.get(), drstd.get(), N, C);
+  check_true("rmsnorm_backward (deterministic)", dt, sh,
+             bitwise_equal(e1.host(), got_dinp) && bitwise_equal(w1.host(), got_dw), "two runs bitwise equal");
+}
+
+template <class T>
+void test_rope(std::int64_t B, std::int64_t T_, std::int64_t heads, std::int64_t kv_heads, std::int64_t hd, double theta,
+               std::int64_t pos0) {
+  const k::attention_shape s{B, T_, heads, kv_heads, hd, 0};
+  const std::string dt = st::dtype_name<T>();
+  const std::string sh = shape_str({B, T_, heads, kv_heads, hd}) + (pos0 ? " @" + std::to_string(pos0) : "");
+  const std::size_t n = std::size_t(B * T_ * s.row_width());
+  const auto qkv = random_vec<T>(n, -2, 2, 160);
+  auto ref = qkv;
+  k::rope_forward(H, ref.data(), s, theta, pos0);
+  dvec<T> dq(qkv);
+  k::rope_forward(D, dq.get(), s, theta, pos0);
+  const auto got = dq.host();
+  check("rope_forward", dt, sh, rel_error(got, ref), tol_for<T>());
+  bool v_untouched = true;  // the value heads are left bit for bit
+  for (std::int64_t r = 0; r < B * T_; ++r)
+    for (std::int64_t c = s.q_width() + s.kv_width(); c < s.row_width(); ++c) {
+      const std::size_t i = std::size_t(r * s.row_width() + c);
+      v_untouched = v_untouched && std::memcmp(&got[i], &qkv[i], sizeof(T)) == 0;
+    }
+  check_true("rope_forward (v untouched)", dt, sh, v_untouched, "value heads bitwise unchanged");
+
+  const auto g = random_vec<T>(n, -1, 1, 161);
+  auto gref = g;
+  k::rope_backward(H, gref.data(), s, theta, pos0);
+  dvec<T> dgr(g);
+  k::rope_backward(D, dgr.get(), s, theta, pos0);
+  check("rope_backward", dt, sh, rel_error(dgr.host(), gref), tol_for<T>());
+  if constexpr (std::is_same_v<T, float>) {  // backward undoes forward
+    k::rope_backward(D, dq.get(), s, theta, pos0);
+    check("rope_backward(rope_forward(x)) = x", dt, sh, rel_error(dq.host(), qkv), 1e-5);
+  }
+}
+
+template <class T>
+void test_swiglu(std::int64_t N, std::int64_t H_) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({N, H_});
+  const auto gu = random_vec<T>(std::size_t(N * 2 * H_), -6, 6, 170);
+  std::vector<T> out(std::size_t(N * H_));
+  k::swiglu_forward(H, out.data(), gu.data(), N, H_);
+  dvec<T> dgu(gu), dout(std::size_t(N * H_));
+  k::swiglu_forward(D, dout.get(), dgu.get(), N, H_);
+  check("swiglu_forward", dt, sh, rel_error(dout.host(), out), tol_for<T>());
+  // backward writes (=): start both sides from garbage that must be overwritten
+  const auto g = random_vec<T>(std::size_t(N * H_), -1, 1, 171);
+  auto dref = random_vec<T>(std::size_t(N * 2 * H_), -50, 50, 172);
+  k::swiglu_backward(H, dref.data(), g.data(), gu.data(), N, H_);
+  dvec<T> dd(random_vec<T>(std::size_t(N * 2 * H_), 100, 200, 173)), dg(g);
+  k::swiglu_backward(D, dd.get(), dg.get(), dgu.get(), N, H_);
+  check("swiglu_backward", dt, sh, rel_error(dd.host(), dref), tol_for<T>());
 }
 
 template <class T>
@@ -841,6 +1008,18 @@ void run_benchmarks() {
     });
     bench_row("attention_backward", shape_str({B, T_, C, NH}), ms2, 2.5 * fwd_flops, true, c, "causal flops (5 GEMMs)");
   }
+  {  // grouped-query attention at a Llama-like shape: 32 query heads on 8 key/value heads, hd 128
+    const k::attention_shape s{4, 2048, 32, 8, 128, 0};
+    const std::size_t n_qkv = std::size_t(s.batch * s.seq * s.row_width()), n_out = std::size_t(s.batch * s.seq * s.q_width());
+    dvec<T> qkv(random_vec<T>(n_qkv, -1, 1, 99)), dqkv(n_qkv), o(n_out), g(random_vec<T>(n_out, -1, 1, 100));
+    dvec<float> lse(std::size_t(s.batch * s.heads * s.seq));
+    const double fwd_flops = 2.0 * double(s.batch * s.heads) * double(s.seq) * double(s.seq) * double(s.head_dim);
+    const std::string gsh = shape_str({s.batch, s.seq, s.heads, s.kv_heads, s.head_dim});
+    const double ms = time_ms([&] { k::attention_forward(D, o.get(), lse.get(), qkv.get(), s); });
+    bench_row("attention_forward (GQA)", gsh, ms, fwd_flops, true, c, "causal flops");
+    const double ms2 = time_ms([&] { k::attention_backward(D, dqkv.get(), g.get(), qkv.get(), lse.get(), o.get(), s); });
+    bench_row("attention_backward (GQA)", gsh, ms2, 2.5 * fwd_flops, true, c, "causal flops (5 GEMMs)");
+  }
   // memory-bound kernels
   {
     double ms = time_ms([&] { k::layernorm_forward(D, y.get(), mean.get(), rstd.get(), x.get(), lnw.get(), lnb.get(), N, C, 1e-5f); });
@@ -930,6 +1109,25 @@ int main(int argc, char** argv) {
     test_attention<bf16>(2, 200, 384, 4);   // tensor cores, hs = 96, ragged
     test_attention<bf16>(2, 77, 160, 4);    // hs = 40: scalar path for bf16
     test_attention<fp16>(1, 130, 512, 4);   // tensor cores, hs = 128
+    test_attention_gqa<float>(2, 200, 8, 2, 32, 0);      // GQA, scalar path, ragged last tile
+    test_attention_gqa<float>(2, 130, 8, 1, 32, 0.3);    // MQA, custom scale
+    test_attention_gqa<float>(1, 96, 4, 4, 24, 0.125);   // MHA through attention_shape, custom scale
+    test_attention_gqa<bf16>(2, 256, 8, 2, 64, 0);       // GQA, tensor cores
+    test_attention_gqa<bf16>(2, 200, 8, 1, 64, 0.2);     // MQA, tensor cores, custom scale, ragged
+    test_attention_gqa<bf16>(1, 77, 8, 2, 40, 0.15);     // GQA, hd = 40: scalar path for bf16
+    test_attention_gqa<fp16>(1, 130, 8, 2, 128, 0);      // GQA, tensor cores, hd = 128
+    test_rmsnorm<float>(1000, 768);
+    test_rmsnorm<bf16>(1000, 768);
+    test_rmsnorm<bf16>(333, 100);  // C not a multiple of the pack: the scalar path
+    test_rmsnorm<fp16>(257, 256);
+    test_rope<float>(2, 100, 8, 2, 64, 10000.0, 0);
+    test_rope<float>(1, 64, 4, 1, 128, 500000.0, 4093);  // Llama 3 theta, a late start position
+    test_rope<bf16>(2, 100, 8, 2, 64, 10000.0, 0);
+    test_rope<fp16>(2, 33, 6, 3, 18, 10000.0, 7);        // odd half size
+    test_swiglu<float>(300, 1024);
+    test_swiglu<bf16>(300, 1024);
+    test_swiglu<bf16>(77, 130);  // H not a multiple of the pack: the scalar path
+    test_swiglu<fp16>(64, 512);
     test_embedding<float>(4, 64, 768, 1000);
     test_embedding<bf16>(4, 64, 768, 1000);
     test_embedding<bf16>(3, 50, 100, 77);  // C not a multiple of the pack

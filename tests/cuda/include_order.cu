@@ -16,7 +16,6 @@
 //   strata_include_order          the host half: linear_forward through the portable GEMM, and
 //                                 GELU, against plain loops (ctest cuda.include_order)
 //   strata_include_order --gpu    the CUDA half too, against the host half (needs a GPU)
-#include "strata/kernels/attention.hpp"
 #include "strata/kernels/gelu.hpp"
 #include "strata/kernels/linear.hpp"
 
@@ -39,12 +38,6 @@ void project_then_gelu(strata::workspace& ws, T* out, T* pre, const T* inp, cons
   strata::kernels::gelu_forward(Device{}, out, pre, N * OC);
 }
 
-// What the planner does: the attention state kept per query row, priced for any device.
-template <class Device>
-constexpr std::int64_t attention_state(std::int64_t rows, std::int64_t seq) {
-  return rows * strata::kernels::attention_saved_per_row(Device{}, seq);
-}
-
 }  // namespace include_order_test
 
 // Everything else after the templates: the order that used to hide the CUDA overloads.
@@ -57,10 +50,6 @@ namespace t = include_order_test;
 
 struct my_gpu : st::cuda {};
 struct my_cpu : st::host {};
-
-static_assert(t::attention_state<st::host>(4, 256) == 4 * 256);
-static_assert(t::attention_state<my_cpu>(4, 256) == 4 * 256);
-static_assert(t::attention_state<my_gpu>(4, 256) == 4);
 
 constexpr std::int64_t N = 6, C = 40, OC = 24;
 

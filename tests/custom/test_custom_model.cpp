@@ -16,7 +16,7 @@
 
 #include <strata/strata.hpp>
 
-#include "../mpi/mpi_test.hpp"
+#include "../mpi/layout_equivalence.hpp"
 #include "custom_model.hpp"
 
 namespace st = strata;
@@ -24,59 +24,23 @@ namespace st = strata;
 namespace {
 
 using serial_policy = st::policy<st::host, st::serial, st::fp32>;
-// Everything given at launch: one binary, every layout.
-using any_layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
-                                st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
-template <class Precision>
-using launch_policy = st::policy<st::host, any_layout, Precision>;
+using strata_test::launch_policy;
 
 const custom::dims shape{};
 constexpr std::int64_t global_batch = 8;
 constexpr int steps = 5;
 // AdamW divides each step by the gradient's size, so where an element's gradient nearly cancels,
-// reduction-order noise (all that differs between layouts) moves its step by a share of the
-// learning rate: the weight error scales with it (measured 1.08e-5 at lr 1e-3, on one element of
-// blocks.1.attn.proj.weight; 5.4e-6 at 5e-4). The losses agree to ~2e-8 either way.
-constexpr double lr = 5e-4;
+// reduction-order noise (all that differs between layouts) flips or scales its whole step: one
+// element of blocks.1.attn.proj.weight has a gradient within rounding noise of zero, and with
+// AdamW's usual eps = 1e-8 its weight differed by 1.7e-5 of max|w| after 5 steps at lr 5e-4 (the
+// losses by 6e-8). eps = 1e-6, far below every real gradient here, keeps such an element's step
+// at noise · lr / eps: the weights then agree to 3.3e-7.
+constexpr double lr = 5e-4, adam_eps = 1e-6;
 
-st::trainer_options options() { return strata_test::equivalence_options(lr, steps); }
-
-struct run_result {
-  std::vector<double> losses, weights;
-};
-
-run_result serial_run() {
-  st::memory_ledger ledger;
-  st::sequential_model<custom::model<serial_policy>> model(ledger, shape, st::seed{7});
-  st::adamw<serial_policy> opt(model, {.lr = lr});
-  auto o = options();
-  o.micro_batch = 2;  // the same accumulation as 2 micro-batches per data-parallel rank
-  st::trainer train(model, opt, o);
-  auto data = strata_test::folded_corpus(shape.vocab);
-  run_result out;
-  for (int s = 0; s < steps; ++s) out.losses.push_back(train.step(data.next_batch(global_batch, shape.seq)).loss);
-  auto& p = model.parameters();
-  for (std::int64_t i = 0; i < p.size(); ++i) out.weights.push_back(p.weights_data()[i]);
-  return out;
-}
-
-struct layout_case {
-  const char* name;
-  int dp, tp, pp, zero, sp, microbatches, chunks;
-  const char* schedule;
-};
-
-st::training_options launch(const layout_case& c, std::int64_t bucket = 1000) {
-  st::training_options o{.layout = {.dp = c.dp, .tp = c.tp, .pp = c.pp, .microbatches = c.microbatches,
-                                    .zero_stage = c.zero, .sequence_parallel = c.sp, .virtual_chunks = c.chunks,
-                                    .schedule = c.schedule},
-                         .seed = st::seed{7},
-                         .optimizer = {.lr = lr},
-                         .trainer = options(),
-                         .bucket_elems = bucket};
-  if (c.pp == 1) o.trainer.micro_batch = global_batch / c.dp / 2;  // 2 micro-batches per rank, as serially
-  return o;
-}
+const strata_test::equivalence_setup setup{.lr = lr, .adam_eps = adam_eps, .steps = steps, .global_batch = global_batch};
+using strata_test::layout_case;
+strata_test::losses_and_weights serial_run() { return strata_test::serial_run<custom::model<serial_policy>>(shape, setup); }
+st::training_options launch(const layout_case& c, std::int64_t bucket = 1000) { return strata_test::launch(c, setup, bucket); }
 
 const layout_case three_d{"dp2 x tp2+sp x pp2, ZeRO-1, 1F1B", 2, 2, 2, 1, 1, 2, 1, "1f1b"};
 const layout_case three_d_interleaved{"dp2 x tp2+sp x pp2, ZeRO-1, interleaved V=2", 2, 2, 2, 1, 1, 2, 2, "interleaved"};
@@ -92,10 +56,7 @@ TEST_CASE("a model that is not GPT-2 trains under dp x tp x pp with ZeRO-1 as it
   const auto ref = serial_run();
   for (const auto& c : {three_d, three_d_interleaved}) {
     st::training<custom::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape, launch(c));
-    auto data = strata_test::folded_corpus(shape.vocab);
-    run_result got;
-    for (int s = 0; s < steps; ++s) got.losses.push_back(run.step(data.next_batch(global_batch, shape.seq)).loss);
-    got.weights = run.serial_weights();
+    const auto got = strata_test::train_steps(run, shape, setup);
     const double lerr = strata_test::elementwise_relative_error(got.losses, ref.losses);
     const double werr = strata_test::relative_error(got.weights, ref.weights);
     CAPTURE(std::string(c.name));

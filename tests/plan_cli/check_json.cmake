@@ -1,15 +1,21 @@
 # Runs a command that prints JSON and checks what it printed with CMake's own JSON parser.
 #
-#   cmake -P check_json.cmake -- [OBJECT_KEYS key...] [LIST_KEYS key...] RUN command [args...]
+#   cmake -P check_json.cmake -- [OBJECT_KEYS key...] [OBJECT_VALUES key=value...] [LIST_KEYS key...]
+#                                [LIST_VALUES key=value...] RUN command [args...]
 #
-# OBJECT_KEYS: the output is one JSON object with each key (a.b names b inside object a).
-# LIST_KEYS:   the output is a non-empty JSON list whose every element has each key.
+# OBJECT_KEYS:   the output is one JSON object with each key (a.b names b inside object a).
+# OBJECT_VALUES: the output is one JSON object whose key has exactly that value, as CMake reads
+#                it (a number as written, a string without its quotes, true/false as ON/OFF).
+# LIST_KEYS:     the output is a non-empty JSON list whose every element has each key.
+# LIST_VALUES:   the output is a non-empty JSON list whose every element has the key with that value.
 # The command must exit 0. Any failure stops with FATAL_ERROR and the command's output.
 cmake_minimum_required(VERSION 3.24)
 
 set(mode "")
 set(object_keys "")
 set(list_keys "")
+set(object_values "")
+set(list_values "")
 set(command "")
 set(seen_dashes FALSE)
 math(EXPR last "${CMAKE_ARGC} - 1")
@@ -21,12 +27,18 @@ foreach(i RANGE 0 ${last})
     endif()
   elseif(mode STREQUAL "RUN")
     list(APPEND command "${arg}")
-  elseif(arg MATCHES "^(OBJECT_KEYS|LIST_KEYS|RUN)$")
+  elseif(arg MATCHES "^(OBJECT_KEYS|OBJECT_VALUES|LIST_KEYS|LIST_VALUES|RUN)$")
     set(mode "${arg}")
   elseif(mode STREQUAL "OBJECT_KEYS")
     list(APPEND object_keys "${arg}")
   elseif(mode STREQUAL "LIST_KEYS")
     list(APPEND list_keys "${arg}")
+  elseif(mode MATCHES "_VALUES$" AND NOT arg MATCHES "^[^=]+=")
+    message(FATAL_ERROR "check_json.cmake: ${mode} takes key=value, got '${arg}'")
+  elseif(mode STREQUAL "OBJECT_VALUES")
+    list(APPEND object_values "${arg}")
+  elseif(mode STREQUAL "LIST_VALUES")
+    list(APPEND list_values "${arg}")
   else()
     message(FATAL_ERROR "check_json.cmake: unexpected argument '${arg}'")
   endif()
@@ -52,17 +64,36 @@ function(require_keys json where)
   endforeach()
 endfunction()
 
+# Fails unless `json` has each key=value of `pairs` (dotted paths) with exactly that value.
+function(require_values json where)
+  foreach(pair IN LISTS ARGN)
+    string(FIND "${pair}" "=" eq)
+    string(SUBSTRING "${pair}" 0 ${eq} key)
+    math(EXPR from "${eq} + 1")
+    string(SUBSTRING "${pair}" ${from} -1 expected)
+    string(REPLACE "." ";" path "${key}")
+    string(JSON value ERROR_VARIABLE problem GET "${json}" ${path})
+    if(problem)
+      message(FATAL_ERROR "check_json.cmake: ${where} has no '${key}': ${problem}")
+    endif()
+    if(NOT value STREQUAL expected)
+      message(FATAL_ERROR "check_json.cmake: ${where} has ${key} = '${value}', expected '${expected}'")
+    endif()
+  endforeach()
+endfunction()
+
 string(JSON type ERROR_VARIABLE problem TYPE "${out}")
 if(problem)
   message(FATAL_ERROR "check_json.cmake: the output is not JSON: ${problem}")
 endif()
-if(object_keys)
+if(object_keys OR object_values)
   if(NOT type STREQUAL "OBJECT")
     message(FATAL_ERROR "check_json.cmake: expected a JSON object, got ${type}")
   endif()
   require_keys("${out}" "the object" ${object_keys})
+  require_values("${out}" "the object" ${object_values})
 endif()
-if(list_keys)
+if(list_keys OR list_values)
   if(NOT type STREQUAL "ARRAY")
     message(FATAL_ERROR "check_json.cmake: expected a JSON list, got ${type}")
   endif()
@@ -74,6 +105,7 @@ if(list_keys)
   foreach(i RANGE 0 ${last_index})
     string(JSON element GET "${out}" ${i})
     require_keys("${element}" "element ${i}" ${list_keys})
+    require_values("${element}" "element ${i}" ${list_values})
   endforeach()
 endif()
 message(STATUS "check_json.cmake: ok (${type})")

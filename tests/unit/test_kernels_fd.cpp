@@ -17,83 +17,13 @@
 #include "strata/core/init.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/kernels/all.hpp"
+#include "finite_difference.hpp"
 
 namespace {
 
 namespace k = strata::kernels;
 using strata::host;
-using vec = std::vector<double>;
-
-vec randn(std::size_t n, std::uint64_t stream, double scale = 1.0, double shift = 0.0) {
-  vec v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = shift + scale * strata::counter_normal(2024, stream, i);
-  return v;
-}
-
-// sum(g * out), summed in long double so the sum itself adds no noise to the differences.
-double weighted_sum(const vec& g, const vec& out) {
-  long double s = 0;
-  for (std::size_t i = 0; i < out.size(); ++i) s += (long double)g[i] * out[i];
-  return double(s);
-}
-
-// Numerical derivative of loss() with respect to each x[i], by the fourth-order central
-// difference (8[L(x+h) - L(x-h)] - [L(x+2h) - L(x-2h)]) / 12h. Its truncation error is
-// O(h^4) (about 1e-16 at h = 1e-4), and its rounding error about eps * |L| / h (~1e-11), so
-// the numerical gradient is good to ~1e-10 absolute: far below the tolerance.
-// (The plain two-point difference at h = 1e-6 has a noise floor near 1e-9 absolute, which
-// would dominate the relative error of small gradient entries.)
-constexpr double fd_step = 1e-4;
-
-vec numerical_gradient(vec& x, const std::function<double()>& loss) {
-  vec grad(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    auto at = [&](double offset) {
-      x[i] = saved + offset;
-      return loss();
-    };
-    const double near = at(fd_step) - at(-fd_step);
-    const double far = at(2 * fd_step) - at(-2 * fd_step);
-    x[i] = saved;
-    grad[i] = (8 * near - far) / (12 * fd_step);
-  }
-  return grad;
-}
-
-// Relative error |a - n| / max(|a|, |n|, 1e-3): relative where the gradient is of ordinary
-// size, and absolute (scaled by 1e3) for entries near zero, whose relative error would only
-// measure the finite-difference noise. The gradients here are O(0.01 .. 10).
-double max_relative_error(const vec& analytic, const vec& numerical) {
-  REQUIRE(analytic.size() == numerical.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < analytic.size(); ++i) {
-    const double a = analytic[i], n = numerical[i];
-    const double denom = std::max({std::fabs(a), std::fabs(n), 1e-3});
-    worst = std::max(worst, std::fabs(a - n) / denom);
-  }
-  return worst;
-}
-
-constexpr double fd_tolerance = 1e-6;
-
-// Checks one input's gradient; prints the error when STRATA_TEST_VERBOSE is set.
-void check_gradient(const char* what, const vec& analytic, vec& x, const std::function<double()>& loss) {
-  const double err = max_relative_error(analytic, numerical_gradient(x, loss));
-  if (std::getenv("STRATA_TEST_VERBOSE")) std::printf("  fd max rel err %-26s %.3e\n", what, err);
-  INFO(what, ": max relative error ", err);
-  CHECK(err <= fd_tolerance);
-}
-
-// The second call of an accumulating backward, from zero, must leave exactly twice the first.
-void check_doubled(const char* what, const vec& once, const vec& twice) {
-  INFO(what, " after two backward calls");
-  REQUIRE(once.size() == twice.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < once.size(); ++i)
-    worst = std::max(worst, std::fabs(twice[i] - 2 * once[i]) / std::max(std::fabs(once[i]), 1e-300));
-  CHECK(worst <= 1e-12);
-}
+using namespace finite_difference;
 
 }  // namespace
 
@@ -222,7 +152,7 @@ TEST_CASE("residual: gradients of both inputs match finite differences") {
 TEST_CASE("attention: gradient of qkv matches finite differences; masking and causality") {
   const std::int64_t B = 2, T = 5, C = 8, NH = 2, C3 = 3 * C;
   vec qkv = randn(B * T * C3, 41), g = randn(B * T * C, 42);
-  vec out(B * T * C), att(B * NH * T * T);
+  vec out(B * T * C), att(B * NH * T);  // one logsumexp per query row
   auto loss = [&] {
     k::attention_forward(host{}, out.data(), att.data(), qkv.data(), B, T, C, NH);
     return weighted_sum(g, out);
@@ -235,23 +165,25 @@ TEST_CASE("attention: gradient of qkv matches finite differences; masking and ca
   vec dqkv2 = dqkv;
   k::attention_backward(host{}, dqkv2.data(), g.data(), qkv.data(), att.data(), B, T, C, NH);
   check_doubled("attention dqkv", dqkv, dqkv2);
-  {  // the CUDA signature's last argument, the forward's output: accepted and not needed here
+  {  // the forward's output, last: without it backward redoes the forward (the same in double)
     vec with_out(B * T * C3), without_out(B * T * C3);
     k::attention_backward(host{}, with_out.data(), g.data(), qkv.data(), att.data(), B, T, C, NH, out.data());
     k::attention_backward(host{}, without_out.data(), g.data(), qkv.data(), att.data(), B, T, C, NH);
     CHECK(with_out == without_out);
-    CHECK(std::int64_t(att.size()) == B * NH * T * k::attention_saved_per_row(host{}, T));
   }
 
-  {  // probabilities: rows sum to 1, zero above the diagonal
+  {  // att holds each row's logsumexp of the scaled causal scores, log sum_{t2 <= t} exp(q.k / sqrt(hs))
+    const std::int64_t hs = C / NH;
     for (std::int64_t r = 0; r < B * NH * T; ++r) {
-      const std::int64_t t = r % T;
-      double sum = 0;
-      for (std::int64_t t2 = 0; t2 < T; ++t2) {
-        if (t2 > t) CHECK(att[r * T + t2] == 0.0);
-        sum += att[r * T + t2];
+      const std::int64_t t = r % T, h = (r / T) % NH, b = r / (T * NH);
+      long double z = 0;
+      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+        double dot = 0;
+        for (std::int64_t i = 0; i < hs; ++i)
+          dot += qkv[(b * T + t) * C3 + h * hs + i] * qkv[(b * T + t2) * C3 + C + h * hs + i];
+        z += std::exp((long double)(dot / std::sqrt(double(hs))));
       }
-      CHECK(sum == doctest::Approx(1.0).epsilon(1e-14));
+      CHECK(att[r] == doctest::Approx(double(std::log(z))).epsilon(1e-14));
     }
   }
   {  // changing a later position's k and v leaves earlier outputs bit-identical
@@ -351,15 +283,3 @@ TEST_CASE("cross-entropy: fused gradient matches finite differences of dloss * s
   }
 }
 
-// One call for every device: kernels/<op>.hpp declares the host and (under nvcc) the CUDA
-// overloads, and the tag picks. attention_saved_per_row has both overloads in a g++ translation
-// unit too, since the planner prices CUDA policies here; a tag derived from a device is that
-// device.
-namespace {
-struct my_gpu : strata::cuda {};
-struct my_cpu : strata::host {};
-static_assert(k::attention_saved_per_row(strata::host{}, 1024) == 1024, "host: the probabilities, seq per row");
-static_assert(k::attention_saved_per_row(strata::cuda{}, 1024) == 1, "cuda: one logsumexp per row");
-static_assert(k::attention_saved_per_row(my_gpu{}, 1024) == 1, "a tag derived from strata::cuda picks CUDA's");
-static_assert(k::attention_saved_per_row(my_cpu{}, 1024) == 1024, "a tag derived from strata::host picks the host's");
-}  // namespace

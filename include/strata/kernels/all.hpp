@@ -19,6 +19,9 @@
 #include "strata/kernels/loss_scale.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/kernels/residual.hpp"
+#include "strata/kernels/rmsnorm.hpp"
+#include "strata/kernels/rope.hpp"
+#include "strata/kernels/swiglu.hpp"
 #if defined(__CUDACC__)
 #include "strata/kernels/cuda/runtime.cuh"
 #endif

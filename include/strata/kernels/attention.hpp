@@ -1,5 +1,15 @@
-// strata/kernels/attention.hpp - causal multi-head self-attention between the QKV and output
-// projections: attention_forward, attention_backward and attention_saved_per_row.
+// strata/kernels/attention.hpp - causal self-attention between the QKV and output projections:
+// attention_forward and attention_backward.
+//
+// Multi-head, grouped-query and multi-query attention take an attention_shape
+// (kernels/attention_shape.hpp: batch, seq, heads, kv_heads, head_dim, scale) over a fused qkv
+// buffer whose token rows hold the query heads, then the key heads, then the value heads:
+//   attention_forward(device, out, lse, qkv, shape)
+//   attention_backward(device, dqkv, dout, qkv, lse, out, shape)      accumulates (+=) into dqkv
+// The forward keeps one logsumexp per query row (lse [batch, heads, seq]); backward recomputes the
+// probabilities from it and reads rowsum(dout · out) from the forward's output, on every device.
+// Multi-head overloads in GPT-2's terms (B, T, C, NH), with `att` for lse and `out` optional
+// last, are shorthands for attention_shape::multi_head(B, T, C, NH).
 //
 // What a layer includes to call this op on any device: the host overload
 // (kernels/host/attention.hpp) and, when nvcc compiles the translation unit, the CUDA overload
@@ -9,9 +19,8 @@
 // (struct my_gpu : strata::cuda {}), which converts to its base.
 #pragma once
 
+#include "strata/kernels/attention_shape.hpp"
 #include "strata/kernels/host/attention.hpp"
-// Plain C++, for every compiler: the planner prices CUDA policies in g++ translation units.
-#include "strata/kernels/cuda/attention_saved.hpp"
 #if defined(__CUDACC__)
 #include "strata/kernels/cuda/attention.cuh"
 #endif

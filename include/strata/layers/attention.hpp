@@ -1,18 +1,25 @@
-// strata/layers/attention.hpp - causal multi-head self-attention.
+// strata/layers/attention.hpp - causal self-attention: multi-head (GPT-2), grouped-query or
+// multi-query (Llama), with rotary positions or without.
 //
-// x [B, T, C] -> qkv = x·Wqkvᵀ + b [B, T, 3C] -> per head softmax(q·kᵀ/sqrt(C/H), causal)·v
-// [B, T, C] -> y = ·Wprojᵀ + b [B, T, C]. Keeps what the device's attention kernel saves for
-// backward: the probabilities [B, H, T, T] on the host (the term that grows with T²), one
-// logsumexp per row on the GPU. With recompute_core(true) (selective recomputation) it drops
-// them after forward and recomputes them from the kept qkv in backward.
+// x [B, T, C] -> qkv = x·Wqkvᵀ (+ b) [B, T, (H + 2·KV)·d]: H query heads, KV key/value heads of d
+// = C/H each -> optionally q and k turned by their positions (rotary embedding, in place in qkv)
+// -> per query head softmax(q·kᵀ·scale, causal)·v with the key/value head it shares (never
+// repeated in memory) [B, T, C] -> y = ·Wprojᵀ (+ b) [B, T, C]. Keeps one logsumexp per query
+// row for backward (no T² term). With recompute_core(true) (selective recomputation) it drops the
+// logsumexps after forward and recomputes them from the kept qkv in backward.
 //
-// Tensor parallel over t ranks: sharded by heads. QKV is column-parallel (each rank gets its H/t
-// heads' q, k and v), the core runs on those heads alone, the projection is row-parallel.
+// Tensor parallel over t ranks: sharded by heads. QKV is column-parallel with its q, k and v
+// groups split separately (each rank gets H/t query heads and their KV/t key/value heads, so a
+// grouped-query layer communicates exactly like a multi-head one); with fewer key/value heads
+// than ranks (t a multiple of KV) each key/value head goes to t/KV ranks. The core runs on this
+// rank's heads alone; the projection is row-parallel.
 #pragma once
 #include <cstdint>
 
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/attention.hpp"
+#include "strata/kernels/attention_shape.hpp"
+#include "strata/kernels/rope.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/linear.hpp"
 
@@ -27,30 +34,45 @@ class attention {
 
   struct config {
     std::int64_t channels = 0, heads = 0;
+    std::int64_t kv_heads = 0;  // key/value heads, dividing heads; 0: as many as heads
+    double rope_theta = 0;      // rotary position embedding's base; 0: none (positions come from elsewhere)
+    double scale = 0;           // softmax scale; 0: 1/sqrt(head size)
+    bool bias = true;           // biases on the QKV and output projections
     double init_std = 0.02;
     double proj_init_std = 0.02;  // GPT-2 scales the residual projection by 1/sqrt(2·layers)
+
+    constexpr std::int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+    constexpr std::int64_t head_dim() const { return heads > 0 ? channels / heads : 0; }
   };
 
   static constexpr typename linear<P>::config qkv_config(const config& c) {
-    return {.in = c.channels, .out = 3 * c.channels, .init_std = c.init_std, .split = tensor_split_kind::column, .blocks = 3};
+    typename linear<P>::config l{.in = c.channels, .out = (c.heads + 2 * c.kv()) * c.head_dim(), .bias = c.bias,
+                                 .init_std = c.init_std, .split = tensor_split_kind::column, .blocks = 3};
+    if (c.kv() != c.heads) {  // q, k and v groups of unequal sizes, split by heads
+      l.blocks = 1;
+      l.block_sizes = {c.heads * c.head_dim(), c.kv() * c.head_dim(), c.kv() * c.head_dim(), 0};
+      l.block_heads = {c.heads, c.kv(), c.kv(), 0};
+    }
+    return l;
   }
   static constexpr typename linear<P>::config proj_config(const config& c) {
-    return {.in = c.channels, .out = c.channels, .init_std = c.proj_init_std, .split = tensor_split_kind::row};
+    return {.in = c.channels, .out = c.channels, .bias = c.bias, .init_std = c.proj_init_std, .split = tensor_split_kind::row};
   }
 
-  static constexpr tensor_extent_list tensor_extents(const config& c) { return {{"heads", c.heads}}; }
-  // What the attention kernel keeps per query row for backward, on this device: the
-  // probabilities, or one logsumexp (kernels/attention.hpp).
-  static constexpr std::int64_t saved_per_row(std::int64_t seq) { return kernels::attention_saved_per_row(device{}, seq); }
+  static constexpr tensor_extent_list tensor_extents(const config& c) {
+    tensor_extent_list r{{"heads", c.heads}};
+    if (c.kv() != c.heads) r.add(tensor_extent{"kv_heads", c.kv(), true});
+    return r;
+  }
   // q·kᵀ and probs·v: 2 x 2·T·T·C per sequence (the causal half is not subtracted, as in the usual
-  // 6ND accounting). Keeps qkv, the probabilities (the core), the heads' output and the
-  // projection's output.
+  // 6ND accounting). Keeps qkv, the logsumexps (the core), the heads' output and the projection's
+  // output; the rotary embedding works in place in qkv.
   static constexpr layer_cost cost(const config& c, const cost_scope& s) {
     const std::int64_t t = s.tp.degree, rows = s.rows();
     layer_cost core;
     core.core_flops = core.forward_flops = 4 * s.batch * s.seq * s.seq * c.channels / t;
     core.backward_flops = 2 * core.forward_flops;
-    core.core_bytes = s.batch * (c.heads / t) * s.seq * saved_per_row(s.seq) * static_cast<std::int64_t>(sizeof(A));
+    core.core_bytes = s.batch * (c.heads / t) * s.seq * static_cast<std::int64_t>(sizeof(A));  // one logsumexp per row
     core.output_bytes = rows * (c.channels / t) * static_cast<std::int64_t>(sizeof(T));
     core.activation_bytes = core.core_bytes + core.output_bytes;
     return linear<P>::cost(qkv_config(c), s).then(core).then(linear<P>::cost(proj_config(c), s));
@@ -59,52 +81,43 @@ class attention {
   attention(module_scope<P> scope, const config& c)
       : scope_(scope), cfg_(validated(scope, c)), qkv_(scope / "qkv", qkv_config(c)), proj_(scope / "proj", proj_config(c)) {}
 
-  // Selective recomputation: keep no probabilities between forward and backward.
+  // Selective recomputation: keep no logsumexps between forward and backward.
   void recompute_core(bool on) { recompute_core_ = on; }
 
   // x: [B, T, C], or [B, T/t, C] under sequence parallelism (the output likewise).
   tensor_view<const T> forward(tensor_view<const T> x) {
     STRATA_CHECK(x.shape.rank == 3 && x.shape[2] == cfg_.channels, scope_.qualify("forward"),
                  ": expected input [B, T, ", cfg_.channels, "], got ", x.shape.str());
-    auto qkv = qkv_.forward(x);  // [B, T, 3C/t]: every token, this rank's heads
-    batch_ = qkv.shape[0];
-    seq_ = qkv.shape[1];
-    auto& ledger = scope_.ledger();
-    const std::int64_t channels = cfg_.channels / degree_, heads = cfg_.heads / degree_;
-    ensure_size(probs_, ledger, memory_category::activations, batch_ * heads * seq_ * saved_per_row(seq_));
-    ensure_size(heads_out_, ledger, memory_category::activations, batch_ * seq_ * channels);
-    kernels::attention_forward(device{}, heads_out_.data(), probs_.data(), qkv.data, batch_, seq_, channels, heads);
-    if (recompute_core_) probs_ = buffer<A>();
-    qkv_out_ = qkv.data;
-    return proj_.forward(tensor_view<const T>{heads_out_.data(), {batch_, seq_, channels}});
+    auto qkv = qkv_.forward(x);  // [B, T, (H + 2·KV)·d / t]: every token, this rank's heads
+    const kernels::attention_shape shape = local_shape(qkv.shape[0], qkv.shape[1]);
+    // The projection's output is this layer's to change: nothing else reads it.
+    qkv_out_ = qkv_.output_data();
+    if (cfg_.rope_theta > 0) kernels::rope_forward(device{}, qkv_out_, shape, cfg_.rope_theta);
+    core_forward(shape);
+    tensor_view<const T> heads{heads_out_.data(), {shape.batch, shape.seq, shape.q_width()}};
+    auto y = proj_.forward(heads);
+    if (recompute_core_) lse_ = buffer<A>();
+    return y;
   }
 
   buffer<T> backward(const buffer<T>& dout) {
-    const std::int64_t channels = cfg_.channels / degree_, heads = cfg_.heads / degree_;
     buffer<T> dheads = proj_.backward(dout);
     auto& ledger = scope_.ledger();
-    buffer<T> scratch;
-    if (recompute_core_) {
-      // The same kernel on the same qkv: the probabilities come back bit for bit.
-      scratch = buffer<T>(ledger, memory_category::activations, static_cast<std::size_t>(batch_ * seq_ * channels));
-      probs_ = buffer<A>(ledger, memory_category::activations,
-                         static_cast<std::size_t>(batch_ * heads * seq_ * saved_per_row(seq_)));
-      kernels::attention_forward(device{}, scratch.data(), probs_.data(), qkv_out_, batch_, seq_, channels, heads);
-    }
-    buffer<T> dqkv(ledger, memory_category::activations, static_cast<std::size_t>(batch_ * seq_ * 3 * channels));
-    // The forward's output too: a kernel that keeps statistics rather than probabilities reads
-    // rowsum(dO * O) from it instead of redoing the forward.
-    const T* out = recompute_core_ ? scratch.data() : heads_out_.data();
-    kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, probs_.data(), batch_, seq_, channels,
-                                heads, out);
-    if (recompute_core_) probs_ = buffer<A>();
+    // The same kernel on the same qkv: the logsumexps come back bit for bit (and the output, which
+    // the projection still reads, is rewritten with the values it holds).
+    if (recompute_core_) core_forward(shape_);
+    buffer<T> dqkv(ledger, memory_category::activations, static_cast<std::size_t>(shape_.batch * shape_.seq * shape_.row_width()));
+    kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, lse_.data(), heads_out_.data(), shape_);
+    if (recompute_core_) lse_ = buffer<A>();
+    // q and k were turned by their positions: their gradients turn back.
+    if (cfg_.rope_theta > 0) kernels::rope_backward(device{}, dqkv.data(), shape_, cfg_.rope_theta);
     return qkv_.backward(dqkv);
   }
 
   void release_activations() {
     qkv_.release_activations();
     proj_.release_activations();
-    probs_ = buffer<A>();
+    lse_ = buffer<A>();
     heads_out_ = buffer<T>();
   }
 
@@ -120,17 +133,35 @@ class attention {
   static const config& validated(const module_scope<P>& scope, const config& c) {
     STRATA_CHECK(c.heads > 0 && c.channels % c.heads == 0, scope.qualify_layer(), ": heads = ", c.heads,
                  " does not divide d_model = ", c.channels);
+    STRATA_CHECK(c.kv_heads >= 0 && c.heads % c.kv() == 0, scope.qualify_layer(), ": kv_heads = ", c.kv_heads,
+                 " does not divide heads = ", c.heads);
+    STRATA_CHECK(c.rope_theta >= 0 && (c.rope_theta == 0 || c.head_dim() % 2 == 0), scope.qualify_layer(),
+                 ": the rotary embedding needs an even head size and theta > 0, got head size ", c.head_dim(),
+                 " and theta ", c.rope_theta);
     scope.check_tensor_extents(tensor_extents(c));
     return c;
   }
+  // This rank's heads: H/t query heads and their key/value heads (one, when fewer than ranks).
+  kernels::attention_shape local_shape(std::int64_t batch, std::int64_t seq) const {
+    const std::int64_t t = degree_, kv = cfg_.kv() >= t ? cfg_.kv() / t : 1;
+    return {batch, seq, cfg_.heads / t, kv, cfg_.head_dim(), cfg_.scale};
+  }
+  void core_forward(const kernels::attention_shape& shape) {
+    shape_ = shape;
+    auto& ledger = scope_.ledger();
+    ensure_size(lse_, ledger, memory_category::activations, shape.batch * shape.heads * shape.seq);
+    ensure_size(heads_out_, ledger, memory_category::activations, shape.batch * shape.seq * shape.q_width());
+    kernels::attention_forward(device{}, heads_out_.data(), lse_.data(), qkv_out_, shape);
+  }
+
   module_scope<P> scope_;
   config cfg_;
   std::int64_t degree_ = scope_.tensor().degree();
   linear<P> qkv_, proj_;
-  std::int64_t batch_ = 0, seq_ = 0;
-  const T* qkv_out_ = nullptr;
+  kernels::attention_shape shape_;
+  T* qkv_out_ = nullptr;
   bool recompute_core_ = false;
-  buffer<A> probs_;
+  buffer<A> lse_;
   buffer<T> heads_out_;
 };
 

@@ -1,6 +1,7 @@
-// strata/layers/embedding.hpp - token plus learned position embedding.
+// strata/layers/embedding.hpp - token embedding, plus a learned position embedding unless the
+// model places tokens otherwise (max_seq = 0: Llama's rotary embedding works inside attention).
 //
-// Shapes: tokens [B, T] (int32) -> x [B, T, C] = wte[token] + wpe[position]. wte is [V, C]
+// Shapes: tokens [B, T] (int32) -> x [B, T, C] = wte[token] (+ wpe[position]). wte is [V, C]
 // and may be shared with the LM head (tied weights), which names it ("wte" under this layer's
 // scope) in its config.
 //
@@ -27,7 +28,9 @@ class embedding {
   using T = typename P::storage;
 
   struct config {
-    std::int64_t vocab = 0, max_seq = 0, channels = 0;
+    std::int64_t vocab = 0;
+    std::int64_t max_seq = 0;  // rows of the position table; 0: no position table
+    std::int64_t channels = 0;
     double init_std = 0.02;
   };
 
@@ -52,22 +55,23 @@ class embedding {
   }
 
   embedding(module_scope<P> scope, const config& c) : scope_(scope), cfg_(c) {
-    STRATA_CHECK(c.vocab > 0 && c.max_seq > 0 && c.channels > 0, scope.qualify_layer(), ": vocab (", c.vocab,
-                 "), max_seq (", c.max_seq, ") and channels (", c.channels, ") must be positive");
+    STRATA_CHECK(c.vocab > 0 && c.max_seq >= 0 && c.channels > 0, scope.qualify_layer(), ": vocab (", c.vocab,
+                 ") and channels (", c.channels, ") must be positive and max_seq (", c.max_seq, ") not negative");
     auto& tp = scope.tensor();
     degree_ = tp.degree();
     const tensor_shard table = tensor_shard::padded_rows(c.vocab, c.channels, degree_, tp.rank());
     rows_here_ = padded_vocab(c, degree_) / degree_;
     first_row_ = rows_here_ * (degree_ > 1 ? tp.rank() : 0);
     wte_ = scope_.add_parameter("wte", table, init_rule::normal_with_std(c.init_std), true);
-    wpe_ = scope_.add_parameter("wpe", {c.max_seq, c.channels}, init_rule::normal_with_std(c.init_std), true);
+    if (c.max_seq > 0)
+      wpe_ = scope_.add_parameter("wpe", {c.max_seq, c.channels}, init_rule::normal_with_std(c.init_std), true);
   }
 
   // tokens: [B, T] with T <= max_seq and every id < vocab (checked; the error names it).
   tensor_view<const T> forward(tensor_view<const std::int32_t> tokens) {
     STRATA_CHECK(tokens.shape.rank == 2, scope_.qualify("forward"), ": expected tokens [B, T], got ",
                  tokens.shape.str());
-    STRATA_CHECK(tokens.shape[1] <= cfg_.max_seq, scope_.qualify("forward"), ": sequence length ", tokens.shape[1],
+    STRATA_CHECK(!positions() || tokens.shape[1] <= cfg_.max_seq, scope_.qualify("forward"), ": sequence length ", tokens.shape[1],
                  " exceeds the position table (max_seq = ", cfg_.max_seq, ")");
     batch_ = tokens.shape[0];
     seq_ = tokens.shape[1];
@@ -77,7 +81,7 @@ class embedding {
     tokens_.upload(tokens.data, static_cast<std::size_t>(rows));  // token batches come from the host
     auto& p = scope_.params();
     auto& tp = scope_.tensor();
-    if (degree_ == 1) {
+    if (degree_ == 1 && positions()) {
       ensure_size(out_, ledger, memory_category::activations, rows * cfg_.channels);
       kernels::embedding_forward(device{}, out_.data(), tokens_.data(), p.weights(wte_), p.weights(wpe_), batch_, seq_,
                                  cfg_.channels, cfg_.vocab);
@@ -91,7 +95,9 @@ class embedding {
     ensure_size(looked_up, ledger, memory_category::activations, rows * cfg_.channels);
     kernels::embedding_lookup_range(device{}, looked_up.data(), tokens_.data(), p.weights(wte_), rows, cfg_.channels,
                                     first_row_, rows_here_, cfg_.vocab);
+    if (degree_ == 1) return {out_.data(), {batch_, seq_, cfg_.channels}};
     auto y = tp.leave_forward(looked_up, {batch_, seq_, cfg_.channels}, out_, ledger);
+    if (!positions()) return y;
     const std::int64_t local = y.numel() / cfg_.channels;
     kernels::position_embedding_add(device{}, out_.data(), p.weights(wpe_), local, seq_,
                                     tp.sequence_parallel() ? tp.rank() * local : 0, cfg_.channels);
@@ -106,16 +112,16 @@ class embedding {
     STRATA_CHECK(static_cast<std::int64_t>(dy.size()) == batch_ * seq_ * cfg_.channels, scope_.qualify("backward"),
                  ": expected ", batch_ * seq_ * cfg_.channels, " output gradients, got ", dy.size());
     auto& p = scope_.params();
-    if (degree_ == 1) {
+    if (degree_ == 1 && positions()) {
       kernels::embedding_backward(device{}, p.grads(wte_), p.grads(wpe_), dy.data(), tokens_.data(), batch_, seq_,
                                   cfg_.channels);
     } else {
       kernels::token_embedding_backward(device{}, p.grads(wte_), dy.data(), tokens_.data(), batch_ * seq_,
                                         cfg_.channels, first_row_, rows_here_);
-      kernels::position_embedding_backward(device{}, p.grads(wpe_), dy.data(), batch_, seq_, cfg_.channels);
+      if (positions()) kernels::position_embedding_backward(device{}, p.grads(wpe_), dy.data(), batch_, seq_, cfg_.channels);
     }
     p.grad_written(wte_);
-    p.grad_written(wpe_);
+    if (positions()) p.grad_written(wpe_);
   }
 
   void release_activations() {
@@ -126,13 +132,14 @@ class embedding {
   template <class F>
   void visit_parameters(F&& f) const {
     f(wte_);
-    f(wpe_);
+    if (positions()) f(wpe_);
   }
   param_handle token_table() const { return wte_; }
   const config& cfg() const { return cfg_; }
 
  private:
   using device = typename P::device;
+  bool positions() const { return cfg_.max_seq > 0; }
   module_scope<P> scope_;
   config cfg_;
   param_handle wte_, wpe_;

@@ -9,17 +9,27 @@
 //           tensor-parallel region (tensor_parallel.hpp): under sequence parallelism it gathers
 //           the tokens first, and gathers them again in backward rather than keeping them, so
 //           what it holds stays a 1/t share. `blocks` > 1 splits each of that many equal groups
-//           of output features separately (a fused QKV weight: every rank gets its heads' q, k, v).
+//           of output features separately (a fused QKV weight: every rank gets its heads' q, k, v);
+//           `block_sizes` does the same for unequal groups (grouped-query QKV: {H·d, KV·d, KV·d}).
+//           With `block_heads`, a degree that is a multiple of a block's heads gives each of those
+//           heads to degree/heads neighbouring ranks (fewer key/value heads than ranks): their
+//           weight gradients are partial, and are summed over the ranks sharing them.
 //   row     W [out, in/t], b [out] whole: this rank's input features; the products are partial
 //           sums that leave the region (all-reduce, or reduce-scatter to this rank's tokens).
 //           The bias joins rank 0's partial sum, so it is counted once.
 #pragma once
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/linear.hpp"
+#include "strata/kernels/residual.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/module.hpp"
+#include "strata/layers/parameters.hpp"
 #include "strata/layers/tensor_split.hpp"
 
 namespace strata {
@@ -36,11 +46,32 @@ class linear {
     double init_std = 0.02;
     tensor_split_kind split = tensor_split_kind::none;
     int blocks = 1;  // column split only: equal groups of output features split separately
+    // Column split only, instead of `blocks` equal groups: groups of these sizes (adding up to
+    // out), each split separately.
+    std::array<std::int64_t, tensor_shard::max_blocks> block_sizes{};
+    // With block_sizes: the heads in each group (0: any split), for degrees above a group's heads.
+    std::array<std::int64_t, tensor_shard::max_blocks> block_heads{};
+
+    constexpr int block_count() const {
+      if (block_sizes[0] <= 0) return blocks;
+      int n = 0;
+      while (n < tensor_shard::max_blocks && block_sizes[std::size_t(n)] > 0) ++n;
+      return n;
+    }
+    constexpr std::int64_t block_size(int b) const { return block_sizes[0] > 0 ? block_sizes[std::size_t(b)] : out / blocks; }
   };
 
   // What a tensor-parallel degree must divide: the output features of each block (column), or
   // the input features (row).
   static constexpr tensor_extent_list tensor_extents(const config& c) {
+    if (c.split == tensor_split_kind::column && c.block_sizes[0] > 0) {
+      tensor_extent_list r;
+      for (int b = 0; b < c.block_count(); ++b) {
+        const std::int64_t heads = c.block_heads[std::size_t(b)];
+        r.add(heads > 0 ? tensor_extent{"heads of a fused block", heads, true} : tensor_extent{"out features per block", c.block_size(b)});
+      }
+      return r;
+    }
     if (c.split == tensor_split_kind::column) return {{"out features per block", c.out / c.blocks}};
     if (c.split == tensor_split_kind::row) return {{"in features", c.in}};
     return {};
@@ -52,10 +83,10 @@ class linear {
     const std::int64_t t = tp.degree, rows = s.rows(), bytes = static_cast<std::int64_t>(sizeof(T));
     layer_cost r;
     if (c.split == tensor_split_kind::row) r.params = c.in / t * c.out + (c.bias ? c.out : 0);
-    else r.params = c.in * (c.out / t) + (c.bias ? c.out / t : 0);
-    r.forward_flops = 2 * rows * c.in * c.out / t;
+    else r.params = (c.in + (c.bias ? 1 : 0)) * local_out(c, int(t));
+    r.forward_flops = 2 * rows * c.in * (c.split == tensor_split_kind::row ? c.out / t : local_out(c, int(t)));
     r.backward_flops = 2 * r.forward_flops;
-    r.output_bytes = (c.split == tensor_split_kind::column ? rows * (c.out / t) : s.tp.local_rows(rows) * c.out) * bytes;
+    r.output_bytes = (c.split == tensor_split_kind::column ? rows * local_out(c, int(t)) : s.tp.local_rows(rows) * c.out) * bytes;
     r.activation_bytes = r.output_bytes;
     if (c.split == tensor_split_kind::column) {
       const double input = double(rows * c.in * bytes);
@@ -67,7 +98,17 @@ class linear {
       r.tensor_forward_bytes = tensor_edge_bytes::leave_forward(tp, output);
       r.tensor_backward_bytes = tensor_edge_bytes::leave_backward(tp, output);
     }
+    if (c.split == tensor_split_kind::column && t > 1)  // the weight gradients of shared heads, summed
+      r.tensor_backward_bytes += ring_all_reduce_bytes(double(shared_gradient_elements(c, int(t)) * bytes), int(t));
     return r;
+  }
+
+  // A column-parallel layer's output features on one of `t` ranks.
+  static constexpr std::int64_t local_out(const config& c, int t) {
+    if (c.split != tensor_split_kind::column) return c.out;
+    std::int64_t n = 0;
+    for (int b = 0; b < c.block_count(); ++b) n += c.block_size(b) / pieces(c, b, t);
+    return n;
   }
 
   linear(module_scope<P> scope, const config& c) : scope_(scope), cfg_(c) {
@@ -75,26 +116,39 @@ class linear {
                  ") must be positive");
     STRATA_CHECK(c.blocks >= 1 && c.out % c.blocks == 0, scope.qualify_layer(), ": ", c.blocks,
                  " blocks do not split out = ", c.out);
+    if (c.block_sizes[0] > 0) {
+      std::int64_t sum = 0;
+      for (int b = 0; b < c.block_count(); ++b) sum += c.block_size(b);
+      STRATA_CHECK(c.split == tensor_split_kind::column && sum == c.out, scope.qualify_layer(),
+                   ": block sizes (a column split's groups) add up to ", sum, ", not out = ", c.out);
+    }
     scope.check_tensor_extents(tensor_extents(c));
     auto& tp = scope.tensor();
     const int t = c.split == tensor_split_kind::none ? 1 : tp.degree();
-    const std::int64_t groups = c.split == tensor_split_kind::column ? c.blocks : 1;
-    out_local_ = c.split == tensor_split_kind::column ? c.out / t : c.out;
+    out_local_ = local_out(c, t);
     in_local_ = c.split == tensor_split_kind::row ? c.in / t : c.in;
     const int r = c.split == tensor_split_kind::none ? 0 : tp.rank();
     tensor_shard w{{c.out, c.in}};
-    if (c.split != tensor_split_kind::none) {
+    tensor_shard b{{c.out}};
+    if (c.split == tensor_split_kind::row) {
       w.parts = t;
       w.index = r;
-      w.dim = c.split == tensor_split_kind::row ? 1 : 0;
-      w.blocks = static_cast<int>(groups);
+      w.dim = 1;
+    } else if (c.split == tensor_split_kind::column) {
+      for (tensor_shard* s : {&w, &b}) {
+        s->parts = t;
+        s->index = r;
+        s->blocks = c.block_count();
+        for (int k = 0; k < s->blocks && c.block_sizes[0] > 0; ++k) {
+          s->block_sizes[std::size_t(k)] = c.block_size(k);
+          s->block_parts[std::size_t(k)] = pieces(c, k, t);
+        }
+      }
+      shared_ = w.has_shared_pieces();
+      weight_shard_ = w;
     }
     weight_ = scope_.add_parameter("weight", w, init_rule::normal_with_std(c.init_std), true);
-    if (c.bias) {
-      tensor_shard b{{c.out}};
-      if (c.split == tensor_split_kind::column) b = {{c.out}, 0, t, r, static_cast<int>(groups)};
-      bias_ = scope_.add_parameter("bias", b, init_rule::zeros(), false);
-    }
+    if (c.bias) bias_ = scope_.add_parameter("bias", b, init_rule::zeros(), false);
   }
 
   // x: [..., in] -> [..., out] with the same leading dimensions (under sequence parallelism a
@@ -137,13 +191,25 @@ class linear {
     const T* x = cfg_.split == tensor_split_kind::column ? tp.enter_forward(input_, gathered_input, ledger).data
                                                           : input_.data;
     buffer<T> dinp(ledger, memory_category::activations, static_cast<std::size_t>(rows_ * in_local_));
-    kernels::linear_backward(device{}, scope_.workspace(), dinp.data(), p.grads(weight_),
-                             cfg_.bias ? p.grads(bias_) : nullptr, dy.data(), x, p.weights(weight_), rows_, in_local_,
-                             out_local_);
+    if (shared_) {
+      backward_shared(dinp.data(), dy.data(), x);
+    } else {
+      kernels::linear_backward(device{}, scope_.workspace(), dinp.data(), p.grads(weight_),
+                               cfg_.bias ? p.grads(bias_) : nullptr, dy.data(), x, p.weights(weight_), rows_,
+                               in_local_, out_local_);
+    }
     p.grad_written(weight_);
     if (cfg_.bias) p.grad_written(bias_);
     if (cfg_.split == tensor_split_kind::column) return tp.enter_backward(std::move(dinp), ledger);
     return dinp;
+  }
+
+  // The output forward just returned, writable, for a column-parallel or whole layer: the layer
+  // that owns what follows may transform it in place (attention turns q and k by position).
+  T* output_data() {
+    STRATA_CHECK(cfg_.split != tensor_split_kind::row, scope_.qualify("output_data"),
+                 ": a row-parallel layer's output is the group's sum, not its own");
+    return out_.data();
   }
 
   // Lets go of what forward kept (full recomputation runs forward again before backward).
@@ -174,8 +240,63 @@ class linear {
     return {dest.data(), s};
   }
 
+  // Pieces block b of a column split is cut into on t ranks: t, or its heads when they are fewer.
+  static constexpr int pieces(const config& c, int b, int t) {
+    const std::int64_t heads = c.block_sizes[0] > 0 ? c.block_heads[std::size_t(b)] : 0;
+    return heads > 0 && heads < t ? int(heads) : t;
+  }
+  // Weight (and bias) elements of the shared blocks, whole: what their gradient sum carries.
+  static constexpr std::int64_t shared_gradient_elements(const config& c, int t) {
+    std::int64_t n = 0;
+    for (int b = 0; b < c.block_count(); ++b)
+      if (pieces(c, b, t) < t) n += c.block_size(b) * (c.in + (c.bias ? 1 : 0));
+    return n;
+  }
+
+  // Backward when some output features are shared with other ranks: this microbatch's weight and
+  // bias gradients go to scratch; the shared blocks' are summed over the group (every rank puts
+  // its piece at that piece's place in the whole blocks, zeros elsewhere, so the sum at a place
+  // is over the ranks holding it), then all are added to the parameters' gradients.
+  void backward_shared(T* dinp, const T* dy, const T* x) {
+    auto& p = scope_.params();
+    auto& ledger = scope_.ledger();
+    const int t = scope_.tensor().degree();
+    const std::int64_t in = in_local_, shared_rows = shared_gradient_elements(cfg_, t) / (cfg_.in + (cfg_.bias ? 1 : 0));
+    buffer<T> dw(ledger, memory_category::activations, std::size_t(out_local_ * in));
+    buffer<T> db(ledger, memory_category::activations, std::size_t(cfg_.bias ? out_local_ : 0));
+    buffer<T> whole_w(ledger, memory_category::activations, std::size_t(shared_rows * in));
+    buffer<T> whole_b(ledger, memory_category::activations, std::size_t(cfg_.bias ? shared_rows : 0));
+    kernels::linear_backward(device{}, scope_.workspace(), dinp, dw.data(), cfg_.bias ? db.data() : nullptr, dy, x,
+                             p.weights(weight_), rows_, in, out_local_);
+    // (this rank's first feature of a shared piece, its row in the whole blocks, how many)
+    std::vector<std::array<std::int64_t, 3>> runs;
+    std::int64_t local = 0, row = 0;
+    for (int b = 0; b < cfg_.block_count(); ++b) {
+      const std::int64_t piece = weight_shard_.block_size(b) / weight_shard_.pieces(b);
+      if (weight_shard_.pieces(b) < t) {
+        runs.push_back({local, row + weight_shard_.piece_index(b) * piece, piece});
+        row += weight_shard_.block_size(b);
+      }
+      local += piece;
+    }
+    for (const auto& [from, to, n] : runs) {
+      whole_w.copy_within(dw.data() + from * in, std::size_t(n * in), std::size_t(to * in));
+      if (cfg_.bias) whole_b.copy_within(db.data() + from, std::size_t(n), std::size_t(to));
+    }
+    scope_.tensor().sum_over_group(std::span<T>(whole_w.data(), whole_w.size()));
+    if (cfg_.bias) scope_.tensor().sum_over_group(std::span<T>(whole_b.data(), whole_b.size()));
+    for (const auto& [from, to, n] : runs) {
+      dw.copy_within(whole_w.data() + to * in, std::size_t(n * in), std::size_t(from * in));
+      if (cfg_.bias) db.copy_within(whole_b.data() + to, std::size_t(n), std::size_t(from));
+    }
+    kernels::residual_forward(device{}, p.grads(weight_), p.grads(weight_), dw.data(), out_local_ * in);
+    if (cfg_.bias) kernels::residual_forward(device{}, p.grads(bias_), p.grads(bias_), db.data(), out_local_);
+  }
+
   module_scope<P> scope_;
   config cfg_;
+  bool shared_ = false;
+  tensor_shard weight_shard_;
   std::int64_t in_local_ = 0, out_local_ = 0;
   param_handle weight_, bias_;
   tensor_view<const T> input_;

@@ -5,6 +5,7 @@
 // gradient clipping and, later, data-parallel buckets work on) and fills the weights with the
 // sharding-invariant initializer. A layer keeps only a handle and asks the store for pointers.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -28,21 +29,72 @@ struct param_handle {
 };
 
 // Where a rank's piece of a tensor-parallel parameter sits in the full tensor. Dimension `dim`
-// (0: rows, 1: columns of a matrix) of the full tensor is `blocks` equal blocks (3 for a fused
-// QKV weight: q, k, v), and each block is split into `parts` equal pieces; this rank holds piece
-// `index` of every block, blocks kept in order. Rows at or past `real_rows` are padding (a
-// vocabulary padded to a multiple of the degree): they start at zero and are no part of the
-// serial model. parts == 1: the parameter is whole on every rank (replicated).
+// (0: rows, 1: columns of a matrix) of the full tensor is a run of blocks (3 for a fused QKV
+// weight: q, k, v), and each block is split into pieces over the `parts` ranks; this rank holds
+// its piece of every block, blocks kept in order. The blocks are `blocks` equal ones, or, when
+// `block_sizes` is set, of those sizes (grouped-query QKV: {H·d, KV·d, KV·d}). A block may be cut
+// into fewer pieces than there are ranks (`block_parts`, dividing `parts`): then parts/block_parts
+// neighbouring ranks hold the same piece (a key/value head shared by more ranks than there are
+// key/value heads). Rows at or past `real_rows` are padding (a vocabulary padded to a multiple of
+// the degree): they start at zero and are no part of the serial model. parts == 1: the parameter
+// is whole on every rank (replicated).
 struct tensor_shard {
+  static constexpr int max_blocks = 4;
   strata::shape full;           // the full tensor, padding included
   int dim = 0, parts = 1, index = 0, blocks = 1;
   std::int64_t real_rows = -1;  // -1: no padding
+  std::array<std::int64_t, max_blocks> block_sizes{};  // along dim; all zero: `blocks` equal blocks
+  std::array<int, max_blocks> block_parts{};           // pieces of each block; zero: `parts`
 
   bool sharded() const { return parts > 1; }
+  // Along `dim`: the size of block b, how many pieces it is cut into, and this rank's piece.
+  std::int64_t block_size(int b) const { return block_sizes[0] > 0 ? block_sizes[std::size_t(b)] : extent() / blocks; }
+  int pieces(int b) const { return block_parts[std::size_t(b)] > 0 ? block_parts[std::size_t(b)] : parts; }
+  int piece_index(int b) const { return index / (parts / pieces(b)); }
+  // Whether some block is held whole by more than one rank (its gradients are partial sums).
+  bool has_shared_pieces() const {
+    for (int b = 0; b < blocks; ++b)
+      if (pieces(b) < parts) return true;
+    return false;
+  }
   strata::shape local() const {
     strata::shape s = full;
-    s.dims[static_cast<std::size_t>(dim)] /= parts;
+    std::int64_t along = 0;
+    for (int b = 0; b < blocks; ++b) along += block_size(b) / pieces(b);
+    s.dims[static_cast<std::size_t>(dim)] = along;
     return s;
+  }
+  // Whether the blocks fit the tensor: positive, dividing into their pieces, adding up to it.
+  bool consistent() const {
+    if (parts < 1 || index < 0 || index >= parts || blocks < 1 || blocks > max_blocks || dim < 0 || dim >= full.rank)
+      return false;
+    std::int64_t total = 0;
+    for (int b = 0; b < blocks; ++b) {
+      const int n = pieces(b);
+      if (n < 1 || parts % n != 0 || block_size(b) <= 0 || block_size(b) % n != 0) return false;
+      total += block_size(b);
+    }
+    return total == extent();
+  }
+  // Local elements [begin, end) that `holders` ranks hold alike: one run per block, for a split
+  // along rows (dim 0) or of a vector; the whole piece as one run of 1 holder otherwise.
+  struct holder_run {
+    std::int64_t begin = 0, end = 0;
+    int holders = 1;
+  };
+  std::vector<holder_run> holder_runs() const {
+    const strata::shape l = local();
+    const std::int64_t numel = l.numel();
+    if (!has_shared_pieces() || dim != 0) return {{0, numel, 1}};
+    const std::int64_t per_row = l.rank >= 2 ? numel / l[0] : 1;
+    std::vector<holder_run> runs;
+    std::int64_t row = 0;
+    for (int b = 0; b < blocks; ++b) {
+      const std::int64_t rows = block_size(b) / pieces(b);
+      runs.push_back({row * per_row, (row + rows) * per_row, parts / pieces(b)});
+      row += rows;
+    }
+    return runs;
   }
   // The full tensor's (row, column) of local element i, rank 1 tensors being one row.
   std::pair<std::int64_t, std::int64_t> full_position(std::int64_t i) const {
@@ -50,8 +102,16 @@ struct tensor_shard {
     const std::int64_t cols = l.rank >= 2 ? l[1] : l[0];
     std::int64_t row = l.rank >= 2 ? i / cols : 0, col = l.rank >= 2 ? i % cols : i;
     std::int64_t& along = (dim == 0 && l.rank >= 2) ? row : col;
-    const std::int64_t piece = (l.rank >= 2 ? l[dim] : l[0]) / blocks;  // of one block, on one rank
-    along = (along / piece) * piece * parts + index * piece + along % piece;
+    std::int64_t local_start = 0, full_start = 0;
+    for (int b = 0; b < blocks; ++b) {
+      const std::int64_t piece = block_size(b) / pieces(b);  // of this block, on one rank
+      if (along < local_start + piece || b + 1 == blocks) {
+        along = full_start + piece_index(b) * piece + (along - local_start);
+        break;
+      }
+      local_start += piece;
+      full_start += block_size(b);
+    }
     return {row, col};
   }
   // Index of local element i in the full (row-major) tensor.
@@ -76,6 +136,9 @@ struct tensor_shard {
     s.index = q;
     return s;
   }
+
+ private:
+  std::int64_t extent() const { return full[dim]; }
 };
 
 struct param_info {
@@ -109,10 +172,9 @@ class parameter_store {
                  "' after the parameters were allocated");
     for (const auto& e : entries_)
       STRATA_CHECK(e.name != name, "parameter_store: parameter '", name, "' registered twice");
-    STRATA_CHECK(shard.parts >= 1 && shard.index >= 0 && shard.index < shard.parts && shard.blocks >= 1 &&
-                     shard.full[shard.dim] % (static_cast<std::int64_t>(shard.parts) * shard.blocks) == 0,
-                 "parameter_store: '", name, "' of shape ", shard.full.str(), " cannot be split into ", shard.parts,
-                 " x ", shard.blocks, " pieces along dimension ", shard.dim);
+    STRATA_CHECK(shard.consistent(), "parameter_store: '", name, "' of shape ", shard.full.str(),
+                 " cannot be split into ", shard.parts, " pieces of each of ", shard.blocks, " blocks along dimension ",
+                 shard.dim);
     param_info info{std::move(name), shape, total_, shape.numel(), init, weight_decay, 1, shard};
     STRATA_CHECK(info.numel > 0, "parameter_store: parameter '", info.name, "' has shape ",
                  shape.str(), " with no elements");

@@ -7,8 +7,8 @@
 //              forward every activation inside the layer is released, and backward runs the
 //              layer's forward again from its input before its backward. Costs one more forward.
 //              Needs a layer with release_activations().
-//   selective  keeps everything but the attention probabilities, the activations that grow with
-//              the square of the sequence; backward recomputes them from the kept q, k, v.
+//   selective  keeps everything but the attention's logsumexps (one per query row); backward
+//              recomputes them from the kept q, k, v.
 //              Needs a layer with recompute_core(bool) (attention, transformer_block).
 //   none       the layer as it is.
 // recompute<recompute_from_context, L> takes the mode from the model context it is built in, at

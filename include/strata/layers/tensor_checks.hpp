@@ -6,8 +6,9 @@
 //   template <class P> struct my_model { ...; static constexpr config shape{.heads = 4, ...}; };
 // under a policy whose tensor degree is static, check_static_layout<Model>() - which
 // strata::training asserts - fails to compile in the instantiation
-//   strata::tensor_degree_divides<3, strata::tensor_extent{"heads", 4}>
-// naming the degree, the extent and its value; no user-written assert is needed. With a dynamic
+//   strata::tensor_degree_divides<3, strata::tensor_extent{"heads", 4, false}>
+// naming the degree, the extent, its value and whether it is shareable (a degree that is a
+// multiple of key/value heads passes); no user-written assert is needed. With a dynamic
 // degree or a run-time shape, check_tensor_extents<Model>(config, degree) throws the same
 // numbers in words, identically on every rank, before any layer is built.
 #pragma once
@@ -32,9 +33,10 @@ concept has_static_shape = requires { typename M::config; M::shape; } &&
 
 template <int Degree, tensor_extent Extent>
 struct tensor_degree_divides {
-  static_assert(Extent.extent % Degree == 0,
-                "strata::tensor: the tensor-parallel degree must divide this extent of the model (see the "
-                "template arguments: the degree, then the extent's name and value)");
+  static_assert(Extent.fits(Degree),
+                "strata::tensor: the tensor-parallel degree must divide this extent of the model, or for a "
+                "shareable one be a multiple of it (see the template arguments: the degree, then the extent's "
+                "name and value)");
   static constexpr bool value = true;
 };
 
@@ -81,7 +83,8 @@ constexpr void check_tensor_extents(const typename Model::config& c, int degree,
           const auto& part = layers.template part<I>();
           const tensor_extent_list extents = tensor_extents_of<L>(part.config);
           if (const tensor_extent* e = extents.first_not_divided_by(degree))
-            fail(prefix, "tensor parallelism tp=", degree, " does not divide ", e->name(), " = ", e->extent, " (",
+            fail(prefix, "tensor parallelism tp=", degree, " does not divide ", e->name(), " = ", e->extent,
+                 e->otherwise(), " (",
                  I == list::blocks_at ? "blocks '" : "layer '", part.name, "')");
         }(),
         ...);

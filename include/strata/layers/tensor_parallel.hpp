@@ -126,6 +126,12 @@ class tensor_parallel {
   void sum_partial_gradients(std::span<T> partial) {
     if (sequence_parallel()) group_.all_reduce(partial);
   }
+  // Sums `partial` over the group whatever the mode (a key/value head's weight gradient, held by
+  // several ranks).
+  template <class T>
+  void sum_over_group(std::span<T> partial) {
+    if (degree() > 1) group_.all_reduce(partial);
+  }
 
  private:
   group_ref group_;

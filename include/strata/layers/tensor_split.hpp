@@ -26,13 +26,16 @@ struct tensor_split {
 enum class tensor_split_kind { none, column, row };
 
 // One extent a tensor-parallel degree must divide, with what it is ("heads", "FFN width"). A
-// structural type: the compile-time check carries it into the compiler's message.
+// `shareable` extent also takes a degree that is a multiple of it: each of its units (a
+// key/value head) is then held by degree/extent ranks. A structural type: the compile-time check
+// carries it into the compiler's message.
 struct tensor_extent {
   char what[32] = {};
   std::int64_t extent = 0;
+  bool shareable = false;
 
   constexpr tensor_extent() = default;
-  constexpr tensor_extent(std::string_view name, std::int64_t n) : extent(n) {
+  constexpr tensor_extent(std::string_view name, std::int64_t n, bool shared = false) : extent(n), shareable(shared) {
     for (std::size_t i = 0; i < name.size() && i + 1 < sizeof what; ++i) what[i] = name[i];
   }
   constexpr std::string_view name() const {
@@ -40,6 +43,11 @@ struct tensor_extent {
     while (n < sizeof what && what[n] != 0) ++n;
     return {what, n};
   }
+  constexpr bool fits(int degree) const {
+    return degree > 0 && (extent % degree == 0 || (shareable && extent > 0 && degree % extent == 0));
+  }
+  // How the message goes on after "tensor parallelism tp=N does not divide <name> = <extent>".
+  constexpr std::string_view otherwise() const { return shareable ? " and is not a multiple of it" : ""; }
 };
 
 // The extents a layer (and everything inside it) needs divided; a few per layer.
@@ -54,7 +62,8 @@ struct tensor_extent_list {
   }
   constexpr tensor_extent_list& add(const tensor_extent& e) {
     for (int i = 0; i < count; ++i)
-      if (items[i].name() == e.name() && items[i].extent == e.extent) return *this;  // said already
+      if (items[i].name() == e.name() && items[i].extent == e.extent && items[i].shareable == e.shareable)
+        return *this;  // said already
     if (count < capacity) items[count++] = e;
     return *this;
   }
@@ -65,7 +74,7 @@ struct tensor_extent_list {
   // The first extent `degree` does not divide, or null.
   constexpr const tensor_extent* first_not_divided_by(int degree) const {
     for (int i = 0; i < count; ++i)
-      if (degree > 0 && items[i].extent % degree != 0) return &items[i];
+      if (degree > 0 && !items[i].fits(degree)) return &items[i];
     return nullptr;
   }
 };

@@ -1,10 +1,13 @@
-// strata/layers/transformer_block.hpp - a pre-LayerNorm Transformer block (GPT-2's):
+// strata/layers/transformer_block.hpp - a pre-norm Transformer block:
 //
-//   r = x + attn(ln_1(x));   y = r + mlp(ln_2(r))        x, r, y: [B, T, C]
+//   r = x + attn(norm_1(x));   y = r + ffn(norm_2(r))        x, r, y: [B, T, C]
 //
-// Under tensor parallelism attention and MLP are one tensor-parallel region each; LayerNorms and
-// residuals see whole activations (or, under sequence parallelism, [B, T/t, C]: this rank's
-// tokens). recompute_core(true) hands selective recomputation to the attention.
+// GPT-2's is transformer_block<P> (LayerNorm, multi-head attention with biases, GELU MLP);
+// Llama's is llama_block<P> = transformer_block<P, rmsnorm, swiglu> with a config saying
+// kv_heads, rope_theta and bias = false. Under tensor parallelism attention and the feed-forward
+// block are one tensor-parallel region each; norms and residuals see whole activations (or, under
+// sequence parallelism, [B, T/t, C]: this rank's tokens). recompute_core(true) hands selective
+// recomputation to the attention. Checkpoint names: ln_1, attn, ln_2, mlp, whatever the norm.
 #pragma once
 #include <cstdint>
 
@@ -13,10 +16,12 @@
 #include "strata/layers/cost.hpp"
 #include "strata/layers/layernorm.hpp"
 #include "strata/layers/mlp.hpp"
+#include "strata/layers/rmsnorm.hpp"
+#include "strata/layers/swiglu.hpp"
 
 namespace strata {
 
-template <class P>
+template <class P, template <class> class Norm = layernorm, template <class> class FeedForward = mlp>
 class transformer_block {
  public:
   using policy = P;
@@ -27,18 +32,24 @@ class transformer_block {
     double eps = 1e-5;
     double init_std = 0.02;
     double proj_init_std = 0.02;  // residual projections; GPT-2 uses 0.02/sqrt(2·layers)
+    std::int64_t kv_heads = 0;    // key/value heads (grouped-query attention); 0: as many as heads
+    double rope_theta = 0;        // rotary position embedding's base; 0: none
+    bool bias = true;             // biases on the attention's projections
   };
+  using norm_type = Norm<P>;
+  using ffn_type = FeedForward<P>;
 
-  static constexpr typename layernorm<P>::config ln_config(const config& c) { return {.channels = c.channels, .eps = c.eps}; }
+  static constexpr typename norm_type::config ln_config(const config& c) { return {.channels = c.channels, .eps = c.eps}; }
   static constexpr typename attention<P>::config attn_config(const config& c) {
-    return {.channels = c.channels, .heads = c.heads, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
+    return {.channels = c.channels, .heads = c.heads, .kv_heads = c.kv_heads, .rope_theta = c.rope_theta,
+            .bias = c.bias, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
   }
-  static constexpr typename mlp<P>::config mlp_config(const config& c) {
+  static constexpr typename ffn_type::config mlp_config(const config& c) {
     return {.channels = c.channels, .hidden = c.hidden, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
   }
 
   static constexpr tensor_extent_list tensor_extents(const config& c) {
-    return attention<P>::tensor_extents(attn_config(c)).add(mlp<P>::tensor_extents(mlp_config(c)));
+    return attention<P>::tensor_extents(attn_config(c)).add(ffn_type::tensor_extents(mlp_config(c)));
   }
   // The four layers, plus two residual adds whose sums r and y are kept (y is the output).
   static constexpr layer_cost cost(const config& c, const cost_scope& s) {
@@ -46,8 +57,8 @@ class transformer_block {
     residual.forward_flops = s.local_rows() * c.channels;
     residual.backward_flops = 2 * residual.forward_flops;
     residual.output_bytes = residual.activation_bytes = s.local_rows() * c.channels * static_cast<std::int64_t>(sizeof(T));
-    const layer_cost ln = layernorm<P>::cost(ln_config(c), s);
-    return ln.then(attention<P>::cost(attn_config(c), s)).then(residual).then(ln).then(mlp<P>::cost(mlp_config(c), s)).then(residual);
+    const layer_cost ln = norm_type::cost(ln_config(c), s);
+    return ln.then(attention<P>::cost(attn_config(c), s)).then(residual).then(ln).then(ffn_type::cost(mlp_config(c), s)).then(residual);
   }
 
   transformer_block(module_scope<P> scope, const config& c)
@@ -111,11 +122,16 @@ class transformer_block {
   }
   module_scope<P> scope_;
   config cfg_;
-  layernorm<P> ln_1_;
+  norm_type ln_1_;
   attention<P> attn_;
-  layernorm<P> ln_2_;
-  mlp<P> mlp_;
+  norm_type ln_2_;
+  ffn_type mlp_;
   buffer<T> resid_, out_;
 };
+
+// Llama's block: RMSNorm, attention with rotary positions (and grouped-query heads when kv_heads
+// is below heads), a SwiGLU feed-forward block; the config sets rope_theta, kv_heads, bias = false.
+template <class P>
+using llama_block = transformer_block<P, rmsnorm, swiglu>;
 
 }  // namespace strata

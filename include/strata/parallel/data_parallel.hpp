@@ -252,11 +252,12 @@ class data_parallel {
     double local = 0;
     if (opt_.zero_stage == 0) {
       const T* g = params_->grads_data();
-      for (const auto& e : params_->entries())
-        local += norm_weight(e) * kernels::sum_of_squares(device{}, g + e.offset, e.numel);
+      for (const auto& e : params_->entries()) local += weighted_squares(e, g + e.offset, 0, e.numel);
     } else {
-      for (const auto& seg : layout_.owned_segments())
-        local += norm_weight(entry_at(seg.flat)) * kernels::sum_of_squares(device{}, reduced_.data() + seg.state, seg.count);
+      for (const auto& seg : layout_.owned_segments()) {
+        const param_info& e = entry_at(seg.flat);
+        local += weighted_squares(e, reduced_.data() + seg.state, seg.flat - e.offset, seg.count);
+      }
       group_->all_reduce(std::span<double>(&local, 1), reduce_op::sum);
     }
     tp.all_reduce(std::span<double>(&local, 1), reduce_op::sum);
@@ -291,6 +292,18 @@ class data_parallel {
   double norm_weight(const param_info& e) const {
     if (e.replica) return 0.0;
     return e.shard.sharded() ? 1.0 : 1.0 / opt_.tensor_group.size();
+  }
+  // The weighted squares of e's gradient elements [first, first + count), held at `g`: an element
+  // that several ranks of the tensor group hold alike (a shared key/value head) counts 1/holders
+  // on each of them.
+  double weighted_squares(const param_info& e, const T* g, std::int64_t first, std::int64_t count) const {
+    if (!e.shard.has_shared_pieces()) return norm_weight(e) * kernels::sum_of_squares(device{}, g, count);
+    double sum = 0;
+    for (const auto& run : e.shard.holder_runs()) {
+      const std::int64_t begin = std::max(run.begin, first), end = std::min(run.end, first + count);
+      if (begin < end) sum += kernels::sum_of_squares(device{}, g + (begin - first), end - begin) / run.holders;
+    }
+    return sum;
   }
 
   // The mean of a per-rank value (the loss) over the group.

@@ -1,8 +1,8 @@
 // strata/policy/recompute.hpp - activation recomputation: the modes and their tags.
 //
 //   none       keep every activation from forward to backward
-//   selective  drop what grows with the square of the sequence (attention probabilities) and
-//              recompute it in backward (Korthikanti et al. 2022)
+//   selective  drop the attention's logsumexps (one per query row) after forward and recompute
+//              them in backward (after Korthikanti et al. 2022, who drop the probabilities)
 //   full       keep only each wrapped layer's output; backward runs its forward again first
 //
 // A mode is fixed in a type (strata::recompute<strata::selective, L>) or taken at run time from

@@ -395,10 +395,19 @@ class checkpointer {
       tensors.push_back(raw("exp_avg/" + key, fetch(space, m.data() + seg.state, seg.count).data(), seg.count));
       tensors.push_back(raw("exp_avg_sq/" + key, fetch(space, v.data() + seg.state, seg.count).data(), seg.count));
       const auto& sh = e.shard;
-      pieces.push_back({{"param", e.name}, {"begin", begin}, {"count", seg.count}, {"numel", e.numel},
-                        {"full", std::vector<std::int64_t>(sh.full.dims.begin(), sh.full.dims.begin() + sh.full.rank)},
-                        {"dim", sh.dim}, {"parts", sh.parts}, {"index", sh.index}, {"blocks", sh.blocks},
-                        {"real_rows", sh.real_rows}});
+      json piece{{"param", e.name}, {"begin", begin}, {"count", seg.count}, {"numel", e.numel},
+                 {"full", std::vector<std::int64_t>(sh.full.dims.begin(), sh.full.dims.begin() + sh.full.rank)},
+                 {"dim", sh.dim}, {"parts", sh.parts}, {"index", sh.index}, {"blocks", sh.blocks},
+                 {"real_rows", sh.real_rows}};
+      // Unequal blocks (grouped-query QKV) and blocks held by several ranks, only where present.
+      if (sh.block_sizes[0] > 0)
+        piece["block_sizes"] = std::vector<std::int64_t>(sh.block_sizes.begin(), sh.block_sizes.begin() + sh.blocks);
+      if (sh.has_shared_pieces()) {
+        std::vector<int> cut;
+        for (int b = 0; b < sh.blocks; ++b) cut.push_back(sh.pieces(b));
+        piece["block_parts"] = cut;
+      }
+      pieces.push_back(std::move(piece));
     }
     return encode_safetensors(tensors, {{"format", "strata-checkpoint-shard"},
                                         {"step", std::to_string(at.step)},
@@ -460,6 +469,23 @@ class checkpointer {
         p.shard.index = pj.at("index").get<int>();
         p.shard.blocks = pj.at("blocks").get<int>();
         p.shard.real_rows = pj.at("real_rows").get<std::int64_t>();
+        STRATA_CHECK(p.shard.blocks >= 1 && p.shard.blocks <= tensor_shard::max_blocks, "checkpoint file '", path,
+                     "': a piece of ", p.shard.blocks, " blocks (at most ", tensor_shard::max_blocks, ")");
+        if (pj.contains("block_sizes")) {
+          const auto sizes = pj.at("block_sizes").get<std::vector<std::int64_t>>();
+          STRATA_CHECK(sizes.size() == std::size_t(p.shard.blocks), "checkpoint file '", path, "': ", sizes.size(),
+                       " block sizes for ", p.shard.blocks, " blocks");
+          std::copy(sizes.begin(), sizes.end(), p.shard.block_sizes.begin());
+        }
+        if (pj.contains("block_parts")) {
+          const auto cut = pj.at("block_parts").get<std::vector<int>>();
+          STRATA_CHECK(cut.size() == std::size_t(p.shard.blocks), "checkpoint file '", path, "': ", cut.size(),
+                       " block piece counts for ", p.shard.blocks, " blocks");
+          std::copy(cut.begin(), cut.end(), p.shard.block_parts.begin());
+        }
+        STRATA_CHECK(p.shard.consistent(), "checkpoint file '", path, "': the split of parameter '",
+                     pj.at("param").get<std::string>(), "' (", p.shard.parts, " parts of ", p.shard.blocks,
+                     " blocks along dimension ", p.shard.dim, " of ", p.shard.full.str(), ") does not fit its shape");
         const std::string name = pj.at("param").get<std::string>();
         const std::string key = name + "@" + std::to_string(p.begin);
         const auto find = [&](const std::string& kind, bool required) -> const named_tensor* {

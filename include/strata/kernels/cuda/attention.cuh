@@ -1,34 +1,40 @@
-// strata/kernels/cuda/attention.cuh - causal multi-head self-attention on the GPU, tiled so the
-// T x T score matrix never reaches global memory (flash-attention style, online softmax).
+// strata/kernels/cuda/attention.cuh - causal self-attention on the GPU (multi-head, grouped-query
+// and multi-query), tiled so the T x T score matrix never reaches global memory (flash-attention
+// style, online softmax). The geometry is kernels/attention_shape.hpp's attention_shape:
 //
-//   qkv  [B, T, 3C]  rows hold q | k | v; head h uses columns h*hs .. (h+1)*hs of each, hs = C/NH
-//   out  [B, T, C]   out[b, t, h*hs + i] = sum_t2 softmax_t2(q_t . k_t2 / sqrt(hs)) v[b, t2, h, i]
-//   att  [B, NH, T]  (fp32) THE CUDA KERNELS STORE THE PER-ROW LOGSUMEXP HERE, not the
-//                    [B, NH, T, T] probabilities of the host kernel: lse = max + log(sum exp).
-//                    A caller allocating the host size wastes memory but works; B*NH*T suffice.
+//   qkv  [B, T, W]   W = row_width() = (heads + 2 kv_heads) hd: per token the query heads, the key
+//                    heads, the value heads. Query head h reads key/value head h / group()
+//                    (group = heads / kv_heads); K and V are never repeated in memory.
+//   out  [B, T, heads hd]   out[b, t, h hd + i] = sum_t2 softmax_t2(scale q_t . k_t2) v[b, t2, h/g, i]
+//   lse  [B, heads, T]  (fp32) the per-row logsumexp lse = max + log(sum exp): what the backward
+//                    recomputes the probabilities from. scale = s.softmax_scale() (1/sqrt(hd) by
+//                    default).
 //
-// Forward (one block per (query tile, batch*head)): Q tile in shared memory; for each key tile
-// up to the diagonal, S = Q K^T, then an online softmax per row (running max m and sum l, the
-// accumulated O rescaled by exp(m_old - m_new)), then O += P V. out = O / l, lse = m + log l.
+// Forward (grid: query tiles x B*heads, one block per (query tile, b, query head)): Q tile in
+// shared memory; for each key tile of the head's key/value head up to the diagonal, S = Q K^T,
+// then an online softmax per row (running max m and sum l, the accumulated O rescaled by
+// exp(m_old - m_new)), then O += P V. out = O / l, lse = m + log l.
 //
 // Backward (FlashAttention-2's recomputation, made deterministic): D = rowsum(dO * O); then
-//   dK/dV kernel: one block per key tile, looping over the query tiles at or below the diagonal:
-//                 P = exp(S * scale - lse), dV += P^T dO, dP = dO V^T, dS = P (dP - D) scale,
-//                 dK += dS^T Q
-//   dQ kernel:    one block per query tile, looping over the key tiles: dQ += dS K
-// Each gradient element is owned by one block and summed in tile order: no atomics, so the
-// result is bit-identical from run to run. (dS is recomputed in both kernels instead of
-// accumulating dQ with float atomics.)
+//   dK/dV kernel (grid: key tiles x B*kv_heads): one block per (key tile, b, key/value head),
+//                 looping over the group's query heads and, for each, over the query tiles at or
+//                 below the diagonal: P = exp(S scale - lse), dV += P^T dO, dP = dO V^T,
+//                 dS = P (dP - D) scale, dK += dS^T Q
+//   dQ kernel     (grid: query tiles x B*heads): one block per (query tile, b, query head),
+//                 looping over the key tiles of its key/value head: dQ += dS K
+// Each gradient element is owned by one block and summed in a fixed order (query heads, then
+// query tiles, then the tile's rows): no atomics, so the result is bit-identical from run to run.
+// (dS is recomputed in both kernels instead of accumulating dQ with float atomics.)
 //
-// Tensor cores: for bf16/fp16 with hs a multiple of 16, the five tile products use WMMA
+// Tensor cores: for bf16/fp16 with hd a multiple of 16, the five tile products use WMMA
 // (16x16x16, fp32 accumulate; P and dS rounded to the storage type as their operand, as
 // flash-attention does). Otherwise (fp32, odd head sizes) the same kernels run scalar FMAs.
-// Tile sizes and shared memory come from gpu::plan_attention (launch_config.hpp).
+// Tile sizes and shared memory come from gpu::plan_attention (launch_config.hpp); they depend on
+// the head size only, not on the grouping.
 //
-// attention_backward takes the forward's `out` as an optional last argument (the host overload
-// takes and ignores it, so a layer makes one call for both): with it D = rowsum(dO * out)
-// directly; without it the forward is recomputed into scratch first. How much `att` holds per
-// query row on each device is attention_saved_per_row (kernels/cuda/attention_saved.hpp).
+// attention_backward takes the forward's `out`; when it is null the forward is recomputed into
+// scratch first (D = rowsum(dO * out) needs it). The GPT-2 overloads (B, T, C, NH [, out]) remain,
+// as wrappers over attention_shape::multi_head(B, T, C, NH); `att` is their lse.
 #pragma once
 #include <mma.h>
 
@@ -38,7 +44,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
-#include "strata/kernels/cuda/attention_saved.hpp"
+#include "strata/kernels/attention_shape.hpp"
 #include "strata/kernels/cuda/common.cuh"
 #include "strata/policy/device.hpp"
 
@@ -137,17 +143,32 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, std::int
   }
 }
 
-// grid (query tiles, B*NH). out [B, T, C], lse [B, NH, T], qkv [B, T, 3C].
+// The attention geometry as the kernels use it (int where the launcher checked it fits).
+struct attention_dims {
+  int T;           // sequence length
+  int heads;       // query heads
+  int kv_heads;    // key/value heads
+  int group;       // heads / kv_heads: query heads per key/value head
+  int hd;          // head size
+  std::int64_t row;      // row_width(): elements per token of qkv and dqkv
+  std::int64_t q_width;  // heads * hd: elements per token of out and dout; the key heads' offset in a qkv row
+  std::int64_t v_off;    // q_width + kv_width: the value heads' offset in a qkv row
+  float scale;           // the softmax scale
+};
+
+// grid (query tiles, B*heads). out [B, T, heads*hd], lse [B, heads, T], qkv [B, T, row].
 template <class T, bool TC>
-__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int C, int NH,
-                                         attention_geometry g, bool vec) {
+__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, attention_dims a, attention_geometry g,
+                                         bool vec) {
   using PT = std::conditional_t<TC, T, float>;  // the P operand
   extern __shared__ __align__(128) unsigned char smem[];
-  const int hs = C / NH, br = g.br, bc = g.bc;
-  const int bh = int(blockIdx.y), b = bh / NH, h = bh % NH;
+  const int T_ = a.T, hs = a.hd, br = g.br, bc = g.bc;
+  const int bh = int(blockIdx.y), b = bh / a.heads, h = bh % a.heads, kvh = h / a.group;
   const int q0 = int(blockIdx.x) * br;
-  const std::int64_t C3 = 3 * std::int64_t(C);
-  const T* base = qkv + std::int64_t(b) * T_ * C3 + std::int64_t(h) * hs;
+  const T* batch = qkv + std::int64_t(b) * T_ * a.row;
+  const T* qbase = batch + std::int64_t(h) * hs;
+  const T* kbase = batch + a.q_width + std::int64_t(kvh) * hs;
+  const T* vbase = batch + a.v_off + std::int64_t(kvh) * hs;
   T* sQ = reinterpret_cast<T*>(smem + g.layout.q);
   T* sK = reinterpret_cast<T*>(smem + g.layout.k);
   T* sV = reinterpret_cast<T*>(smem + g.layout.v);
@@ -157,9 +178,9 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int T
   float* sM = reinterpret_cast<float*>(smem + g.layout.row0);
   float* sL = reinterpret_cast<float*>(smem + g.layout.row1);
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), warps = int(blockDim.x / 32);
-  const float scale = 1.0f / sqrtf(float(hs));
+  const float scale = a.scale;
 
-  load_tile(sQ, g.ld_t, base, C3, q0, br, T_, hs, vec);
+  load_tile(sQ, g.ld_t, qbase, a.row, q0, br, T_, hs, vec);
   for (int idx = int(threadIdx.x); idx < br * g.ld_o; idx += int(blockDim.x)) sO[idx] = 0.0f;
   for (int r = int(threadIdx.x); r < br; r += int(blockDim.x)) {
     sM[r] = -INFINITY;
@@ -171,8 +192,8 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int T
   for (int kt = 0; kt < kv_tiles; ++kt) {
     const int k0 = kt * bc;
     __syncthreads();  // the previous tile's K, V, P are consumed
-    load_tile(sK, g.ld_t, base + C, C3, k0, bc, T_, hs, vec);
-    load_tile(sV, g.ld_t, base + 2 * std::int64_t(C), C3, k0, bc, T_, hs, vec);
+    load_tile(sK, g.ld_t, kbase, a.row, k0, bc, T_, hs, vec);
+    load_tile(sV, g.ld_t, vbase, a.row, k0, bc, T_, hs, vec);
     __syncthreads();
     block_mm<mm_kind::nt, TC>(sS, g.ld_s, sQ, g.ld_t, sK, g.ld_t, br, bc, hs, false);  // S = Q K^T
     __syncthreads();
@@ -212,40 +233,41 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int T
   __syncthreads();
   for (int idx = int(threadIdx.x); idx < br * hs; idx += int(blockDim.x)) {
     const int r = idx / hs, d = idx % hs, i = q0 + r;
-    if (i < T_) out[(std::int64_t(b) * T_ + i) * C + std::int64_t(h) * hs + d] = narrow<T>(sO[r * g.ld_o + d] / sL[r]);
+    if (i < T_)
+      out[(std::int64_t(b) * T_ + i) * a.q_width + std::int64_t(h) * hs + d] = narrow<T>(sO[r * g.ld_o + d] / sL[r]);
   }
   for (int r = int(threadIdx.x); r < br; r += int(blockDim.x))
     if (q0 + r < T_) lse[std::int64_t(bh) * T_ + q0 + r] = sM[r] + logf(sL[r]);
 }
 
-// D[b, h, t] = sum_i dout[b, t, h*hs + i] * out[b, t, h*hs + i]; one warp per (b, h, t).
+// D[b, h, t] = sum_i dout[b, t, h*hd + i] * out[b, t, h*hd + i]; one warp per (b, h, t).
 template <class T>
-__global__ void attention_delta_kernel(float* D, const T* dout, const T* out, int B, int T_, int C, int NH) {
+__global__ void attention_delta_kernel(float* D, const T* dout, const T* out, std::int64_t B, attention_dims a) {
   const std::int64_t row = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= std::int64_t(B) * NH * T_) return;
-  const int lane = int(threadIdx.x % 32), hs = C / NH;
-  const int t = int(row % T_);
-  const std::int64_t bh = row / T_;
-  const int h = int(bh % NH), b = int(bh / NH);
-  const std::int64_t off = (std::int64_t(b) * T_ + t) * C + std::int64_t(h) * hs;
+  if (row >= B * a.heads * a.T) return;
+  const int lane = int(threadIdx.x % 32), hs = a.hd;
+  const std::int64_t t = row % a.T, bh = row / a.T;
+  const std::int64_t h = bh % a.heads, b = bh / a.heads;
+  const std::int64_t off = (b * a.T + t) * a.q_width + h * hs;
   float s = 0.0f;
   for (int d = lane; d < hs; d += 32) s += widen(dout[off + d]) * widen(out[off + d]);
   s = warp_sum(s);
-  if (lane == 0) D[row] = s;  // row = (b*NH + h)*T + t
+  if (lane == 0) D[row] = s;  // row = (b*heads + h)*T + t
 }
 
-// grid (key tiles, B*NH): dK, dV of one key tile; accumulates (+=) into dqkv.
+// grid (key tiles, B*kv_heads): dK, dV of one key tile of one key/value head, summed over the
+// group's query heads; accumulates (+=) into dqkv.
 template <class T, bool TC>
 __global__ void attention_backward_kv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
-                                             int T_, int C, int NH, attention_geometry g, bool vec_qkv, bool vec_dout) {
+                                             attention_dims a, attention_geometry g, bool vec_qkv, bool vec_dout) {
   using PT = std::conditional_t<TC, T, float>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const int hs = C / NH, br = g.br, bc = g.bc;
-  const int bh = int(blockIdx.y), b = bh / NH, h = bh % NH;
+  const int T_ = a.T, hs = a.hd, br = g.br, bc = g.bc;
+  const int bk = int(blockIdx.y), b = bk / a.kv_heads, kvh = bk % a.kv_heads;
   const int k0 = int(blockIdx.x) * bc;
-  const std::int64_t C3 = 3 * std::int64_t(C);
-  const T* base = qkv + std::int64_t(b) * T_ * C3 + std::int64_t(h) * hs;
-  const T* dbase = dout + std::int64_t(b) * T_ * C + std::int64_t(h) * hs;
+  const T* batch = qkv + std::int64_t(b) * T_ * a.row;
+  const T* kbase = batch + a.q_width + std::int64_t(kvh) * hs;
+  const T* vbase = batch + a.v_off + std::int64_t(kvh) * hs;
   T* sQ = reinterpret_cast<T*>(smem + g.layout.q);
   T* sdO = reinterpret_cast<T*>(smem + g.layout.dout);
   T* sK = reinterpret_cast<T*>(smem + g.layout.k);
@@ -258,70 +280,81 @@ __global__ void attention_backward_kv_kernel(T* dqkv, const T* dout, const T* qk
   float* sdV = reinterpret_cast<float*>(smem + g.layout.acc1);
   float* sLse = reinterpret_cast<float*>(smem + g.layout.row0);
   float* sD = reinterpret_cast<float*>(smem + g.layout.row1);
-  const float scale = 1.0f / sqrtf(float(hs));
+  const float scale = a.scale;
 
-  load_tile(sK, g.ld_t, base + C, C3, k0, bc, T_, hs, vec_qkv);
-  load_tile(sV, g.ld_t, base + 2 * std::int64_t(C), C3, k0, bc, T_, hs, vec_qkv);
+  load_tile(sK, g.ld_t, kbase, a.row, k0, bc, T_, hs, vec_qkv);
+  load_tile(sV, g.ld_t, vbase, a.row, k0, bc, T_, hs, vec_qkv);
   for (int idx = int(threadIdx.x); idx < bc * g.ld_o; idx += int(blockDim.x)) {
     sdK[idx] = 0.0f;
     sdV[idx] = 0.0f;
   }
   const int q_tiles = (T_ + br - 1) / br;
-  for (int qt = k0 / br; qt < q_tiles; ++qt) {
-    const int q0 = qt * br;
-    __syncthreads();  // the previous tile's Q, dO, P, dS are consumed
-    load_tile(sQ, g.ld_t, base, C3, q0, br, T_, hs, vec_qkv);
-    load_tile(sdO, g.ld_t, dbase, C, q0, br, T_, hs, vec_dout);
-    for (int r = int(threadIdx.x); r < br; r += int(blockDim.x)) {
-      const bool ok = q0 + r < T_;
-      sLse[r] = ok ? lse[std::int64_t(bh) * T_ + q0 + r] : 0.0f;
-      sD[r] = ok ? D[std::int64_t(bh) * T_ + q0 + r] : 0.0f;
+  for (int gi = 0; gi < a.group; ++gi) {
+    const int h = kvh * a.group + gi;  // the query head
+    const T* qbase = batch + std::int64_t(h) * hs;
+    const T* dbase = dout + std::int64_t(b) * T_ * a.q_width + std::int64_t(h) * hs;
+    const std::int64_t rows = (std::int64_t(b) * a.heads + h) * T_;  // this head's rows of lse and D
+    for (int qt = k0 / br; qt < q_tiles; ++qt) {
+      const int q0 = qt * br;
+      __syncthreads();  // the previous tile's Q, dO, P, dS are consumed
+      load_tile(sQ, g.ld_t, qbase, a.row, q0, br, T_, hs, vec_qkv);
+      load_tile(sdO, g.ld_t, dbase, a.q_width, q0, br, T_, hs, vec_dout);
+      for (int r = int(threadIdx.x); r < br; r += int(blockDim.x)) {
+        const bool ok = q0 + r < T_;
+        sLse[r] = ok ? lse[rows + q0 + r] : 0.0f;
+        sD[r] = ok ? D[rows + q0 + r] : 0.0f;
+      }
+      __syncthreads();
+      block_mm<mm_kind::nt, TC>(sS, g.ld_s, sQ, g.ld_t, sK, g.ld_t, br, bc, hs, false);  // S = Q K^T
+      __syncthreads();
+      for (int idx = int(threadIdx.x); idx < br * bc; idx += int(blockDim.x)) {
+        const int r = idx / bc, c = idx % bc, i = q0 + r, j = k0 + c;
+        const float p = (j <= i && i < T_) ? expf(sS[r * g.ld_s + c] * scale - sLse[r]) : 0.0f;
+        sS[r * g.ld_s + c] = p;
+        if constexpr (TC) sP[r * g.ld_p + c] = narrow<T>(p);
+        else sP[r * g.ld_p + c] = p;
+      }
+      __syncthreads();
+      block_mm<mm_kind::tn, TC>(sdV, g.ld_o, sP, g.ld_p, sdO, g.ld_t, bc, hs, br, true);    // dV += P^T dO
+      block_mm<mm_kind::nt, TC>(sdP, g.ld_s, sdO, g.ld_t, sV, g.ld_t, br, bc, hs, false);  // dP = dO V^T
+      __syncthreads();
+      for (int idx = int(threadIdx.x); idx < br * bc; idx += int(blockDim.x)) {
+        const int r = idx / bc, c = idx % bc;
+        const float ds = sS[r * g.ld_s + c] * (sdP[r * g.ld_s + c] - sD[r]) * scale;
+        if constexpr (TC) sdS[r * g.ld_p + c] = narrow<T>(ds);
+        else sdS[r * g.ld_p + c] = ds;
+      }
+      __syncthreads();
+      block_mm<mm_kind::tn, TC>(sdK, g.ld_o, sdS, g.ld_p, sQ, g.ld_t, bc, hs, br, true);  // dK += dS^T Q
     }
-    __syncthreads();
-    block_mm<mm_kind::nt, TC>(sS, g.ld_s, sQ, g.ld_t, sK, g.ld_t, br, bc, hs, false);  // S = Q K^T
-    __syncthreads();
-    for (int idx = int(threadIdx.x); idx < br * bc; idx += int(blockDim.x)) {
-      const int r = idx / bc, c = idx % bc, i = q0 + r, j = k0 + c;
-      const float p = (j <= i && i < T_) ? expf(sS[r * g.ld_s + c] * scale - sLse[r]) : 0.0f;
-      sS[r * g.ld_s + c] = p;
-      if constexpr (TC) sP[r * g.ld_p + c] = narrow<T>(p);
-      else sP[r * g.ld_p + c] = p;
-    }
-    __syncthreads();
-    block_mm<mm_kind::tn, TC>(sdV, g.ld_o, sP, g.ld_p, sdO, g.ld_t, bc, hs, br, true);    // dV += P^T dO
-    block_mm<mm_kind::nt, TC>(sdP, g.ld_s, sdO, g.ld_t, sV, g.ld_t, br, bc, hs, false);  // dP = dO V^T
-    __syncthreads();
-    for (int idx = int(threadIdx.x); idx < br * bc; idx += int(blockDim.x)) {
-      const int r = idx / bc, c = idx % bc;
-      const float ds = sS[r * g.ld_s + c] * (sdP[r * g.ld_s + c] - sD[r]) * scale;
-      if constexpr (TC) sdS[r * g.ld_p + c] = narrow<T>(ds);
-      else sdS[r * g.ld_p + c] = ds;
-    }
-    __syncthreads();
-    block_mm<mm_kind::tn, TC>(sdK, g.ld_o, sdS, g.ld_p, sQ, g.ld_t, bc, hs, br, true);  // dK += dS^T Q
   }
   __syncthreads();
+  T* dbatch = dqkv + std::int64_t(b) * T_ * a.row;
   for (int idx = int(threadIdx.x); idx < bc * hs; idx += int(blockDim.x)) {
     const int r = idx / hs, d = idx % hs, j = k0 + r;
     if (j >= T_) continue;
-    T* row = dqkv + (std::int64_t(b) * T_ + j) * C3 + std::int64_t(h) * hs + d;
-    row[C] = narrow<T>(widen(row[C]) + sdK[r * g.ld_o + d]);
-    row[2 * std::int64_t(C)] = narrow<T>(widen(row[2 * std::int64_t(C)]) + sdV[r * g.ld_o + d]);
+    T* row = dbatch + std::int64_t(j) * a.row + std::int64_t(kvh) * hs + d;
+    T* dk = row + a.q_width;
+    T* dv = row + a.v_off;
+    *dk = narrow<T>(widen(*dk) + sdK[r * g.ld_o + d]);
+    *dv = narrow<T>(widen(*dv) + sdV[r * g.ld_o + d]);
   }
 }
 
-// grid (query tiles, B*NH): dQ of one query tile; accumulates (+=) into dqkv.
+// grid (query tiles, B*heads): dQ of one query tile of one query head; accumulates (+=) into dqkv.
 template <class T, bool TC>
 __global__ void attention_backward_q_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
-                                            int T_, int C, int NH, attention_geometry g, bool vec_qkv, bool vec_dout) {
+                                            attention_dims a, attention_geometry g, bool vec_qkv, bool vec_dout) {
   using PT = std::conditional_t<TC, T, float>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const int hs = C / NH, br = g.br, bc = g.bc;
-  const int bh = int(blockIdx.y), b = bh / NH, h = bh % NH;
+  const int T_ = a.T, hs = a.hd, br = g.br, bc = g.bc;
+  const int bh = int(blockIdx.y), b = bh / a.heads, h = bh % a.heads, kvh = h / a.group;
   const int q0 = int(blockIdx.x) * br;
-  const std::int64_t C3 = 3 * std::int64_t(C);
-  const T* base = qkv + std::int64_t(b) * T_ * C3 + std::int64_t(h) * hs;
-  const T* dbase = dout + std::int64_t(b) * T_ * C + std::int64_t(h) * hs;
+  const T* batch = qkv + std::int64_t(b) * T_ * a.row;
+  const T* qbase = batch + std::int64_t(h) * hs;
+  const T* kbase = batch + a.q_width + std::int64_t(kvh) * hs;
+  const T* vbase = batch + a.v_off + std::int64_t(kvh) * hs;
+  const T* dbase = dout + std::int64_t(b) * T_ * a.q_width + std::int64_t(h) * hs;
   T* sQ = reinterpret_cast<T*>(smem + g.layout.q);
   T* sdO = reinterpret_cast<T*>(smem + g.layout.dout);
   T* sK = reinterpret_cast<T*>(smem + g.layout.k);
@@ -332,10 +365,10 @@ __global__ void attention_backward_q_kernel(T* dqkv, const T* dout, const T* qkv
   float* sdQ = reinterpret_cast<float*>(smem + g.layout.acc0);
   float* sLse = reinterpret_cast<float*>(smem + g.layout.row0);
   float* sD = reinterpret_cast<float*>(smem + g.layout.row1);
-  const float scale = 1.0f / sqrtf(float(hs));
+  const float scale = a.scale;
 
-  load_tile(sQ, g.ld_t, base, C3, q0, br, T_, hs, vec_qkv);
-  load_tile(sdO, g.ld_t, dbase, C, q0, br, T_, hs, vec_dout);
+  load_tile(sQ, g.ld_t, qbase, a.row, q0, br, T_, hs, vec_qkv);
+  load_tile(sdO, g.ld_t, dbase, a.q_width, q0, br, T_, hs, vec_dout);
   for (int r = int(threadIdx.x); r < br; r += int(blockDim.x)) {
     const bool ok = q0 + r < T_;
     sLse[r] = ok ? lse[std::int64_t(bh) * T_ + q0 + r] : 0.0f;
@@ -347,8 +380,8 @@ __global__ void attention_backward_q_kernel(T* dqkv, const T* dout, const T* qkv
   for (int kt = 0; kt < kv_tiles; ++kt) {
     const int k0 = kt * bc;
     __syncthreads();  // the previous tile's K and dS are consumed
-    load_tile(sK, g.ld_t, base + C, C3, k0, bc, T_, hs, vec_qkv);
-    load_tile(sV, g.ld_t, base + 2 * std::int64_t(C), C3, k0, bc, T_, hs, vec_qkv);
+    load_tile(sK, g.ld_t, kbase, a.row, k0, bc, T_, hs, vec_qkv);
+    load_tile(sV, g.ld_t, vbase, a.row, k0, bc, T_, hs, vec_qkv);
     __syncthreads();
     block_mm<mm_kind::nt, TC>(sS, g.ld_s, sQ, g.ld_t, sK, g.ld_t, br, bc, hs, false);    // S = Q K^T
     block_mm<mm_kind::nt, TC>(sdP, g.ld_s, sdO, g.ld_t, sV, g.ld_t, br, bc, hs, false);  // dP = dO V^T
@@ -370,17 +403,43 @@ __global__ void attention_backward_q_kernel(T* dqkv, const T* dout, const T* qkv
   for (int idx = int(threadIdx.x); idx < br * hs; idx += int(blockDim.x)) {
     const int r = idx / hs, d = idx % hs, i = q0 + r;
     if (i >= T_) continue;
-    T* q = dqkv + (std::int64_t(b) * T_ + i) * C3 + std::int64_t(h) * hs + d;
+    T* q = dqkv + (std::int64_t(b) * T_ + i) * a.row + std::int64_t(h) * hs + d;
     *q = narrow<T>(widen(*q) + sdQ[r * g.ld_o + d]);
   }
 }
 
+// The GPT-2 overloads' check (B, T, C, NH), before they convert to an attention_shape.
 inline void check_attention_shape(const char* who, std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t NH) {
   STRATA_CHECK(B >= 0 && T_ >= 0 && C > 0 && NH > 0, who, ": need B, T >= 0 and C, NH > 0, got B = ", B, ", T = ", T_,
                ", C = ", C, ", NH = ", NH);
   STRATA_CHECK(C % NH == 0, who, ": heads = ", NH, " does not divide channels C = ", C);
-  STRATA_CHECK(B * NH <= 65535, who, ": B * NH = ", B * NH, " exceeds the grid's 65535 (batch * heads)");
-  STRATA_CHECK(3 * C * T_ < (std::int64_t(1) << 31), who, ": T * 3C must stay below 2^31");
+}
+
+// What the CUDA kernels need of an attention_shape: valid, and grid and index sizes that fit.
+inline void check_attention_shape(const char* who, const attention_shape& s) {
+  STRATA_CHECK(s.batch >= 0 && s.seq >= 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0, who,
+               ": need batch, seq >= 0 and heads, kv_heads, head_dim > 0, got batch = ", s.batch, ", seq = ", s.seq,
+               ", heads = ", s.heads, ", kv_heads = ", s.kv_heads, ", head_dim = ", s.head_dim);
+  STRATA_CHECK(s.heads % s.kv_heads == 0, who, ": kv_heads = ", s.kv_heads, " does not divide heads = ", s.heads);
+  STRATA_CHECK(std::isfinite(s.scale), who, ": the softmax scale must be finite, got ", s.scale);
+  STRATA_CHECK(s.batch * s.heads <= 65535, who, ": batch * heads = ", s.batch * s.heads,
+               " exceeds the grid's 65535 (batch * heads)");
+  STRATA_CHECK(s.seq * s.row_width() < (std::int64_t(1) << 31), who, ": seq * row_width = ", s.seq * s.row_width(),
+               " must stay below 2^31");
+}
+
+inline attention_dims attention_dims_for(const attention_shape& s) {
+  attention_dims a{};
+  a.T = int(s.seq);
+  a.heads = int(s.heads);
+  a.kv_heads = int(s.kv_heads);
+  a.group = int(s.group());
+  a.hd = int(s.head_dim);
+  a.row = s.row_width();
+  a.q_width = s.q_width();
+  a.v_off = s.q_width() + s.kv_width();
+  a.scale = float(s.softmax_scale());
+  return a;
 }
 
 template <class T>
@@ -402,6 +461,8 @@ void with_tensor_cores(const gpu::attention_plan& p, F&& f) {
   f(std::false_type{});
 }
 
+// 16-byte tile loads: the base aligned, every row start aligned (row stride), every head's
+// columns aligned (head size; the q/k/v offsets are multiples of it) and the tile rows too.
 template <class T>
 bool tile_loads_vectorized(const gpu::attention_plan& p, const T* base, std::int64_t row_stride) {
   return p.tensor_cores && gpu::aligned16(base) && (row_stride * std::int64_t(sizeof(T))) % 16 == 0 &&
@@ -410,25 +471,82 @@ bool tile_loads_vectorized(const gpu::attention_plan& p, const T* base, std::int
 
 }  // namespace cuda_detail
 
-// out [B, T, C]; att: the logsumexp [B, NH, T] (fp32), see the header comment.
+// out [B, T, heads*hd]; lse [B, heads, T] (fp32): the per-row logsumexp, see the header comment.
 template <class T>
-void attention_forward(cuda, T* out, acc_t<T>* att, const T* qkv, std::int64_t B, std::int64_t T_, std::int64_t C,
-                       std::int64_t NH) {
+void attention_forward(cuda, T* out, acc_t<T>* lse, const T* qkv, const attention_shape& s) {
   static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
-  cuda_detail::check_attention_shape("attention_forward", B, T_, C, NH);
-  if (B == 0 || T_ == 0) return;
+  cuda_detail::check_attention_shape("attention_forward", s);
+  if (s.batch == 0 || s.seq == 0) return;
   gpu::context& ctx = gpu::this_context();
-  const gpu::attention_plan plan = gpu::plan_attention(C / NH, sizeof(T), gpu::tensor_core_storage_v<T>, ctx.smem_optin());
+  const gpu::attention_plan plan =
+      gpu::plan_attention(s.head_dim, sizeof(T), gpu::tensor_core_storage_v<T>, ctx.smem_optin());
   const cuda_detail::attention_geometry g = cuda_detail::attention_geometry_for<T>(plan, gpu::attention_pass::forward);
-  const dim3 grid(unsigned(gpu::ceil_div(T_, plan.br)), unsigned(B * NH));
-  const bool vec = cuda_detail::tile_loads_vectorized(plan, qkv, 3 * C);
+  const cuda_detail::attention_dims a = cuda_detail::attention_dims_for(s);
+  const dim3 grid(unsigned(gpu::ceil_div(s.seq, plan.br)), unsigned(s.batch * s.heads));
+  const bool vec = cuda_detail::tile_loads_vectorized(plan, qkv, s.row_width());
   cuda_detail::with_tensor_cores<T>(plan, [&](auto tc) {
     constexpr bool TC = decltype(tc)::value;
     auto* kernel = &cuda_detail::attention_forward_kernel<T, TC>;
     gpu::allow_dynamic_smem(kernel, plan.smem_forward);
-    kernel<<<grid, plan.threads, plan.smem_forward, ctx.stream()>>>(out, att, qkv, int(T_), int(C), int(NH), g, vec);
+    kernel<<<grid, plan.threads, plan.smem_forward, ctx.stream()>>>(out, lse, qkv, a, g, vec);
   });
   STRATA_CUDA_CHECK_LAUNCH("attention_forward");
+}
+
+// Accumulates (+=) into dqkv [B, T, row_width]. lse: the forward's logsumexp [B, heads, T]. out:
+// the forward's output [B, T, heads*hd]; null: recomputed into scratch (costs a forward).
+template <class T>
+void attention_backward(cuda, T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse,
+                        const std::type_identity_t<T>* out, const attention_shape& s) {
+  static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
+  cuda_detail::check_attention_shape("attention_backward", s);
+  if (s.batch == 0 || s.seq == 0) return;
+  gpu::context& ctx = gpu::this_context();
+  const cudaStream_t stream = ctx.stream();
+  const gpu::attention_plan plan =
+      gpu::plan_attention(s.head_dim, sizeof(T), gpu::tensor_core_storage_v<T>, ctx.smem_optin());
+  const cuda_detail::attention_dims a = cuda_detail::attention_dims_for(s);
+  const std::int64_t rows = s.batch * s.heads * s.seq;  // query rows: lse, D
+
+  // D = rowsum(dO * O), with O recomputed when the caller did not pass it.
+  gpu::scratch<T> recomputed(out ? 0 : std::size_t(s.batch * s.seq * s.q_width()));
+  gpu::scratch<float> recomputed_lse(out ? 0 : std::size_t(rows));
+  if (!out) {
+    attention_forward(cuda{}, recomputed.get(), recomputed_lse.get(), qkv, s);
+    out = recomputed.get();
+  }
+  gpu::scratch<float> D{static_cast<std::size_t>(rows)};
+  {
+    const auto d = gpu::rows_launch(rows);
+    cuda_detail::attention_delta_kernel<T><<<d.grid, d.block, 0, stream>>>(D.get(), dout, out, s.batch, a);
+    STRATA_CUDA_CHECK_LAUNCH("attention_backward (delta)");
+  }
+  const bool vec_qkv = cuda_detail::tile_loads_vectorized(plan, qkv, s.row_width());
+  const bool vec_dout = cuda_detail::tile_loads_vectorized(plan, dout, s.q_width());
+  const auto gkv = cuda_detail::attention_geometry_for<T>(plan, gpu::attention_pass::backward_kv);
+  const auto gq = cuda_detail::attention_geometry_for<T>(plan, gpu::attention_pass::backward_q);
+  cuda_detail::with_tensor_cores<T>(plan, [&](auto tc) {
+    constexpr bool TC = decltype(tc)::value;
+    auto* kv = &cuda_detail::attention_backward_kv_kernel<T, TC>;
+    gpu::allow_dynamic_smem(kv, plan.smem_backward_kv);
+    kv<<<dim3(unsigned(gpu::ceil_div(s.seq, plan.bc)), unsigned(s.batch * s.kv_heads)), plan.threads,
+         plan.smem_backward_kv, stream>>>(dqkv, dout, qkv, lse, D.get(), a, gkv, vec_qkv, vec_dout);
+    STRATA_CUDA_CHECK_LAUNCH("attention_backward (dk, dv)");
+    auto* q = &cuda_detail::attention_backward_q_kernel<T, TC>;
+    gpu::allow_dynamic_smem(q, plan.smem_backward_q);
+    q<<<dim3(unsigned(gpu::ceil_div(s.seq, plan.br)), unsigned(s.batch * s.heads)), plan.threads,
+        plan.smem_backward_q, stream>>>(dqkv, dout, qkv, lse, D.get(), a, gq, vec_qkv, vec_dout);
+    STRATA_CUDA_CHECK_LAUNCH("attention_backward (dq)");
+  });
+}
+
+// GPT-2's multi-head attention over C channels in NH heads: out [B, T, C]; att: the logsumexp
+// [B, NH, T] (fp32). The same as attention_shape::multi_head(B, T, C, NH).
+template <class T>
+void attention_forward(cuda, T* out, acc_t<T>* att, const T* qkv, std::int64_t B, std::int64_t T_, std::int64_t C,
+                       std::int64_t NH) {
+  cuda_detail::check_attention_shape("attention_forward", B, T_, C, NH);
+  attention_forward(cuda{}, out, att, qkv, attention_shape::multi_head(B, T_, C, NH));
 }
 
 // Accumulates (+=) into dqkv [B, T, 3C]. att: the forward's logsumexp [B, NH, T]. out: the
@@ -437,44 +555,8 @@ template <class T>
 void attention_backward(cuda, T* dqkv, const T* dout, const T* qkv, const acc_t<T>* att, std::int64_t B,
                         std::int64_t T_, std::int64_t C, std::int64_t NH,
                         const std::type_identity_t<T>* out = nullptr) {
-  static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
   cuda_detail::check_attention_shape("attention_backward", B, T_, C, NH);
-  if (B == 0 || T_ == 0) return;
-  gpu::context& ctx = gpu::this_context();
-  const cudaStream_t stream = ctx.stream();
-  const gpu::attention_plan plan = gpu::plan_attention(C / NH, sizeof(T), gpu::tensor_core_storage_v<T>, ctx.smem_optin());
-
-  // D = rowsum(dO * O), with O recomputed when the caller did not pass it.
-  gpu::scratch<T> recomputed(out ? 0 : std::size_t(B * T_ * C));
-  gpu::scratch<float> recomputed_lse(out ? 0 : std::size_t(B * NH * T_));
-  if (!out) {
-    attention_forward(cuda{}, recomputed.get(), recomputed_lse.get(), qkv, B, T_, C, NH);
-    out = recomputed.get();
-  }
-  gpu::scratch<float> D(std::size_t(B * NH * T_));
-  {
-    const auto d = gpu::rows_launch(B * NH * T_);
-    cuda_detail::attention_delta_kernel<T><<<d.grid, d.block, 0, stream>>>(D.get(), dout, out, int(B), int(T_), int(C),
-                                                                           int(NH));
-    STRATA_CUDA_CHECK_LAUNCH("attention_backward (delta)");
-  }
-  const bool vec_qkv = cuda_detail::tile_loads_vectorized(plan, qkv, 3 * C);
-  const bool vec_dout = cuda_detail::tile_loads_vectorized(plan, dout, C);
-  const auto gkv = cuda_detail::attention_geometry_for<T>(plan, gpu::attention_pass::backward_kv);
-  const auto gq = cuda_detail::attention_geometry_for<T>(plan, gpu::attention_pass::backward_q);
-  cuda_detail::with_tensor_cores<T>(plan, [&](auto tc) {
-    constexpr bool TC = decltype(tc)::value;
-    auto* kv = &cuda_detail::attention_backward_kv_kernel<T, TC>;
-    gpu::allow_dynamic_smem(kv, plan.smem_backward_kv);
-    kv<<<dim3(unsigned(gpu::ceil_div(T_, plan.bc)), unsigned(B * NH)), plan.threads, plan.smem_backward_kv, stream>>>(
-        dqkv, dout, qkv, att, D.get(), int(T_), int(C), int(NH), gkv, vec_qkv, vec_dout);
-    STRATA_CUDA_CHECK_LAUNCH("attention_backward (dk, dv)");
-    auto* q = &cuda_detail::attention_backward_q_kernel<T, TC>;
-    gpu::allow_dynamic_smem(q, plan.smem_backward_q);
-    q<<<dim3(unsigned(gpu::ceil_div(T_, plan.br)), unsigned(B * NH)), plan.threads, plan.smem_backward_q, stream>>>(
-        dqkv, dout, qkv, att, D.get(), int(T_), int(C), int(NH), gq, vec_qkv, vec_dout);
-    STRATA_CUDA_CHECK_LAUNCH("attention_backward (dq)");
-  });
+  attention_backward(cuda{}, dqkv, dout, qkv, att, out, attention_shape::multi_head(B, T_, C, NH));
 }
 
 }  // namespace strata::kernels

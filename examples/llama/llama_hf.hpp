@@ -1,0 +1,97 @@
+// examples/llama/llama_hf.hpp - the example Llama's weights as Hugging Face's LlamaForCausalLM
+// names them.
+//
+// strata's parameters in serial order (sequential_model::serial_parameters), each with the
+// tensors it is made of in a transformers safetensors file. Both store linear weights [out, in]
+// (nn.Linear), and transformers keeps q_proj and k_proj in the rotate-half order strata's rotary
+// embedding uses, so nothing is transposed or permuted; strata's fused weights are their Hugging
+// Face parts stacked by rows: attn.qkv = q_proj | k_proj | v_proj, mlp.gate_up = gate_proj |
+// up_proj. A tied head (dims::tied) is not written, as transformers omits it.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <strata/train/safetensors.hpp>
+
+#include "llama.hpp"
+
+namespace llama {
+
+// One strata parameter [rows, cols] (cols = 1 for a vector): Hugging Face tensors stacked by rows.
+struct hf_param {
+  std::string name;
+  std::int64_t rows = 0, cols = 1;
+  std::vector<std::pair<std::string, std::int64_t>> parts;  // (Hugging Face name, rows)
+  std::int64_t numel() const { return rows * cols; }
+};
+
+// Every parameter of the unsplit model, in its flat (serial) order.
+inline std::vector<hf_param> hf_layout(const dims& d) {
+  const std::int64_t C = d.d_model, V = d.vocab, F = d.ffn_width(), q = d.heads * d.head_dim(), kv = d.kv() * d.head_dim();
+  std::vector<hf_param> out{{"wte", V, C, {{"model.embed_tokens.weight", V}}}};
+  for (std::int64_t l = 0; l < d.layers; ++l) {
+    const std::string s = "h." + std::to_string(l) + ".", hf = "model.layers." + std::to_string(l) + ".";
+    out.push_back({s + "ln_1.weight", C, 1, {{hf + "input_layernorm.weight", C}}});
+    out.push_back({s + "attn.qkv.weight", q + 2 * kv, C,
+                   {{hf + "self_attn.q_proj.weight", q}, {hf + "self_attn.k_proj.weight", kv}, {hf + "self_attn.v_proj.weight", kv}}});
+    out.push_back({s + "attn.proj.weight", C, q, {{hf + "self_attn.o_proj.weight", C}}});
+    out.push_back({s + "ln_2.weight", C, 1, {{hf + "post_attention_layernorm.weight", C}}});
+    out.push_back({s + "mlp.gate_up.weight", 2 * F, C, {{hf + "mlp.gate_proj.weight", F}, {hf + "mlp.up_proj.weight", F}}});
+    out.push_back({s + "mlp.down.weight", C, F, {{hf + "mlp.down_proj.weight", C}}});
+  }
+  out.push_back({"norm.weight", C, 1, {{"model.norm.weight", C}}});
+  if (!d.tied) out.push_back({"lm_head.weight", V, C, {{"lm_head.weight", V}}});
+  return out;
+}
+
+// Writes the serial weights as a LlamaForCausalLM safetensors file, in storage type T.
+template <class T>
+void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
+  std::vector<st::named_tensor> tensors;
+  std::size_t at = 0;
+  for (const auto& p : hf_layout(d)) {
+    for (const auto& [hf_name, rows] : p.parts) {
+      const auto n = std::size_t(rows * p.cols);
+      STRATA_CHECK(at + n <= serial.size(), "llama: exporting ", serial.size(), " weights, the model has more");
+      std::vector<double> values(serial.begin() + std::ptrdiff_t(at), serial.begin() + std::ptrdiff_t(at + n));
+      std::vector<std::int64_t> shape{rows};
+      if (p.cols > 1) shape.push_back(p.cols);
+      tensors.push_back(st::make_tensor<T>(hf_name, shape, values));
+      at += n;
+    }
+  }
+  STRATA_CHECK(at == serial.size(), "llama: exporting ", serial.size(), " weights, the model has ", at);
+  write_safetensors(path, tensors, {{"format", "pt"}, {"written_by", "strata"}});
+}
+
+// Reads a LlamaForCausalLM safetensors file into serial weights for dims `d`; every tensor must be
+// there with Llama's shape (the error names the file, tensor and shapes). Other tensors are
+// ignored; a tied model reads no lm_head.weight.
+inline std::vector<double> import_hf(const std::string& path, const dims& d) {
+  std::map<std::string, st::named_tensor> by_name;
+  for (auto& t : st::read_safetensors(path)) by_name.emplace(t.name, std::move(t));
+  auto text = [](const std::vector<std::int64_t>& s) {
+    std::string r = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+  };
+  std::vector<double> serial;
+  for (const auto& p : hf_layout(d)) {
+    for (const auto& [hf_name, rows] : p.parts) {
+      auto it = by_name.find(hf_name);
+      STRATA_CHECK(it != by_name.end(), "llama: '", path, "' has no tensor '", hf_name, "'");
+      const auto& t = it->second;
+      std::vector<std::int64_t> want{rows};
+      if (p.cols > 1) want.push_back(p.cols);
+      STRATA_CHECK(t.shape == want, "llama: '", path, "': tensor '", hf_name, "' has shape ", text(t.shape),
+                   ", the model expects ", text(want));
+      for (std::int64_t i = 0; i < t.numel(); ++i) serial.push_back(t.at(i));
+    }
+  }
+  return serial;
+}
+
+}  // namespace llama
