@@ -471,6 +471,17 @@ void test_rmsnorm(std::int64_t N, std::int64_t C) {
   k::rmsnorm_backward(D, e1.get(), w1.get(), dg.get(), dx.get(), dw.get(), drstd.get(), N, C);
   check_true("rmsnorm_backward (deterministic)", dt, sh,
              bitwise_equal(e1.host(), got_dinp) && bitwise_equal(w1.host(), got_dw), "two runs bitwise equal");
+  {  // fused residual + rmsnorm against the host's fused one (itself residual_forward then rmsnorm_forward)
+    const auto a = random_vec<T>(std::size_t(N * C), -1, 1, 155);
+    std::vector<T> resid(std::size_t(N * C)), normed(std::size_t(N * C));
+    std::vector<float> r2(static_cast<std::size_t>(N));
+    k::residual_rmsnorm_forward(H, resid.data(), normed.data(), r2.data(), x.data(), a.data(), w.data(), N, C, eps);
+    dvec<T> da(a), dresid(std::size_t(N * C)), dnormed(std::size_t(N * C));
+    dvec<float> dr2(static_cast<std::size_t>(N));
+    k::residual_rmsnorm_forward(D, dresid.get(), dnormed.get(), dr2.get(), dx.get(), da.get(), dw.get(), N, C, eps);
+    check("residual_rmsnorm_forward", dt, sh, std::max(rel_error(dresid.host(), resid), rel_error(dnormed.host(), normed)),
+          tol_for<T>());
+  }
 }
 
 template <class T>

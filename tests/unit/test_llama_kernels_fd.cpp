@@ -129,6 +129,27 @@ TEST_CASE("rmsnorm: dweight sums rows in a fixed order, the same bits with 1 and
   CHECK(bit_identical(run(1), run(2)));
 }
 
+TEST_CASE("residual_rmsnorm_forward: the numbers of residual_forward then rmsnorm_forward, in float and bf16") {
+  const std::int64_t N = 37, C = 70;
+  const auto a = randn(sz(N * C), 7), b = randn(sz(N * C), 8), w = randn(sz(C), 9, 0.2, 1.0);
+  auto same = [&]<class T>(T) {
+    const auto rounded = [](const vec& v) {
+      std::vector<T> r(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) r[i] = convert<T>(v[i]);
+      return r;
+    };
+    const std::vector<T> at = rounded(a), bt = rounded(b), wt = rounded(w);
+    std::vector<T> resid(at.size()), out(at.size()), resid2(at.size()), out2(at.size());
+    std::vector<float> rstd(sz(N)), rstd2(sz(N));
+    k::residual_forward(host{}, resid.data(), at.data(), bt.data(), N * C);
+    k::rmsnorm_forward(host{}, out.data(), rstd.data(), resid.data(), wt.data(), N, C, 1e-5f);
+    k::residual_rmsnorm_forward(host{}, resid2.data(), out2.data(), rstd2.data(), at.data(), bt.data(), wt.data(), N, C, 1e-5f);
+    return bit_identical(resid, resid2) && bit_identical(out, out2) && bit_identical(rstd, rstd2);
+  };
+  CHECK(same(float{}));
+  CHECK(same(bf16{}));
+}
+
 // --- RoPE ------------------------------------------------------------------------------------
 
 namespace {

@@ -1,5 +1,6 @@
 // strata/kernels/rmsnorm.hpp - root-mean-square normalisation over the last axis (Llama's norm):
-// rmsnorm_forward, rmsnorm_backward.
+// rmsnorm_forward, rmsnorm_backward, and residual_rmsnorm_forward (the residual add fused in
+// front: resid = a + b written out, out = rmsnorm(resid), the numbers of the two calls).
 //
 //   inp, out, dinp, dout [N, C];  weight, dweight [C];  rstd [N] (acc_t)
 //   out = inp · rstd · weight,  rstd = 1 / sqrt(mean_c(inp²) + eps)

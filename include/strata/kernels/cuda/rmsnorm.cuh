@@ -7,6 +7,10 @@
 //     dinp    += rstd * (gw - n * mean_c(gw * n))
 //     dweight += sum_rows dout * n
 //
+// residual_rmsnorm_forward: resid = a + b (rounded to T, written out), out = rmsnorm(resid), in
+// one pass over the data instead of residual_forward followed by rmsnorm_forward (as
+// residual_layernorm_forward does for GPT-2), with the same numbers.
+//
 // One warp per row, reading the row in 16-byte packs when C is a multiple of the pack width (as
 // layernorm.cuh). dweight is a deterministic column sum: gpu::plan_column_sums cuts the rows
 // into fixed chunks, a 32 x 8 block sums one 32-column strip of one chunk in a fixed order into
@@ -25,15 +29,10 @@ namespace strata::kernels {
 
 namespace cuda_detail {
 
-// one warp per row; rows [N]
+// Normalises row x (final in storage precision) into y; lane-strided packs.
 template <class T, int P>
-__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight, std::int64_t N,
-                                       std::int64_t C, float eps) {
-  const std::int64_t row = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= N) return;
-  const int lane = int(threadIdx.x % 32);
-  const T* x = inp + row * C;
-  T* y = out + row * C;
+__device__ __forceinline__ void rmsnorm_row(T* y, float* rstd, const T* x, const T* weight, std::int64_t row,
+                                            std::int64_t C, float eps, int lane) {
   float sq = 0.0f;
   for (std::int64_t c = std::int64_t(lane) * P; c < C; c += 32 * P) {
     float v[P];
@@ -51,6 +50,35 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
     store_pack(y, c, C, o);
   }
   if (lane == 0 && rstd) rstd[row] = s;
+}
+
+// one warp per row; rows [N]
+template <class T, int P>
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight, std::int64_t N,
+                                       std::int64_t C, float eps) {
+  const std::int64_t row = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= N) return;
+  rmsnorm_row<T, P>(out + row * C, rstd, inp + row * C, weight, row, C, eps, int(threadIdx.x % 32));
+}
+
+// resid = a + b, then out = rmsnorm(resid); one warp per row.
+template <class T, int P>
+__global__ void residual_rmsnorm_forward_kernel(T* resid, T* out, float* rstd, const T* a, const T* b, const T* weight,
+                                                std::int64_t N, std::int64_t C, float eps) {
+  const std::int64_t row = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= N) return;
+  const int lane = int(threadIdx.x % 32);
+  T* r = resid + row * C;
+  for (std::int64_t c = std::int64_t(lane) * P; c < C; c += 32 * P) {
+    float x[P], y[P];
+    load_pack(x, a + row * C, c, C);
+    load_pack(y, b + row * C, c, C);
+#pragma unroll
+    for (int j = 0; j < P; ++j) x[j] += y[j];
+    store_pack(r, c, C, x);
+  }
+  // Each lane re-reads exactly the elements it wrote: no synchronisation needed.
+  rmsnorm_row<T, P>(out + row * C, rstd, r, weight, row, C, eps, lane);
 }
 
 // dinp += rstd * (gw - n * mean_c(gw * n)), gw = dout * weight, n = inp * rstd; one warp per row.
@@ -127,6 +155,23 @@ void rmsnorm_forward(cuda, T* out, acc_t<T>* rstd /*nullable*/, const T* inp, co
     cuda_detail::rmsnorm_forward_kernel<T, P><<<d.grid, d.block, 0, stream>>>(out, rstd, inp, weight, N, C, eps);
   });
   STRATA_CUDA_CHECK_LAUNCH("rmsnorm_forward");
+}
+
+// resid = a + b, then out = rmsnorm(resid); rstd may be null.
+template <class T>
+void residual_rmsnorm_forward(cuda, T* resid, T* out, acc_t<T>* rstd /*nullable*/, const T* a, const T* b,
+                              const T* weight, std::int64_t N, std::int64_t C, acc_t<T> eps) {
+  static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
+  STRATA_CHECK(N >= 0 && C > 0, "residual_rmsnorm_forward: need N >= 0 and C > 0, got N = ", N, ", C = ", C);
+  if (N == 0) return;
+  const cudaStream_t stream = gpu::current_stream();
+  const auto d = gpu::rows_launch(N);
+  cuda_detail::with_pack<T>(gpu::rows_vectorized<T>(C, {resid, out, a, b, weight}), [&](auto w) {
+    constexpr int P = decltype(w)::value;
+    cuda_detail::residual_rmsnorm_forward_kernel<T, P><<<d.grid, d.block, 0, stream>>>(resid, out, rstd, a, b, weight,
+                                                                                      N, C, eps);
+  });
+  STRATA_CUDA_CHECK_LAUNCH("residual_rmsnorm_forward");
 }
 
 // Accumulates (+=) into dinp and dweight. rstd: the forward's [N] (required).
