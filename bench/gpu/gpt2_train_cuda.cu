@@ -1,12 +1,15 @@
 // strata_gpt2_train_cuda - the layer-integrated GPT-2 (examples/gpt2, what gpt2_train --device
-// cuda runs) trained on one GPU, built from the CUDA toolkit alone for scripts/gpu-check.
+// cuda runs), or with --model llama the example Llama, trained on one GPU, built from the CUDA
+// toolkit alone for scripts/gpu-check.
 //
-//   strata_gpt2_train_cuda [--steps 10] [--batch 8] [--seq 1024] [--layers 12] [--d-model 768]
-//                          [--heads 12] [--vocab 50304] [--precision bf16] [--metrics FILE]
+//   strata_gpt2_train_cuda [--model gpt2|llama] [--steps 10] [--batch 8] [--seq 1024] [--layers 12]
+//                          [--d-model 768] [--heads 12] [--kv-heads 4] [--ffn 2048] [--vocab 50304]
+//                          [--precision bf16] [--metrics FILE]
 //
 // Defaults: GPT-2 124M (vocabulary padded to 50304), seq 1024, bf16, on the generated corpus
-// (byte tokens are valid ids of any vocabulary). Metrics carry tokens/s and MFU against the H200's
-// dense bf16 peak.
+// (byte tokens are valid ids of any vocabulary); --model llama takes the same width and depth
+// with 4 key/value heads and a SwiGLU width of 2048 unless given. Metrics carry tokens/s and MFU
+// against the H200's dense bf16 peak.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -24,10 +27,15 @@ int main(int argc, char** argv) {
   r.precision = "bf16";
   r.progress = "lines";
   r.hw = "h200_141gb";
+  std::string model = "gpt2";
+  std::int64_t kv_heads = 4, ffn = 2048;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     const auto number = [&] { return std::atoll(value.c_str()); };
-    if (flag == "--steps") r.steps = int(number());
+    if (flag == "--model") model = value;
+    else if (flag == "--kv-heads") kv_heads = number();
+    else if (flag == "--ffn") ffn = number();
+    else if (flag == "--steps") r.steps = int(number());
     else if (flag == "--batch") r.batch = number();
     else if (flag == "--seq") r.shape.seq = number();
     else if (flag == "--layers") r.shape.layers = number();
@@ -40,6 +48,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "strata_gpt2_train_cuda: unknown flag %s\n", flag.c_str());
       return 2;
     }
+  }
+  if (model == "llama") {
+    r.llama = llama::dims{.vocab = r.shape.vocab, .seq = r.shape.seq, .layers = r.shape.layers, .heads = r.shape.heads,
+                          .d_model = r.shape.d_model, .kv_heads = kv_heads, .ffn = ffn};
+  } else if (model != "gpt2") {
+    std::fprintf(stderr, "strata_gpt2_train_cuda: --model %s is neither gpt2 nor llama\n", model.c_str());
+    return 2;
   }
   try {
     return gpt2::train_on_cuda(r);  // the layers check the shape as they are built

@@ -1,7 +1,7 @@
 // examples/gpt2/train_cuda.hpp - gpt2_train --device cuda: the model on one GPU.
 //
-// The same declaration as on the host, gpt2::model<P> with P = st::policy<st::cuda, st::serial,
-// ...>, built by st::sequential_model: its layers call the CUDA kernels and its ledger allocates
+// The same declaration as on the host, gpt2::model<P> (or, with `llama` set, llama::model<P>) with
+// P = st::policy<st::cuda, st::serial, ...>, built by st::sequential_model: its layers call the CUDA kernels and its ledger allocates
 // device memory (gpu::device_memory()), so parameters, gradients, optimizer state and
 // activations live on the GPU. Compiled by nvcc (train_cuda.cu) when the CUDA toolkit is found;
 // otherwise train_no_cuda.cpp says so.
@@ -9,12 +9,16 @@
 #include <cstdint>
 #include <string>
 
+#include <optional>
+
 #include "gpt2.hpp"
+#include "llama/llama.hpp"
 
 namespace gpt2 {
 
 struct cuda_run {
   dims shape;
+  std::optional<llama::dims> llama;  // set: train the example Llama of this shape instead of GPT-2
   std::int64_t batch = 16, micro_batch = 0;
   int steps = 250, warmup = 10;
   double lr = 3e-3, grad_clip = 1.0;

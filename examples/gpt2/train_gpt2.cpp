@@ -1,5 +1,5 @@
 // gpt2_train - trains the example GPT-2 (or, with --model llama, the example Llama) on the CPU
-// (or, with --device cuda, GPT-2 on one GPU).
+// (or, with --device cuda, either on one GPU).
 //
 // With no flags: a small model on the generated corpus (byte-level tokens), one progress line
 // per step and a generated sample at the end. --data reads uint16 token shards instead. The
@@ -343,9 +343,9 @@ int train_cuda(const run_options& o, st::world& world) {
   refuse(o.recompute != "none", "--recompute");
   refuse(!o.save_dir.empty() || o.resume, "checkpoints (--save, --resume)");
   refuse(!o.export_path.empty() || !o.init_from.empty(), "--export and --init-from");
-  refuse(o.model != "gpt2", "--model llama (its CUDA kernels are built and tested; the CUDA trainer runs GPT-2)");
   gpt2::cuda_run r;
   r.shape = gpt2_family::shape(o.shape);
+  if (o.model == "llama") r.llama = llama_family::shape(o.shape);
   r.batch = o.batch;
   r.micro_batch = o.micro_batch;
   r.steps = o.steps;
