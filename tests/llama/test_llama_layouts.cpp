@@ -117,20 +117,7 @@ TEST_CASE("a 3-D layout's plan, from the model's own costs, equals what the allo
   using M = llama::model<launch_policy<st::mixed<st::bf16, float>>>;
   const auto& c = three_d;
   st::training<M> run(strata_test::world().comm(), shape, strata_test::launch(c, setup, std::int64_t(1) << 30));  // one bucket: exact ZeRO pieces
-  auto data = strata_test::folded_corpus(shape.vocab);
-  const auto m = strata_test::step_and_measure(run, data.next_batch(setup.global_batch, shape.seq));
-  const auto plan = run.plan({.micro = setup.global_batch / c.dp / c.microbatches, .global = setup.global_batch});
-  using strata_test::busiest;
-  CHECK(busiest(m.params) == plan.params_bytes);
-  CHECK(busiest(m.grads) == plan.grads_bytes);
-  CHECK(busiest(m.master) == plan.master_bytes);
-  CHECK(busiest(m.optimizer) == plan.optimizer_bytes);
-  CHECK(busiest(m.comm) == plan.comm_buffer_bytes);
-  const std::int64_t act = busiest(m.activations), state = busiest(m.model_state());
-  CHECK(std::abs(double(act) - double(plan.activation_bytes)) <= 0.10 * double(plan.activation_bytes));
-  if (lead())
-    MESSAGE(std::string(c.name) << " (bf16): model state " << state << " B (plan " << plan.model_state_bytes()
-                   << "), activations " << act << " B (plan " << plan.activation_bytes << ")");
+  strata_test::check_plan_equals_allocator(run, shape, c, setup);
 }
 
 namespace {

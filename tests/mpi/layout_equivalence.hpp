@@ -7,7 +7,11 @@
 // data-parallel rank 2 micro-batches, a pipeline its layout's count: every one sums the gradients
 // of the same global batch.
 #pragma once
+#include <doctest/doctest.h>
+
+#include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <strata/strata.hpp>
@@ -78,6 +82,29 @@ losses_and_weights train_steps(Run& run, const typename Run::config& shape, cons
   for (int s = 0; s < e.steps; ++s) out.losses.push_back(run.step(data.next_batch(e.global_batch, shape.seq)).loss);
   out.weights = run.serial_weights();
   return out;
+}
+
+// One step of `run` (built with one bucket, so that ZeRO's pieces are exact) on the corpus, then
+// the plan of the layout from the model's own layer costs against what the busiest rank's
+// allocator holds: the model state exactly, the activations within 10% (a pipeline's in-flight
+// peak is estimated).
+template <class Run>
+void check_plan_equals_allocator(Run& run, const typename Run::config& shape, const layout_case& c,
+                                 const equivalence_setup& e) {
+  auto data = folded_corpus(shape.vocab);
+  const auto m = step_and_measure(run, data.next_batch(e.global_batch, shape.seq));
+  const auto micro = run.model().pipelined() ? e.global_batch / c.dp / c.microbatches : e.global_batch / c.dp / 2;
+  const auto plan = run.plan({.micro = micro, .global = e.global_batch});
+  CHECK(busiest(m.params) == plan.params_bytes);
+  CHECK(busiest(m.grads) == plan.grads_bytes);
+  CHECK(busiest(m.master) == plan.master_bytes);
+  CHECK(busiest(m.optimizer) == plan.optimizer_bytes);
+  CHECK(busiest(m.comm) == plan.comm_buffer_bytes);
+  const std::int64_t act = busiest(m.activations), state = busiest(m.model_state());
+  CHECK(std::abs(double(act) - double(plan.activation_bytes)) <= 0.10 * double(plan.activation_bytes));
+  if (world().rank() == 0)
+    MESSAGE(std::string(c.name) << ": model state " << state << " B (plan " << plan.model_state_bytes() << "), activations "
+                                << act << " B (plan " << plan.activation_bytes << ")");
 }
 
 }  // namespace strata_test
