@@ -58,6 +58,10 @@ struct training_options {
   // The serial model's weights to start from, in serial_parameters() order (e.g. read from a
   // file); empty: the initializer's. Each rank keeps its pieces before the optimizer copies them.
   std::vector<double> initial_weights{};
+  // Where parameters, gradients, optimizer state and activations live; null: host memory. A
+  // space that is not host memory sees every byte allocated, freed and moved through it (tests
+  // run every layout in one that counts what crosses it, as a GPU's would).
+  const memory_space* memory = nullptr;
 };
 
 template <class Model>
@@ -82,6 +86,7 @@ class training {
   // Collective over `world_comm`, which must outlive the run.
   training(mpi_communicator& world_comm, const config& c, training_options o = {})
       : options_(checked(std::move(o))),
+        ledger_(options_.memory ? *options_.memory : host_memory()),
         mesh_(world_comm, resolve_layout<typename policy::layout>(world_comm.size(), options_.layout)),
         model_(ledger_, checked(c, mesh_.layout()), options_.seed, placement()),
         sync_(with_initial_weights(model_), mesh_.dp(),
