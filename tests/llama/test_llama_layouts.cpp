@@ -22,7 +22,7 @@
 #include <strata/strata.hpp>
 
 #include "../mpi/layout_equivalence.hpp"
-#include "../unit/counting_space.hpp"
+#include "../mpi/counting_space_run.hpp"
 #include "llama/llama.hpp"
 
 namespace st = strata;
@@ -84,7 +84,6 @@ TEST_CASE("the Llama example trains under every layout as it does serially") {
 
 TEST_CASE("every layout in a memory space that is not host memory: bit for bit, tokens in and losses out only") {
   const int world = strata_test::world().size();
-  auto& counts = strata_test::counts;
   for (const auto& [size, c] : cases) {
     if (size != world) continue;
     CAPTURE(std::string(c.name));
@@ -92,24 +91,12 @@ TEST_CASE("every layout in a memory space that is not host memory: bit for bit, 
       st::training<llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape, strata_test::launch(c, setup));
       return strata_test::train_steps(run, shape, setup);
     }();
-    auto o = strata_test::launch(c, setup);
-    o.memory = &strata_test::counting_space();
-    counts = {};
-    st::training<llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape, std::move(o));
-    const long uploads_at_start = counts.uploads, downloads_at_start = counts.downloads;
-    auto data = strata_test::folded_corpus(shape.vocab);
-    std::vector<double> losses;
-    for (int s = 0; s < setup.steps; ++s) losses.push_back(run.step(data.next_batch(setup.global_batch, shape.seq)).loss);
-    const long uploads = counts.uploads - uploads_at_start, downloads = counts.downloads - downloads_at_start;
-    CHECK(losses == host.losses);  // bit for bit
-    CHECK(run.serial_weights() == host.weights);
-    // Per micro-batch, the stage with the embedding uploads its tokens and the one with the head
-    // its targets, and the head's stage downloads the loss; nothing else crosses.
-    const auto& model = run.model();
-    const long micro = model.pipelined() ? model.microbatches() : 2;
-    const bool first = run.mesh().position().pp_rank == 0, last = run.mesh().position().pp_rank == c.pp - 1;
-    CHECK(uploads == setup.steps * micro * ((first ? 1 : 0) + (last ? 1 : 0)));
-    CHECK(downloads == setup.steps * micro * (last ? 1 : 0));
+    const auto other = strata_test::run_in_counting_space<llama::model<launch_policy<st::fp32>>>(
+        strata_test::world().comm(), shape, strata_test::launch(c, setup), setup.steps, setup.global_batch,
+        strata_test::folded_corpus(shape.vocab));
+    CHECK(other.losses == host.losses);  // bit for bit
+    CHECK(other.weights == host.weights);
+    strata_test::check_only_batches_cross(other, setup.steps);
   }
 }
 

@@ -4,6 +4,9 @@
 //     divisible by p, with 2 chunks per stage): per-step losses and the weights gathered from
 //     the stages match the single-rank run (relative error <= 1e-5 after 5 steps);
 //   - 8 ranks: dp 2 x tp 2 x pp 2 with ZeRO-1 and sequence parallelism, the same;
+//   - every schedule, and the 8-rank layout, in a memory space that is not host memory (a GPU's
+//     stand-in): the host run's losses and weights bit for bit, and only the batches and losses
+//     cross it (tests/mpi/counting_space_run.hpp);
 //   - micro-batches in flight on each stage, from the allocator: M for GPipe, at most p for
 //     1F1B, as the schedule's own simulation predicts for interleaved;
 //   - the bubble each stage measures, beside the analytic one (reported).
@@ -20,6 +23,7 @@
 #include <strata/parallel/gather.hpp>
 #include <strata/strata.hpp>
 
+#include "../mpi/counting_space_run.hpp"
 #include "../mpi/mpi_test.hpp"
 #include "gpt2/gpt2.hpp"
 
@@ -152,6 +156,27 @@ TEST_CASE("dp 2 x tp 2 x pp 2 with ZeRO-1 and sequence parallelism matches the s
                                           << ", weight rel. error " << werr);
     CHECK(lerr <= 1e-5);
     CHECK(werr <= 1e-5);
+    // The same layout in a memory space that is not host memory: bit for bit, only the batches cross.
+    const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c), steps,
+                                                                           c.batch, corpus());
+    CHECK(other.losses == got.losses);
+    CHECK(other.weights == got.weights);
+    strata_test::check_only_batches_cross(other, steps);
+  }
+}
+
+TEST_CASE("every schedule in a memory space that is not host memory: bit for bit, only the batches cross") {
+  const int p = strata_test::world().size();
+  if (p != 2 && p != 4) return;
+  for (kind k : {kind::gpipe, kind::one_f_one_b, kind::interleaved}) {
+    const pipeline_run c{.pp = p, .microbatches = 2 * p, .chunks = k == kind::interleaved ? 2 : 1, .schedule = k, .batch = 4 * p};
+    CAPTURE(std::string(st::schedule_label(k)));
+    const auto host = run(c);
+    const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c), steps,
+                                                                           c.batch, corpus());
+    CHECK(other.losses == host.losses);
+    CHECK(other.weights == host.weights);
+    strata_test::check_only_batches_cross(other, steps);
   }
 }
 

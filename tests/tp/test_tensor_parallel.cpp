@@ -4,6 +4,9 @@
 //     serial run's per-step losses and weights (gathered from the pieces), with a vocabulary no
 //     degree divides (padding);
 //   - recomputation (selective, full) gives bit-identical losses and weights;
+//   - every degree with and without sequence parallelism in a memory space that is not host
+//     memory (a GPU's stand-in) gives the host run's losses and weights bit for bit, and only the
+//     batches and losses cross it (tests/mpi/counting_space_run.hpp);
 //   - a transformer block moves exactly Megatron's volumes: two all-reduces of b·s·h elements
 //     forward and two backward; with sequence parallelism all-gathers and reduce-scatters of the
 //     same volume (plus the documented extras);
@@ -25,6 +28,7 @@
 #include <strata/strata.hpp>
 
 #include "../custom/custom_model.hpp"
+#include "../mpi/counting_space_run.hpp"
 #include "../mpi/mpi_test.hpp"
 #include "gpt2/gpt2.hpp"
 
@@ -71,16 +75,19 @@ run_result serial_run(st::recompute_mode r = st::recompute_mode::none) {
 }
 
 // tp ranks per group, the rest data parallel; the weights gathered back to the serial layout.
+st::training_options tp_options(int tp, bool sp, int zero, st::recompute_mode r = st::recompute_mode::none) {
+  return {.layout = {.tp = tp, .zero_stage = zero, .sequence_parallel = sp ? 1 : 0},
+          .recompute = r,
+          .seed = st::seed{11},
+          .optimizer = {.lr = lr},
+          .trainer = options(),
+          .bucket_elems = 1000};
+}
+
 template <class P = P32>
 run_result tp_run(int tp, bool sp, int zero, st::recompute_mode r = st::recompute_mode::none) {
   using policy = st::policy<st::host, layout, typename P::precision>;
-  st::training<gpt2::model<policy>> run(strata_test::world().comm(), tiny,
-                                        {.layout = {.tp = tp, .zero_stage = zero, .sequence_parallel = sp ? 1 : 0},
-                                         .recompute = r,
-                                         .seed = st::seed{11},
-                                         .optimizer = {.lr = lr},
-                                         .trainer = options(),
-                                         .bucket_elems = 1000});
+  st::training<gpt2::model<policy>> run(strata_test::world().comm(), tiny, tp_options(tp, sp, zero, r));
   auto data = corpus();
   run_result out;
   for (int s = 0; s < steps; ++s) out.losses.push_back(run.step(data.next_batch(global_batch, tiny.seq)).loss);
@@ -124,6 +131,25 @@ TEST_CASE("tp 1/2/4, with and without sequence parallelism, and tp x dp with ZeR
         CHECK(lerr <= 1e-5);
         CHECK(werr <= 1e-5);
       }
+    }
+  }
+}
+
+TEST_CASE("tensor parallelism in a memory space that is not host memory: bit for bit, only the batches cross") {
+  const int world = strata_test::world().size();
+  using policy = st::policy<st::host, layout, st::fp32>;
+  for (int tp : tensor_degrees()) {
+    for (bool sp : {false, true}) {
+      if (sp && tp == 1) continue;
+      const int zero = world / tp > 1 ? 1 : 0;
+      CAPTURE(tp);
+      CAPTURE(sp);
+      const auto host = tp_run(tp, sp, zero);
+      const auto other = strata_test::run_in_counting_space<gpt2::model<policy>>(
+          strata_test::world().comm(), tiny, tp_options(tp, sp, zero), steps, global_batch, corpus());
+      CHECK(other.losses == host.losses);
+      CHECK(other.weights == host.weights);
+      strata_test::check_only_batches_cross(other, steps);
     }
   }
 }
