@@ -1,6 +1,8 @@
 // The example Llama (examples/llama) under every layout, against its serial run, under mpiexec:
 //   2 ranks: dp 2 with ZeRO 0-3; tp 2 with and without sequence parallelism; pp 2 under 1F1B and
 //            interleaved 1F1B;
+//   2 ranks also: a checkpoint saved by a run in a memory space that is not host memory resumes in
+//            host memory bit for bit;
 //   4 ranks: tp 4 with and without sequence parallelism, 2 key/value heads (each on 2 ranks), and
 //            its checkpoint resumed under dp 2 x tp 2;
 //   8 ranks: dp 2 x tp 2 (+ SP) x pp 2 with ZeRO-1;
@@ -98,6 +100,39 @@ TEST_CASE("every layout in a memory space that is not host memory: bit for bit, 
     CHECK(other.weights == host.weights);
     strata_test::check_only_batches_cross(other, setup.steps);
   }
+}
+
+TEST_CASE("a checkpoint saved from a memory space that is not host memory resumes in host memory bit for bit") {
+  if (strata_test::world().size() != 2) return;
+  const strata_test::layout_case& tp2_sp = cases[5].layout;
+  using M = llama::model<launch_policy<st::fp32>>;
+  const auto uninterrupted = [&] {
+    st::training<M> run(strata_test::world().comm(), shape, strata_test::launch(tp2_sp, setup));
+    return strata_test::train_steps(run, shape, setup);
+  }();
+  const std::string dir = (std::filesystem::current_path() / "llama_space_checkpoints").string();
+  if (lead()) std::filesystem::remove_all(dir);
+  strata_test::world().comm().barrier();
+  constexpr int saved_at = 3;
+  {
+    auto o = strata_test::launch(tp2_sp, setup);
+    o.memory = &strata_test::counting_space();
+    st::training<M> a(strata_test::world().comm(), shape, std::move(o));
+    auto ckpt = a.make_checkpointer({dir, 0});
+    auto data = strata_test::folded_corpus(shape.vocab);
+    for (int s = 0; s < saved_at; ++s) a.step(data.next_batch(setup.global_batch, shape.seq));
+    a.save(ckpt, data.position());
+  }
+  st::training<M> b(strata_test::world().comm(), shape, strata_test::launch(tp2_sp, setup));
+  auto ckpt = b.make_checkpointer({dir, 0});
+  const auto loaded = b.resume(ckpt);
+  REQUIRE(loaded.has_value());
+  auto data = strata_test::folded_corpus(shape.vocab);
+  data.seek(loaded->progress.data_position);
+  std::vector<double> after, expected(uninterrupted.losses.begin() + saved_at, uninterrupted.losses.end());
+  for (int s = saved_at; s < setup.steps; ++s) after.push_back(b.step(data.next_batch(setup.global_batch, shape.seq)).loss);
+  CHECK(after == expected);  // bit for bit
+  CHECK(b.serial_weights() == uninterrupted.weights);
 }
 
 TEST_CASE("a checkpoint saved with key/value heads shared by ranks resumes under another layout") {
