@@ -71,6 +71,21 @@ __device__ __forceinline__ void store_pack(T* base, std::int64_t i, std::int64_t
   }
 }
 
+// r = a + b over one row of C, lane-strided packs of P, rounded to T as stored: the residual add
+// in front of a fused norm. Each lane later re-reads exactly the elements it wrote, so the norm
+// that follows needs no synchronisation.
+template <class T, int P>
+__device__ __forceinline__ void residual_row(T* r, const T* a, const T* b, std::int64_t C, int lane) {
+  for (std::int64_t c = std::int64_t(lane) * P; c < C; c += 32 * P) {
+    float x[P], y[P];
+    load_pack(x, a, c, C);
+    load_pack(y, b, c, C);
+#pragma unroll
+    for (int j = 0; j < P; ++j) x[j] += y[j];
+    store_pack(r, c, C, x);
+  }
+}
+
 // ---- warp reductions -----------------------------------------------------------------------
 // XOR butterflies: every lane ends with the same bits (each step adds the same two operands in
 // either order), and the order is fixed, so the result is deterministic.

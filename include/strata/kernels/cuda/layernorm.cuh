@@ -79,15 +79,7 @@ __global__ void residual_layernorm_forward_kernel(T* resid, T* out, float* mean,
   if (row >= N) return;
   const int lane = int(threadIdx.x % 32);
   T* r = resid + row * C;
-  for (std::int64_t c = std::int64_t(lane) * P; c < C; c += 32 * P) {
-    float x[P], y[P];
-    load_pack(x, a + row * C, c, C);
-    load_pack(y, b + row * C, c, C);
-#pragma unroll
-    for (int j = 0; j < P; ++j) x[j] += y[j];
-    store_pack(r, c, C, x);
-  }
-  // Each lane re-reads exactly the elements it wrote: no synchronisation needed.
+  residual_row<T, P>(r, a + row * C, b + row * C, C, lane);
   layernorm_row<T, P>(out + row * C, mean, rstd, r, weight, bias, row, C, eps, lane);
 }
 
