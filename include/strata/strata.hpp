@@ -3,6 +3,7 @@
 
 #include "strata/core/config.hpp"
 #include "strata/core/dtype.hpp"
+#include "strata/core/emulated_memory.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/extents.hpp"
 #include "strata/core/init.hpp"

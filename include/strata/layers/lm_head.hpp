@@ -13,6 +13,7 @@
 // sum of exponentials with the target's logit): the full logits are never gathered. Padding
 // columns take no part in the softmax and get zero gradient.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -124,9 +125,13 @@ class lm_head {
     scope_.tensor().group().all_gather(std::span<const T>(logits_.data(), logits_.size()),
                                        std::span<T>(pieces.data(), pieces.size()));
     ensure_size(whole_logits_, scope_.ledger(), memory_category::activations, rows * cfg_.vocab);
+    // Rank q's piece is [rows, vl]: row i's columns q·vl ... go to row i of the whole logits
+    // (copies within the run's memory, which the host may not read), padding columns dropped.
     for (std::int64_t i = 0; i < rows; ++i)
-      for (std::int64_t v = 0; v < cfg_.vocab; ++v)
-        whole_logits_[static_cast<std::size_t>(i * cfg_.vocab + v)] = pieces[static_cast<std::size_t>((v / vl) * rows * vl + i * vl + v % vl)];
+      for (std::int64_t q = 0; q * vl < cfg_.vocab; ++q)
+        whole_logits_.copy_within(pieces.data() + q * rows * vl + i * vl,
+                                  static_cast<std::size_t>(std::min(vl, cfg_.vocab - q * vl)),
+                                  static_cast<std::size_t>(i * cfg_.vocab + q * vl));
     return {whole_logits_.data(), {batch_, seq_, cfg_.vocab}};
   }
 

@@ -106,7 +106,7 @@ class data_parallel {
                          static_cast<std::size_t>(layout_.owned_elements()));
       const T* w = params.weights_data();
       for (const auto& seg : layout_.owned_segments())
-        std::copy(w + seg.flat, w + seg.flat + seg.count, shard_.data() + seg.state);
+        shard_.copy_within(w + seg.flat, static_cast<std::size_t>(seg.count), static_cast<std::size_t>(seg.state));
       gathered_.resize(buckets.size());
       prefetch_.resize(buckets.size());
       pinned_.assign(buckets.size(), false);
@@ -190,19 +190,21 @@ class data_parallel {
   // ZeRO-3: gathers found already posted (prefetched) when a layer first asked, since construction.
   long prefetch_hits() const { return prefetch_hits_; }
 
-  // Every weight of the model, gathered (ZeRO-3), or copied from the flat buffer: for checks,
-  // exports and checkpoints. Collective under ZeRO-3.
+  // Every weight of the model, in host memory, gathered (ZeRO-3), or copied from the flat buffer:
+  // for checks, exports and checkpoints. Collective under ZeRO-3.
   std::vector<T> full_weights() {
     std::vector<T> out(static_cast<std::size_t>(params_->size()));
     if (opt_.zero_stage < 3) {
-      const T* w = params_->weights_data();
-      std::copy(w, w + params_->size(), out.data());
+      if (!out.empty())
+        params_->ledger().space().copy(out.data(), params_->weights_data(), out.size() * sizeof(T),
+                                       copy_direction::space_to_host);
       return out;
     }
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
       const auto& bucket = layout_.buckets()[b];
       const flat_range mine = bucket.owned(layout_.rank());
-      std::copy(shard_.data() + state_offset_[b], shard_.data() + state_offset_[b] + mine.size(), out.data() + mine.begin);
+      shard_.download(out.data() + mine.begin, static_cast<std::size_t>(mine.size()),
+                      static_cast<std::size_t>(state_offset_[b]));
       group_->all_gather(std::span<const T>(out.data() + mine.begin, static_cast<std::size_t>(mine.size())),
                          std::span<T>(out.data() + bucket.range.begin, static_cast<std::size_t>(bucket.range.size())),
                          std::span<const std::size_t>(bucket.counts));
@@ -421,7 +423,8 @@ class data_parallel {
     gathered_[b] = buffer<T>(params_->ledger(), memory_category::parameters, static_cast<std::size_t>(bucket.range.size()));
     const flat_range mine = bucket.owned(layout_.rank());
     T* slot = gathered_[b].data() + (mine.begin - bucket.range.begin);
-    std::copy(shard_.data() + state_offset_[b], shard_.data() + state_offset_[b] + mine.size(), slot);
+    gathered_[b].copy_within(shard_.data() + state_offset_[b], static_cast<std::size_t>(mine.size()),
+                             static_cast<std::size_t>(mine.begin - bucket.range.begin));
     prefetch_[b] = group_->all_gather_async(std::span<const T>(slot, static_cast<std::size_t>(mine.size())),
                                             std::span<T>(gathered_[b].data(), gathered_[b].size()),
                                             std::span<const std::size_t>(bucket.counts));

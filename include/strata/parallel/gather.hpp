@@ -19,7 +19,8 @@
 namespace strata {
 
 // One parameter, whole: its tensor-parallel pieces gathered over `tp` (as double).
-// `weights`: this rank's flat weights, indexed like the store.
+// `weights`: this rank's flat weights, indexed like the store, in host memory (read here
+// directly; data_parallel::full_weights gives such a copy).
 template <class T>
 std::vector<double> gather_full_parameter(const param_info& e, std::span<const T> weights, group_ref& tp) {
   const T* mine = weights.data() + e.offset;
@@ -85,6 +86,8 @@ std::vector<double> gather_model_weights(const parameter_store<T>& store, std::s
 // The inverse: sets this rank's weights (its pieces, its stage's parameters, replicas included)
 // from the serial model's flat weights `serial`, laid out as `names` says. Padding rows get zero.
 // Local, no communication: every rank reads what it needs from the same serial vector.
+// `weights`: the store's flat weights, in the store's memory space (each parameter is built on
+// the host, then copied there).
 template <class T>
 void scatter_model_weights(parameter_store<T>& store, std::span<T> weights,
                            const std::vector<std::pair<std::string, std::int64_t>>& names,
@@ -94,18 +97,20 @@ void scatter_model_weights(parameter_store<T>& store, std::span<T> weights,
     const param_handle h = store.find(name);
     if (h.valid()) {
       const param_info& e = store.info(h);
-      T* mine = weights.data() + e.offset;
       const bool whole = !e.shard.sharded() && e.shard.real_rows < 0;
       STRATA_CHECK(!whole || e.numel == count, "scatter_model_weights: '", name, "' has ", e.numel, " elements here, ",
                    count, " in the serial model");
+      std::vector<T> mine(static_cast<std::size_t>(e.numel));
       for (std::int64_t i = 0; i < e.numel; ++i) {
         if (!whole && e.shard.is_padding(i)) {
-          mine[i] = convert<T>(0.0);
+          mine[static_cast<std::size_t>(i)] = convert<T>(0.0);
           continue;
         }
         const std::int64_t g = whole ? i : e.shard.global_index(i);
-        mine[i] = convert<T>(serial[static_cast<std::size_t>(offset + g)]);
+        mine[static_cast<std::size_t>(i)] = convert<T>(serial[static_cast<std::size_t>(offset + g)]);
       }
+      store.ledger().space().copy(weights.data() + e.offset, mine.data(), mine.size() * sizeof(T),
+                                  copy_direction::host_to_space);
     }
     offset += count;
   }

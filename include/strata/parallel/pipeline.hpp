@@ -189,12 +189,12 @@ class pipeline_executor {
     stats_.busy_seconds += seconds(t1, t2);
   }
   // A message from this very stage to itself (one stage holding several chunks) is a copy, made
-  // whichever of send and receive comes first.
+  // whichever of send and receive comes first; it stays in the run's memory space.
   comm_handle receive(buffer<T>& into, int peer, int tag) {
     if (peer != pp_.rank()) return pp_.recv_async(std::span<T>(into.data(), into.size()), peer, tag);
     for (auto it = local_.begin(); it != local_.end(); ++it)
       if (it->tag == tag && it->into == nullptr) {
-        std::copy(it->data.begin(), it->data.end(), into.data());
+        into.copy_within(it->data.data(), it->data.size());
         local_.erase(it);
         return {};
       }
@@ -205,18 +205,21 @@ class pipeline_executor {
     if (peer != pp_.rank()) return pp_.send_async(std::span<const T>(data, count), peer, tag);
     for (auto it = local_.begin(); it != local_.end(); ++it)
       if (it->tag == tag && it->into != nullptr) {
-        std::copy(data, data + count, it->into->data());
+        it->into->copy_within(data, count);
         local_.erase(it);
         return {};
       }
-    local_.push_back({tag, nullptr, std::vector<T>(data, data + count)});
+    // Held as a message in transit: charged to communication, not to the step's activations.
+    buffer<T> early(*ledger_, memory_category::communication, count);
+    early.copy_within(data, count);
+    local_.push_back({tag, nullptr, std::move(early)});
     return {};
   }
 
   struct local_message {
     int tag;
-    buffer<T>* into;      // a posted receive, or
-    std::vector<T> data;  // a send that came first
+    buffer<T>* into;  // a posted receive, or
+    buffer<T> data;   // a send that came first
   };
   Stage* stage_;
   group_ref pp_;

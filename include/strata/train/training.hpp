@@ -9,7 +9,9 @@
 //   1. the layout: the policy's layout resolved against the world size and the launch's values
 //      (options.layout) - a static value the launch contradicts stops every rank here, naming
 //      both (policy/layout.hpp);
-//   2. the process mesh: the dp, tp, pp and embedding groups (comm/mesh.hpp);
+//   2. the process mesh: the dp, tp, pp and embedding groups (comm/mesh.hpp), and the
+//      communicators over them that reach the run's memory (comm/run_groups.hpp: MPI on the
+//      host, NCCL or staged MPI on GPUs);
 //   3. the model, or this rank's pipeline stage of it, split over its tensor group
 //      (parallel/sequential_model.hpp), after checking the layout against the model's tensor
 //      extents (and, for a static layout and a static shape, at compile time: layers/tensor_checks.hpp);
@@ -32,6 +34,7 @@
 #include "strata/comm/launch.hpp"
 #include "strata/comm/mesh.hpp"
 #include "strata/comm/mpi_communicator.hpp"
+#include "strata/comm/run_groups.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/layers/sequential.hpp"
 #include "strata/optim/adamw.hpp"
@@ -75,7 +78,8 @@ class training {
   using T = typename policy::storage;
   using config = typename Model::config;
   using model_type = sequential_model<Model>;
-  using sync_type = data_parallel<policy, mpi_communicator>;
+  using groups_type = run_groups<typename policy::device>;
+  using sync_type = data_parallel<policy, typename groups_type::dp_comm>;
   using optimizer_type = adamw<policy>;
   using trainer_type = strata::trainer<model_type, optimizer_type, sync_type>;
 
@@ -88,10 +92,11 @@ class training {
       : options_(checked(std::move(o))),
         ledger_(options_.memory ? *options_.memory : host_memory()),
         mesh_(world_comm, resolve_layout<typename policy::layout>(world_comm.size(), options_.layout)),
+        groups_(mesh_),
         model_(ledger_, checked(c, mesh_.layout()), options_.seed, placement()),
-        sync_(with_initial_weights(model_), mesh_.dp(),
+        sync_(with_initial_weights(model_), groups_.dp(),
               {.zero_stage = mesh_.layout().zero_stage, .bucket_elems = options_.bucket_elems,
-               .tensor_group = group_ref(mesh_.tp()), .pipeline_group = group_ref(mesh_.pp())}),
+               .tensor_group = groups_.tp(), .pipeline_group = groups_.pp()}),
         optimizer_(sync_, options_.optimizer),
         trainer_(model_, optimizer_, options_.trainer, sync_) {}
   training(const training&) = delete;
@@ -102,6 +107,8 @@ class training {
 
   const layout_config& layout() const { return mesh_.layout(); }
   process_mesh& mesh() { return mesh_; }
+  // The communicators the layers and the synchronizer use (the mesh's own on the host).
+  groups_type& groups() { return groups_; }
   model_type& model() { return model_; }
   sync_type& synchronizer() { return sync_; }
   optimizer_type& optimizer() { return optimizer_; }
@@ -208,19 +215,20 @@ class training {
   model_placement placement() {
     const auto& l = mesh_.layout();
     model_placement p;
-    p.tensor = tensor_parallel(group_ref(mesh_.tp()), l.sequence_parallel == 1);
+    p.tensor = tensor_parallel(groups_.tp(), l.sequence_parallel == 1);
     p.recompute = options_.recompute;
     p.pipeline.shape = {parse_pipeline_schedule(l.schedule), l.pp, l.microbatches, l.virtual_chunks};
     p.pipeline.stage = mesh_.position().pp_rank;
     p.pipeline.blocks_per_virtual_stage = options_.blocks_per_virtual_stage;
-    p.pipeline_group = group_ref(mesh_.pp());
-    if (mesh_.embedding()) p.embedding_group = group_ref(*mesh_.embedding());
+    p.pipeline_group = groups_.pp();
+    if (groups_.has_embedding()) p.embedding_group = groups_.embedding();
     return p;
   }
 
   training_options options_;
   memory_ledger ledger_;
   process_mesh mesh_;
+  groups_type groups_;
   model_type model_;
   sync_type sync_;
   optimizer_type optimizer_;

@@ -61,7 +61,8 @@ class amp {
 namespace kernels {
 
 namespace cuda_detail {
-__global__ void amp_advance_kernel(gpu::amp_state* s, gpu::amp_options o) {
+// static: a header kernel that is no template, defined in every .cu that includes it.
+static __global__ void amp_advance_kernel(gpu::amp_state* s, gpu::amp_options o) {
   if (blockIdx.x == 0 && threadIdx.x == 0) gpu::amp_step(*s, o);
 }
 }  // namespace cuda_detail

@@ -42,8 +42,9 @@ __global__ void __launch_bounds__(gpu::reduce_block)
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-// *out = (accumulate ? *out : 0) + sum of partial[0 .. count)
-__global__ void __launch_bounds__(gpu::reduce_final_block)
+// *out = (accumulate ? *out : 0) + sum of partial[0 .. count). static, as every kernel in a header
+// that is not a template: each .cu including it keeps its own (programs link several).
+static __global__ void __launch_bounds__(gpu::reduce_final_block)
     sum_partials_kernel(double* out, const double* partial, std::int64_t count, bool accumulate) {
   using reduce = cub::BlockReduce<double, gpu::reduce_final_block>;
   __shared__ typename reduce::TempStorage temp;

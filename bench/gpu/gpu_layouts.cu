@@ -1,0 +1,111 @@
+// strata_gpu_layouts - one small GPT-2 run through st::training on GPUs under a layout given on
+// the command line, for scripts/gpu-check's multi-rank rows (launch it with mpirun -np N).
+//
+//   strata_gpu_layouts [--dp N] [--tp N] [--sp] [--pp N] [--microbatches M] [--zero S]
+//                      [--steps 5] [--batch 8] [--json FILE]
+//
+// fp32, 4 layers, 256 wide, 8 heads, seq 256, vocabulary 4096, on the generated corpus; writes
+// {"layout": ..., "engine": ..., "losses": [...], "tokens_per_s": ...} (rank 0) so that runs
+// under different layouts can be compared with the single-rank run step by step.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <strata/comm/gpu_groups.cuh>
+#include <strata/kernels/all.hpp>
+#include <strata/strata.hpp>
+
+#include "gpt2/gpt2.hpp"
+
+namespace st = strata;
+
+namespace {
+
+using flag_layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>,
+                                 st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+                                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
+using P = st::policy<st::cuda, flag_layout, st::fp32>;
+
+int run(st::world& world, int argc, char** argv) {
+  st::layout_overrides layout{.dp = st::dynamic, .tp = 1, .pp = 1, .microbatches = 1, .zero_stage = 0,
+                              .sequence_parallel = 0, .virtual_chunks = 1, .schedule = "1f1b"};
+  int steps = 5;
+  std::int64_t batch = 8;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--sp") {
+      layout.sequence_parallel = 1;
+      continue;
+    }
+    STRATA_CHECK(i + 1 < argc, "strata_gpu_layouts: ", flag, " needs a value");
+    const std::string value = argv[++i];
+    const int n = std::atoi(value.c_str());
+    if (flag == "--dp") layout.dp = n;
+    else if (flag == "--tp") layout.tp = n;
+    else if (flag == "--pp") layout.pp = n;
+    else if (flag == "--microbatches") layout.microbatches = n;
+    else if (flag == "--zero") layout.zero_stage = n;
+    else if (flag == "--steps") steps = n;
+    else if (flag == "--batch") batch = n;
+    else if (flag == "--json") json = value;
+    else st::fail("strata_gpu_layouts: unknown flag ", flag);
+  }
+  st::gpu::use_local_device(world);
+  const gpt2::dims dims{.vocab = 4096, .seq = 256, .layers = 4, .heads = 8, .d_model = 256};
+  st::training_options o{.layout = layout, .seed = st::seed{7},
+                         .optimizer = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
+                         .memory = &st::gpu::device_memory()};
+  o.trainer.grad_clip = 1.0;
+  st::training<gpt2::model<P>> run(world, dims, o);
+  st::token_stream data(st::byte_tokens(st::generate_corpus()), 7, st::data_order::sequential);
+  std::vector<double> losses, tokens_per_s;
+  for (int s = 0; s < steps; ++s) {
+    const auto r = run.step(data.next_batch(batch, dims.seq));
+    losses.push_back(r.loss);
+    tokens_per_s.push_back(r.seconds > 0 ? double(r.tokens) / r.seconds : 0.0);
+  }
+  st::gpu::check_device_errors();
+  if (world.rank() != 0) return 0;
+  const auto& l = run.layout();
+  char head[256];
+  std::snprintf(head, sizeof head, "{\"layout\":\"dp%d tp%d%s pp%d zero%d\",\"ranks\":%d,\"engine\":\"%s\",\"losses\":[",
+                l.dp, l.tp, l.sequence_parallel ? "+sp" : "", l.pp, l.zero_stage, world.size(), run.groups().engine());
+  std::string out = head;
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    char v[40];
+    std::snprintf(v, sizeof v, "%s%.17g", i ? "," : "", losses[i]);
+    out += v;
+  }
+  // The median of the steps after the first (it allocates and warms up).
+  std::vector<double> later(tokens_per_s.begin() + (tokens_per_s.size() > 1 ? 1 : 0), tokens_per_s.end());
+  std::sort(later.begin(), later.end());
+  char tail[96];
+  std::snprintf(tail, sizeof tail, "],\"tokens_per_s\":%.1f}", later.empty() ? 0.0 : later[later.size() / 2]);
+  out += tail;
+  std::printf("%s\n", out.c_str());
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    STRATA_CHECK(f, "strata_gpu_layouts: cannot write ", json);
+    std::fprintf(f, "%s\n", out.c_str());
+    std::fclose(f);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<st::world> w;
+  try {
+    w.emplace(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata_gpu_layouts: error: %s\n", e.what());
+    return 1;
+  }
+  return w->run([&] { return run(*w, argc, argv); }, "strata_gpu_layouts");
+}

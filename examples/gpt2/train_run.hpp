@@ -1,0 +1,363 @@
+// examples/gpt2/train_run.hpp - gpt2_train's run: the flags, the model families, and one
+// training of a family's model on a device, the same on the host and on GPUs.
+//
+// train<Family, Device, Precision> builds one strata::training of the family's model under
+// st::policy<Device, flag_layout, Precision> and runs it: plan, start-up checks, checkpoints,
+// the loop with metrics, export and a sample. train_gpt2.cpp instantiates it for st::host (also
+// with the emulated device memory); train_cuda_*.cu, compiled by nvcc, for st::cuda.
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <strata/strata.hpp>
+
+#include "gpt2.hpp"
+#include "gpt2_hf.hpp"
+#include "llama/llama.hpp"
+#include "llama/llama_hf.hpp"
+
+namespace gpt2_train {
+
+namespace st = strata;
+
+// The shape flags of every model; each model takes the ones it has.
+struct shape_flags {
+  std::int64_t vocab = 256, seq = 64, layers = 3, heads = 4, d_model = 96;
+  std::int64_t ffn = 0;       // 0: the model's own rule (GPT-2 4 x d_model, Llama 8/3 x d_model)
+  std::int64_t kv_heads = 0;  // Llama: 0 as many as heads
+  double rope_theta = 10000.0, norm_eps = 1e-5;
+};
+
+// The models gpt2_train trains: the declaration, its shape from the flags, its Hugging Face names.
+struct gpt2_family {
+  template <class P>
+  using model = gpt2::model<P>;
+  using dims = gpt2::dims;
+  static constexpr const char* name = "gpt2";
+  static constexpr const char* hf_class = "GPT2LMHeadModel";
+  static dims shape(const shape_flags& f) {
+    return {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .d_model = f.d_model, .ffn = f.ffn};
+  }
+  template <class T>
+  static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
+    gpt2::export_hf<T>(path, d, serial);
+  }
+  static std::vector<double> import_hf(const std::string& path, const dims& d) { return gpt2::import_hf(path, d); }
+};
+struct llama_family {
+  template <class P>
+  using model = llama::model<P>;
+  using dims = llama::dims;
+  static constexpr const char* name = "llama";
+  static constexpr const char* hf_class = "LlamaForCausalLM";
+  static dims shape(const shape_flags& f) {
+    return {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .d_model = f.d_model,
+            .kv_heads = f.kv_heads, .ffn = f.ffn, .rope_theta = f.rope_theta, .norm_eps = f.norm_eps};
+  }
+  template <class T>
+  static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
+    llama::export_hf<T>(path, d, serial);
+  }
+  static std::vector<double> import_hf(const std::string& path, const dims& d) { return llama::import_hf(path, d); }
+};
+
+// What a device adds to a run: where its memory is, and what is said about it.
+struct device_hooks {
+  const st::memory_space* memory = nullptr;  // null: host memory
+  std::function<long()> crossings;           // copies between the space and the host so far, if counted
+  std::function<void()> after_steps;         // e.g. surface the GPU's recorded errors
+  std::string step_suffix;                   // appended to each progress line
+};
+
+struct run_options {
+  std::string model = "gpt2";
+  shape_flags shape;
+  std::int64_t batch = 16, micro_batch = 0;
+  int steps = 250, warmup = 10;
+  double lr = 3e-3, grad_clip = 1.0;
+  std::uint64_t seed = 1337;
+  std::string precision = "fp32", metrics, data;
+  int sample_tokens = 160;
+  int dp = st::dynamic, zero = 0, tp = 1;
+  bool sp = false;
+  std::string recompute = "none";
+  int pp = 1, microbatches = 0, virtual_chunks = 1;
+  std::string schedule = "1f1b", hw, export_path, init_from;
+  std::string save_dir, data_order = "shuffled", device = "host";
+  int save_every = 0, keep = 0;
+  bool resume = false;
+  std::vector<std::int64_t> stage_layers;
+  std::int64_t bucket_elems = 1 << 20;
+  std::string progress = "auto";
+};
+
+// Draws a continuation of `prompt` one token at a time (temperature 0.8, seeded). Windows are
+// padded at the end to a multiple of `multiple` (sequence parallelism splits the sequence);
+// attention is causal, so the padding changes no logit before it.
+template <class Model>
+std::vector<std::int32_t> sample(Model& model, const st::memory_space& space, std::vector<std::int32_t> tokens, int count,
+                                 std::uint64_t seed, std::int64_t multiple) {
+  using T = typename Model::T;
+  const std::int64_t seq = model.shape().seq, vocab = model.shape().vocab;
+  for (int i = 0; i < count; ++i) {
+    const auto len = std::min<std::int64_t>(static_cast<std::int64_t>(tokens.size()), seq);
+    std::vector<std::int32_t> window(tokens.end() - len, tokens.end());
+    window.resize(static_cast<std::size_t>((len + multiple - 1) / multiple * multiple), 0);
+    auto logits = model.logits({window.data(), {1, static_cast<std::int64_t>(window.size())}});
+    std::vector<T> last(static_cast<std::size_t>(vocab));  // the last position's row, in host memory
+    space.copy(last.data(), logits.data + (len - 1) * vocab, last.size() * sizeof(T), st::copy_direction::space_to_host);
+    double max_logit = -1e300;
+    for (std::int64_t v = 0; v < vocab; ++v) max_logit = std::max(max_logit, double(st::convert<float>(last[v])));
+    std::vector<double> p(static_cast<std::size_t>(vocab));
+    double z = 0;
+    for (std::int64_t v = 0; v < vocab; ++v)
+      z += p[std::size_t(v)] = std::exp((double(st::convert<float>(last[v])) - max_logit) / 0.8);
+    double u = st::counter_uniform(seed, 0x5a3b1e, std::uint64_t(i)) * z;
+    std::int32_t next = static_cast<std::int32_t>(vocab - 1);
+    for (std::int64_t v = 0; v < vocab; ++v)
+      if ((u -= p[std::size_t(v)]) <= 0) {
+        next = static_cast<std::int32_t>(v);
+        break;
+      }
+    tokens.push_back(next);
+  }
+  return tokens;
+}
+
+// The per-stage busy and idle seconds of the last step, gathered over the pipeline group, as the
+// metrics' "pipeline" object (with the schedule's analytic bubble beside them).
+template <class Model>
+std::string pipeline_json(Model& model, st::mpi_communicator& pp) {
+  const auto& st_ = model.last_step();
+  const double mine[2] = {st_.busy_seconds, st_.idle_seconds};
+  std::vector<double> all(2 * std::size_t(pp.size()));
+  pp.all_gather(std::span<const double>(mine, 2), std::span<double>(all));
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "{\"schedule\":\"%s\",\"analytic_bubble\":%.6g,\"stages\":[",
+                std::string(st::schedule_label(model.placement().shape.schedule)).c_str(),
+                st::analytic_bubble(model.placement().shape));
+  std::string s = buf;
+  for (int q = 0; q < pp.size(); ++q) {
+    const double busy = all[2 * std::size_t(q)], idle = all[2 * std::size_t(q) + 1];
+    std::snprintf(buf, sizeof buf, "%s{\"busy_s\":%.6g,\"idle_s\":%.6g,\"idle_share\":%.6g}", q ? "," : "", busy, idle,
+                  busy + idle > 0 ? idle / (busy + idle) : 0.0);
+    s += buf;
+  }
+  return s + "]}";
+}
+
+// Every setting of the layout comes from the flags: degrees, ZeRO stage, sequence parallelism,
+// schedule, micro-batches and chunks are all left to the launch.
+using flag_layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>,
+                                 st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+                                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
+
+inline st::layout_overrides layout_flags(const run_options& o) {
+  return {.dp = o.dp, .tp = o.tp, .pp = o.pp, .microbatches = o.microbatches > 0 ? o.microbatches : 1,
+          .zero_stage = o.zero, .sequence_parallel = o.sp ? 1 : 0, .virtual_chunks = o.virtual_chunks,
+          .schedule = o.schedule};
+}
+
+template <class Family, class Device, class Precision>
+int train(const run_options& o, st::world& world, const device_hooks& dev) {
+  using P = st::policy<Device, flag_layout, Precision>;
+  using model_decl = typename Family::template model<P>;
+  const typename Family::dims dims = Family::shape(o.shape);
+  const st::layout_config layout = st::resolve_layout<flag_layout>(world.size(), layout_flags(o));
+  const bool lead = world.rank() == 0;
+  const bool pipelined = layout.pp > 1 || layout.virtual_chunks > 1;
+
+  // The plan, before anything is allocated: with --hw, a layout that does not fit the device
+  // stops here on every rank, naming the numbers. The loop reports FLOP/s and MFU from it.
+  std::optional<st::plan_result> plan;
+  const st::hw::device_spec* device = nullptr;
+  {
+    st::plan_setup setup;
+    setup.layout = layout;
+    setup.recompute = st::parse_recompute_mode(o.recompute);
+    setup.schedule = st::parse_pipeline_schedule(layout.schedule);
+    const std::int64_t micro = o.micro_batch > 0 && !pipelined ? o.micro_batch : o.batch / layout.dp / layout.microbatches;
+    try {
+      if (micro > 0 && o.batch % (layout.dp * micro) == 0)
+        plan = st::plan_model<model_decl>(dims, {.micro = micro, .global = o.batch}, setup);
+    } catch (const st::error&) {
+      // A shape the layout cannot split: the start-up checks below name it in their words.
+    }
+    if (plan && lead)
+      std::printf("plan: %.1f MB model state + %.1f MB activations per rank, %.3g FLOP per step\n",
+                  double(plan->model_state_bytes()) / 1e6, double(plan->activation_bytes) / 1e6, plan->flops_per_step);
+    if (plan && !o.hw.empty()) {
+      device = st::hw::find(o.hw);
+      STRATA_CHECK(device != nullptr, "gpt2_train: --hw ", o.hw, " is not a known device (a100_40gb, a100_80gb, "
+                   "h100_80gb, h200_141gb)");
+      plan->check_fits(*device);
+    }
+  }
+
+  st::training_options topts{.layout = layout_flags(o),
+                             .blocks_per_virtual_stage = o.stage_layers,
+                             .recompute = st::parse_recompute_mode(o.recompute),
+                             .seed = st::seed{o.seed},
+                             .optimizer = {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
+                             .bucket_elems = o.bucket_elems,
+                             .memory = dev.memory};
+  topts.trainer.micro_batch = pipelined ? 0 : o.micro_batch;
+  topts.trainer.schedule = {o.lr, o.lr / 10, std::min(o.warmup, o.steps), o.steps};
+  topts.trainer.grad_clip = o.grad_clip;
+  if (!o.init_from.empty()) {
+    // Every rank reads the file and keeps its own pieces, before the optimizer copies the weights.
+    topts.initial_weights = Family::import_hf(o.init_from, dims);
+    if (lead) std::printf("init-from: %s (%zu weights)\n", o.init_from.c_str(), topts.initial_weights.size());
+  }
+  st::training<model_decl> run(world, dims, std::move(topts));
+  auto& model = run.model();
+  auto& mesh = run.mesh();
+
+  if (o.data.empty())
+    STRATA_CHECK(dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
+                 dims.vocab);
+  st::token_stream data = o.data.empty()
+                              ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed, st::parse_data_order(o.data_order))
+                              : st::token_stream::from_glob(o.data, dims.vocab, o.seed, st::parse_data_order(o.data_order));
+  // A batch the ranks or the schedule cannot share fails here, on every rank.
+  const auto rows = run.synchronizer().local_rows(o.batch).second;
+  STRATA_CHECK(!pipelined || rows % layout.microbatches == 0, "gpt2_train: ", rows, " sequences per data-parallel rank (--batch ",
+               o.batch, ") do not split into --microbatches ", layout.microbatches);
+
+  // Checkpoints: every rank saves its pieces; --resume continues from the newest complete one,
+  // whatever layout saved it.
+  std::optional<st::checkpointer> checkpoints;
+  int first_step = 0;
+  if (!o.save_dir.empty()) {
+    checkpoints.emplace(run.make_checkpointer({o.save_dir, o.keep}));
+    if (o.resume) {
+      if (const auto loaded = run.resume(*checkpoints)) {
+        data.seek(loaded->progress.data_position);
+        first_step = loaded->progress.step;
+        if (lead)
+          std::printf("resume: %s (step %d, saved under %s)\n", loaded->path.c_str(), first_step,
+                      loaded->layout.dump().c_str());
+      } else if (lead) {
+        std::printf("resume: no checkpoint in '%s' yet; starting at step 0\n", o.save_dir.c_str());
+      }
+    }
+  }
+  std::unique_ptr<st::metrics_file> metrics;
+  if (lead && !o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics, first_step > 0);
+  const auto fault = st::fault_injection::from_env();
+  std::string last_saved;
+
+  const std::int64_t micro_batch =
+      pipelined ? o.batch / layout.dp / layout.microbatches : (o.micro_batch ? o.micro_batch : o.batch / layout.dp);
+  if (lead) {
+    std::printf("gpt2_train: %s, %lld layers, %lld heads", Family::name, (long long)dims.layers, (long long)dims.heads);
+    if constexpr (std::is_same_v<Family, llama_family>) std::printf(" (%lld key/value)", (long long)dims.kv());
+    std::printf(", d_model %lld, ffn %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n", (long long)dims.d_model,
+                (long long)dims.ffn_width(), (long long)dims.seq, (long long)dims.vocab,
+                (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "", o.precision.c_str());
+    std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; "
+                "recompute %s\n",
+                o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
+                (long long)dims.seq, (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp,
+                o.sp ? " + sequence parallel" : "", o.recompute.c_str());
+    if (pipelined) {
+      const auto& sh = model.placement().shape;
+      std::printf("pipeline: %d stages, %s, %d micro-batches of %lld, %d chunks per stage; analytic bubble %.3f\n",
+                  sh.stages, std::string(st::schedule_label(sh.schedule)).c_str(), sh.microbatches,
+                  (long long)micro_batch, sh.chunks, st::analytic_bubble(sh));
+    }
+  }
+  st::progress progress(o.steps, st::parse_progress_style(o.progress));
+  long step_crossings = 0;  // the most copies one step made between the host and the device
+  for (int s = first_step; s < o.steps; ++s) {
+    if (fault.kill_at_step == s + 1 && fault.targets(world.rank(), world.size())) st::fault_injection::die("before a step");
+    run.groups().reset_counters();
+    const long crossed = dev.crossings ? dev.crossings() : 0;
+    auto r = run.step(data.next_batch(o.batch, dims.seq));
+    if (dev.crossings) step_crossings = std::max(step_crossings, dev.crossings() - crossed);
+    if (checkpoints && o.save_every > 0 && (s + 1) % o.save_every == 0) last_saved = run.save(*checkpoints, data.position());
+    std::string pipeline, idle;
+    if (pipelined) {
+      if (!o.metrics.empty()) pipeline = pipeline_json(model, mesh.pp());  // collective over the stages
+      const auto& last = model.last_step();
+      char buf[48];
+      std::snprintf(buf, sizeof buf, " | idle %4.1f%%", 100.0 * last.idle_seconds / (last.busy_seconds + last.idle_seconds));
+      idle = buf;
+    }
+    if (!lead) continue;
+    progress.update(s + 1, r, idle + dev.step_suffix);
+    if (s + 1 == o.steps) progress.end_line();  // what follows the loop prints on lines of its own
+    if (metrics) {
+      // MFU counts every rank of the launch against the device's peak for the storage precision.
+      const std::string comm = run.groups().counters_json();
+      metrics->write(r, run.ledger(),
+                     {.model_flops_per_step = plan ? plan->model_flops_per_step : 0.0,
+                      .peak_flops = device ? world.size() * device->peak_flops(int(sizeof(typename P::storage))) : 0.0,
+                      .skipped_steps = run.trainer().scaler().skipped_steps(), .comm = comm, .pipeline = pipeline});
+    }
+  }
+
+  if (checkpoints && run.steps() > first_step && (o.save_every == 0 || run.steps() % o.save_every != 0))
+    last_saved = run.save(*checkpoints, data.position());  // the end of the run, unless just saved
+  if (lead && !last_saved.empty()) std::printf("checkpoint: %s\n", last_saved.c_str());
+  if (dev.after_steps) dev.after_steps();
+  if (lead && dev.crossings)
+    std::printf("%s memory: at most %ld copies between it and the host per step (the batch in, the loss out)\n",
+                dev.memory->name, step_crossings);
+  if (lead && dev.memory)
+    std::printf("%s memory: %.1f MB at the peak on rank 0 (parameters, gradients, optimizer state, activations)\n",
+                dev.memory->name, double(run.ledger().total_peak()) / 1e6);
+
+  if (!o.export_path.empty()) {
+    // The whole model, gathered from every piece and stage, written by rank 0.
+    const auto serial = run.serial_weights();
+    if (lead) {
+      Family::template export_hf<typename P::storage>(o.export_path, dims, serial);
+      std::printf("export: %s (%zu weights, Hugging Face %s names)\n", o.export_path.c_str(), serial.size(),
+                  Family::hf_class);
+    }
+  }
+
+  if (pipelined) {
+    if (lead && o.sample_tokens > 0) std::printf("sample: skipped (generation runs unsplit; pipeline stages hold part of the model)\n");
+    return 0;
+  }
+  if (o.sample_tokens > 0) {
+    // Every rank samples the same tokens in step (under ZeRO-3 each forward gathers weights, a
+    // collective); rank 0 prints them.
+    const bool bytes = dims.vocab <= 256 && o.data.empty();
+    std::vector<std::int32_t> prompt = bytes ? std::vector<std::int32_t>{'T', 'h', 'e', ' '}
+                                             : std::vector<std::int32_t>{0};
+    auto out = sample(model, run.ledger().space(), prompt, o.sample_tokens, o.seed, o.sp ? layout.tp : 1);
+    if (!lead) return 0;
+    std::printf("sample:\n");
+    if (bytes) {
+      for (auto t : out) std::putchar(t == '\n' ? '\n' : (t >= 32 && t < 127 ? char(t) : '?'));
+    } else {
+      for (auto t : out) std::printf("%d ", t);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+
+// The precisions, for one family on one device.
+template <class Family, class Device>
+int dispatch(const run_options& o, st::world& world, const device_hooks& dev) {
+  if (o.precision == "fp32") return train<Family, Device, st::fp32>(o, world, dev);
+  if (o.precision == "bf16") return train<Family, Device, st::mixed<st::bf16, float>>(o, world, dev);
+  return train<Family, Device, st::mixed<st::fp16, float>>(o, world, dev);
+}
+
+}  // namespace gpt2_train
