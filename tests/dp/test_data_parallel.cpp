@@ -3,7 +3,8 @@
 // weights as the serial model with the same global batch, which each rank also runs itself as
 // the reference; and the allocator's books and the byte counters equal the ZeRO formulas. ZeRO
 // 0-3 in a memory space that is not host memory (a GPU's stand-in) give the host run bit for bit,
-// with only the batches and losses crossing it (tests/mpi/counting_space_run.hpp).
+// with only the batches and losses crossing it (tests/mpi/counting_space_run.hpp); so does ZeRO-3
+// started from given weights, which serial_weights() returns as stored.
 //
 // Error measure for weights: max_i |dp_i - serial_i| / max_i |serial_i|.
 #include <doctest/doctest.h>
@@ -136,6 +137,31 @@ TEST_CASE("ZeRO 0-3 in a memory space that is not host memory: bit for bit, only
     CHECK(other.weights == host.weights);
     strata_test::check_only_batches_cross(other, steps);
   }
+}
+
+TEST_CASE("ZeRO-3 from given initial weights: serial_weights() returns them, and a non-host space gives host memory bit for bit") {
+  auto& world = strata_test::world().comm();
+  if (world.size() != 2) return;
+  auto o = dp_options(3, 1000);
+  for (const auto& [name, n] : gpt2_net<dp_policy<st::fp32>>::serial_parameters(tiny))
+    for (std::int64_t i = 0; i < n; ++i) o.initial_weights.push_back(0.1 * strata_test::raw_value(5, 0, o.initial_weights.size()));
+  // fp64 values not representable in fp32: each rank's shard stores them rounded.
+  std::vector<double> rounded;
+  for (double x : o.initial_weights) rounded.push_back(double(float(x)));
+  run_result host;
+  {
+    gpt2_run<dp_policy<st::fp32>> run(world, tiny, o);
+    CHECK(run.serial_weights() == rounded);
+    st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
+    for (int s = 0; s < steps; ++s) host.losses.push_back(run.step(data.next_batch(global_batch, tiny.seq)).loss);
+    host.weights = run.serial_weights();
+  }
+  CHECK(host.weights != rounded);  // the steps moved them
+  const auto other = strata_test::run_in_counting_space<gpt2::model<dp_policy<st::fp32>>>(
+      world, tiny, o, steps, global_batch, st::token_stream(st::byte_tokens(st::generate_corpus(30000)), 5));
+  CHECK(other.losses == host.losses);
+  CHECK(other.weights == host.weights);
+  strata_test::check_only_batches_cross(other, steps);
 }
 
 TEST_CASE("micro-batches within each data-parallel rank accumulate to the same step") {

@@ -4,9 +4,10 @@
 //     divisible by p, with 2 chunks per stage): per-step losses and the weights gathered from
 //     the stages match the single-rank run (relative error <= 1e-5 after 5 steps);
 //   - 8 ranks: dp 2 x tp 2 x pp 2 with ZeRO-1 and sequence parallelism, the same;
-//   - every schedule, and the 8-rank layout, in a memory space that is not host memory (a GPU's
-//     stand-in): the host run's losses and weights bit for bit, and only the batches and losses
-//     cross it (tests/mpi/counting_space_run.hpp);
+//   - 2 ranks: dp 2 x one stage of 2 chunks (interleaved), whose chunks message themselves;
+//   - every schedule, the 8-rank layout and the one-stage one, in a memory space that is not host
+//     memory (a GPU's stand-in): the host run's losses and weights bit for bit, and only the
+//     batches and losses cross it (tests/mpi/counting_space_run.hpp);
 //   - micro-batches in flight on each stage, from the allocator: M for GPipe, at most p for
 //     1F1B, as the schedule's own simulation predicts for interleaved;
 //   - the bubble each stage measures, beside the analytic one (reported).
@@ -74,10 +75,11 @@ struct pipeline_run {
   kind schedule = kind::one_f_one_b;
   bool sp = false;
   std::int64_t batch = 8;
+  int dp = st::dynamic;  // the rest of the world
 };
 
 st::training_options launch(const pipeline_run& c) {
-  return {.layout = {.tp = c.tp, .pp = c.pp, .microbatches = c.microbatches, .zero_stage = c.zero,
+  return {.layout = {.dp = c.dp, .tp = c.tp, .pp = c.pp, .microbatches = c.microbatches, .zero_stage = c.zero,
                      .sequence_parallel = c.sp ? 1 : 0, .virtual_chunks = c.chunks,
                      .schedule = std::string(st::schedule_label(c.schedule))},
           .seed = st::seed{11},
@@ -178,6 +180,23 @@ TEST_CASE("every schedule in a memory space that is not host memory: bit for bit
     CHECK(other.weights == host.weights);
     strata_test::check_only_batches_cross(other, steps);
   }
+}
+
+TEST_CASE("one stage of 2 chunks (messages to itself) matches the serial run, and in a non-host space bit for bit") {
+  if (strata_test::world().size() != 2) return;
+  // dp 2 x pp 1, interleaved with V = 2: chunk 0 hands its activations to chunk 1 on the same rank.
+  const pipeline_run c{.pp = 1, .microbatches = 2, .chunks = 2, .schedule = kind::interleaved, .batch = 8, .dp = 2};
+  const auto ref = serial_run(8, 2);  // 2 sequences per micro-batch, as each rank's
+  const auto host = run(c);
+  CHECK(host.stats.peak_in_flight == st::simulate({kind::interleaved, 1, 2, 2}).peak_in_flight[0]);
+  CHECK(loss_error(host, ref) <= 1e-5);
+  CHECK(weight_error(host, ref) <= 1e-5);
+  const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c), steps,
+                                                                         c.batch, corpus());
+  CHECK(other.losses == host.losses);
+  CHECK(other.weights == host.weights);
+  CHECK(other.microbatches == 2);  // the pipeline's count, so the crossings are counted per micro-batch
+  strata_test::check_only_batches_cross(other, steps);
 }
 
 TEST_CASE("explicit layers per stage, and splits that cannot work, say so") {

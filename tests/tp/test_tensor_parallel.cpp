@@ -7,6 +7,8 @@
 //   - every degree with and without sequence parallelism in a memory space that is not host
 //     memory (a GPU's stand-in) gives the host run's losses and weights bit for bit, and only the
 //     batches and losses cross it (tests/mpi/counting_space_run.hpp);
+//   - tp 2's logits (gathered over the group for sampling), with and without sequence parallelism,
+//     in host memory and in that space, equal the serial model's;
 //   - a transformer block moves exactly Megatron's volumes: two all-reduces of b·s·h elements
 //     forward and two backward; with sequence parallelism all-gathers and reduce-scatters of the
 //     same volume (plus the documented extras);
@@ -150,6 +152,37 @@ TEST_CASE("tensor parallelism in a memory space that is not host memory: bit for
       CHECK(other.losses == host.losses);
       CHECK(other.weights == host.weights);
       strata_test::check_only_batches_cross(other, steps);
+    }
+  }
+}
+
+TEST_CASE("logits under tp 2, with and without sequence parallelism, in host memory and in a non-host space, equal the serial model's") {
+  if (strata_test::world().size() % 2 != 0) return;
+  using policy = st::policy<st::host, layout, st::fp32>;
+  std::vector<std::int32_t> tokens(2 * tiny.seq);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t((i * 7 + 3) % tiny.vocab);
+  const st::tensor_view<const std::int32_t> in{tokens.data(), {2, tiny.seq}};
+  std::vector<double> ref;
+  {
+    st::memory_ledger ledger;
+    gpt2_net<P32> model(ledger, tiny, st::seed{11});
+    const auto l = model.logits(in);
+    ref.assign(l.data, l.data + l.numel());
+  }
+  for (bool sp : {false, true}) {
+    for (const st::memory_space* space : {&st::host_memory(), &strata_test::counting_space()}) {
+      CAPTURE(sp);
+      CAPTURE(std::string(space->name));
+      auto o = tp_options(2, sp, 0);
+      o.memory = space;
+      st::training<gpt2::model<policy>> run(strata_test::world().comm(), tiny, o);
+      const auto l = run.model().logits(in);
+      REQUIRE(l.numel() == std::int64_t(ref.size()));
+      // Read through the space, as a GPU's memory must be read.
+      std::vector<float> got(ref.size());
+      space->copy(got.data(), l.data, got.size() * sizeof(float), st::copy_direction::space_to_host);
+      // Only the summation order differs (split matmuls, the gather): fp32 rounding, relative to max|logit|.
+      CHECK(strata_test::relative_error(std::vector<double>(got.begin(), got.end()), ref) <= 1e-5);
     }
   }
 }
