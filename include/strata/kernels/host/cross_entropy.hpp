@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
@@ -28,18 +29,36 @@ inline void check_args(const char* who, const std::int32_t* targets, std::int64_
       fail("cross_entropy: target ", targets[i], " at position ", i, " is out of range for vocab ", V);
 }
 
-// Returns the row's max and sum of exp(x - max) over the first V columns.
+// The sum over the vocabulary is taken in double: exp(x - max) is computed in acc_t as before,
+// but a float accumulator added to one term at a time loses the small terms once the sum is large
+// (at V = 50257 the loss came out 1e-6 to 3e-6 relative too low); in double the sum's error stays far
+// below one float rounding for any vocabulary. The order is fixed (one pass, column order), so a
+// row gives the same bits whatever the thread count, and forward and forward_backward agree.
+using sum_t = double;
+
+// The row's max over the first V columns.
 template <class T, class A = acc_t<T>>
-void softmax_stats(const T* row, std::int64_t V, A& max_out, A& sum_out) {
+A row_max(const T* row, std::int64_t V) {
   A m = -INFINITY;
   for (std::int64_t v = 0; v < V; ++v) {
     const A x = convert<A>(row[v]);
     if (x > m) m = x;
   }
-  A s = 0;
-  for (std::int64_t v = 0; v < V; ++v) s += std::exp(convert<A>(row[v]) - m);
-  max_out = m;
-  sum_out = s;
+  return m;
+}
+
+// sum over the first V columns of exp(x - m), each term rounded to acc_t, summed in sum_t.
+template <class T, class A>
+sum_t sum_exp(const T* row, std::int64_t V, A m) {
+  sum_t s = 0;
+  for (std::int64_t v = 0; v < V; ++v) s += sum_t(std::exp(convert<A>(row[v]) - m));
+  return s;
+}
+
+// logsumexp - target logit, rounded once to acc_t.
+template <class A>
+A loss_of(A m, sum_t s, A target_logit) {
+  return A(sum_t(m) + std::log(s) - sum_t(target_logit));
 }
 }  // namespace cross_entropy_detail
 
@@ -51,9 +70,9 @@ void cross_entropy_forward(host, acc_t<T>* losses, const T* logits, const std::i
 #pragma omp parallel for schedule(static) if (N * V > 32768)
   for (std::int64_t i = 0; i < N; ++i) {
     const T* row = logits + i * Vp;
-    A m, s;
-    cross_entropy_detail::softmax_stats(row, V, m, s);
-    losses[i] = m + std::log(s) - convert<A>(row[targets[i]]);
+    const A m = cross_entropy_detail::row_max(row, V);
+    const auto s = cross_entropy_detail::sum_exp(row, V, m);
+    losses[i] = cross_entropy_detail::loss_of(m, s, convert<A>(row[targets[i]]));
   }
 }
 
@@ -66,13 +85,28 @@ void cross_entropy_forward_backward(host, acc_t<T>* losses, T* logits, const std
   for (std::int64_t i = 0; i < N; ++i) {
     T* row = logits + i * Vp;
     const std::int64_t target = targets[i];
-    A m, s;
-    cross_entropy_detail::softmax_stats(row, V, m, s);
-    losses[i] = m + std::log(s) - convert<A>(row[target]);
-    const A inv_sum = A(1) / s;
-    for (std::int64_t v = 0; v < V; ++v) {
-      const A p = std::exp(convert<A>(row[v]) - m) * inv_sum;
-      row[v] = convert<T>((p - (v == target ? A(1) : A(0))) * dloss);
+    const A m = cross_entropy_detail::row_max(row, V);
+    const A target_logit = convert<A>(row[target]);
+    if constexpr (std::is_same_v<T, A>) {
+      // Stored at full precision: keep each exp(x - m) in the row, so the gradient pass need not
+      // compute it again (the same values and the same sum as sum_exp, bit for bit).
+      cross_entropy_detail::sum_t s = 0;
+      for (std::int64_t v = 0; v < V; ++v) {
+        const A e = std::exp(row[v] - m);
+        row[v] = e;
+        s += cross_entropy_detail::sum_t(e);
+      }
+      losses[i] = cross_entropy_detail::loss_of(m, s, target_logit);
+      const A inv_sum = A(1 / s);
+      for (std::int64_t v = 0; v < V; ++v) row[v] = (row[v] * inv_sum - (v == target ? A(1) : A(0))) * dloss;
+    } else {
+      const auto s = cross_entropy_detail::sum_exp(row, V, m);
+      losses[i] = cross_entropy_detail::loss_of(m, s, target_logit);
+      const A inv_sum = A(1 / s);
+      for (std::int64_t v = 0; v < V; ++v) {
+        const A p = std::exp(convert<A>(row[v]) - m) * inv_sum;
+        row[v] = convert<T>((p - (v == target ? A(1) : A(0))) * dloss);
+      }
     }
     for (std::int64_t v = V; v < Vp; ++v) row[v] = convert<T>(A(0));
   }
@@ -83,7 +117,8 @@ void cross_entropy_forward_backward(host, acc_t<T>* losses, T* logits, const std
 // The caller combines the pieces over the group between the three steps:
 //   1. vocab_parallel_max      row_max[i] = max over this rank's real columns (-inf if none)
 //                              -> all-reduce max
-//   2. vocab_parallel_sums     sums[2i] = sum of exp(x - row_max) over them,
+//   2. vocab_parallel_sums     sums[2i] = sum of exp(x - row_max) over them (summed in double,
+//                              rounded once),
 //                              sums[2i+1] = the target's logit if this rank holds it, else 0
 //                              -> all-reduce sum
 //   3. vocab_parallel_finish   losses[i] = row_max + log(sum) - target logit; with logits not
@@ -92,16 +127,10 @@ void cross_entropy_forward_backward(host, acc_t<T>* losses, T* logits, const std
 template <class T>
 void vocab_parallel_max(host, acc_t<T>* row_max, const T* logits, const std::int32_t* targets, std::int64_t N,
                         std::int64_t Vl, std::int64_t v_begin, std::int64_t V) {
-  using A = acc_t<T>;
   cross_entropy_detail::check_args("vocab_parallel_max", targets, N, V, V);
   const std::int64_t real = std::max<std::int64_t>(0, std::min(Vl, V - v_begin));
 #pragma omp parallel for schedule(static) if (N * Vl > 32768)
-  for (std::int64_t i = 0; i < N; ++i) {
-    const T* row = logits + i * Vl;
-    A m = -INFINITY;
-    for (std::int64_t v = 0; v < real; ++v) m = std::max(m, convert<A>(row[v]));
-    row_max[i] = m;
-  }
+  for (std::int64_t i = 0; i < N; ++i) row_max[i] = cross_entropy_detail::row_max(logits + i * Vl, real);
 }
 
 template <class T>
@@ -112,10 +141,8 @@ void vocab_parallel_sums(host, acc_t<T>* sums, const T* logits, const acc_t<T>* 
 #pragma omp parallel for schedule(static) if (N * Vl > 32768)
   for (std::int64_t i = 0; i < N; ++i) {
     const T* row = logits + i * Vl;
-    A s = 0;
-    for (std::int64_t v = 0; v < real; ++v) s += std::exp(convert<A>(row[v]) - row_max[i]);
     const std::int64_t t = std::int64_t(targets[i]) - v_begin;
-    sums[2 * i] = s;
+    sums[2 * i] = A(cross_entropy_detail::sum_exp(row, real, row_max[i]));  // one rounding per rank
     sums[2 * i + 1] = (t >= 0 && t < real) ? convert<A>(row[t]) : A(0);
   }
 }
@@ -128,12 +155,13 @@ void vocab_parallel_finish(host, acc_t<T>* losses, T* logits /*nullable*/, const
   const std::int64_t real = std::max<std::int64_t>(0, std::min(Vl, V - v_begin));
 #pragma omp parallel for schedule(static) if (N * Vl > 32768)
   for (std::int64_t i = 0; i < N; ++i) {
-    const A m = row_max[i], s = sums[2 * i];
-    losses[i] = m + std::log(s) - sums[2 * i + 1];
+    const A m = row_max[i];
+    const auto s = cross_entropy_detail::sum_t(sums[2 * i]);
+    losses[i] = cross_entropy_detail::loss_of(m, s, sums[2 * i + 1]);
     if (!logits) continue;
     T* row = logits + i * Vl;
     const std::int64_t t = std::int64_t(targets[i]) - v_begin;
-    const A inv_sum = A(1) / s;
+    const A inv_sum = A(1 / s);
     for (std::int64_t v = 0; v < real; ++v) {
       const A p = std::exp(convert<A>(row[v]) - m) * inv_sum;
       row[v] = convert<T>((p - (v == t ? A(1) : A(0))) * dloss);
