@@ -5,16 +5,25 @@
 // safetensors file ("transformer.h.3.attn.c_attn.weight", ...). GPT-2's projections are Conv1D
 // layers that store [in, out]; strata's linear layers store [out, in] (PyTorch's nn.Linear), so
 // those four weights per block are transposed on the way out and back. The head is tied to
-// transformer.wte, as in GPT-2, and is not written. A vocabulary of 50257 with seq 1024 and
-// d_model 768 / 12 layers / 12 heads is GPT-2 small: its released weights load as they are.
+// transformer.wte, as in GPT-2, and is not written.
+//
+// import_hf reads the files users hold (examples/common/hf_names.hpp finds the names): names with
+// or without the "transformer." prefix (GPT2Model and the released hub `gpt2` file have none; a
+// file with both forms of one tensor is refused, naming it); tensors strata does not use, of any
+// dtype (BOOL or F32 h.N.attn.bias masks, h.N.attn.masked_bias), skipped and named in a note; an
+// lm_head.weight, if there, must equal wte (the head is tied); a position table longer than the
+// model's seq is cropped to its first seq rows (as nanoGPT does; said in a note), a shorter one
+// refused. A vocabulary of 50257 with d_model 768 / 12 layers / 12 heads and seq up to 1024 is
+// GPT-2 small: its released weights load as they are.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <strata/train/safetensors.hpp>
+
+#include "../common/hf_names.hpp"
 
 #include "gpt2.hpp"
 
@@ -75,26 +84,26 @@ void export_hf(const std::string& path, const dims& d, const std::vector<double>
 }
 
 // Reads a GPT-2 safetensors file into serial weights for dims `d`; every tensor must be there
-// with GPT-2's shape (the error names the file, tensor and shapes). Extra tensors (lm_head.weight,
-// attention masks) are ignored.
-inline std::vector<double> import_hf(const std::string& path, const dims& d) {
-  std::map<std::string, st::named_tensor> by_name;
-  for (auto& t : st::read_safetensors(path)) by_name.emplace(t.name, std::move(t));
+// with GPT-2's shape (the error names the file, tensor and shapes), except that the position
+// table may have more rows than d.seq (the first d.seq are used). `notes`, if given, receives one
+// line per thing a user should know: the cropped table, a head found equal to wte, the tensors
+// skipped.
+inline std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes = nullptr) {
+  hf_names::hf_file file("gpt2", path, "transformer.");
   std::vector<double> serial;
   for (const auto& p : hf_layout(d)) {
-    auto it = by_name.find(p.hf_name);
-    STRATA_CHECK(it != by_name.end(), "gpt2: '", path, "' has no tensor '", p.hf_name, "'");
-    const auto& t = it->second;
-    std::vector<std::int64_t> want = p.shape;
-    if (p.transposed) want = {p.shape[1], p.shape[0]};
-    auto text = [](const std::vector<std::int64_t>& s) {
-      std::string r = "[";
-      for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-      return r + "]";
-    };
-    STRATA_CHECK(t.shape == want, "gpt2: '", path, "': tensor '", p.hf_name, "' has shape ", text(t.shape),
-                 ", the model expects ", text(want));
-    if (!p.transposed) {
+    const std::vector<std::int64_t> want = p.transposed ? std::vector<std::int64_t>{p.shape[1], p.shape[0]} : p.shape;
+    const bool positions = p.name == "wpe";
+    const auto t = file.read(p.hf_name, want, positions);
+    if (positions) {
+      const std::int64_t have = t.shape[0];
+      STRATA_CHECK(have >= d.seq, "gpt2: '", path, "': tensor '", t.name, "' has ", have, " positions, fewer than --seq ",
+                   d.seq, " (a position table can be cropped, not extended)");
+      if (have > d.seq && notes)
+        notes->push_back("wpe has " + std::to_string(have) + " positions, using the first " + std::to_string(d.seq) +
+                         " (--seq " + std::to_string(d.seq) + ")");
+      for (std::int64_t i = 0; i < p.numel(); ++i) serial.push_back(t.at(i));  // the first d.seq rows
+    } else if (!p.transposed) {
       for (std::int64_t i = 0; i < t.numel(); ++i) serial.push_back(t.at(i));
     } else {
       const std::int64_t rows = p.shape[0], cols = p.shape[1];  // strata's; the file holds [cols, rows]
@@ -102,6 +111,16 @@ inline std::vector<double> import_hf(const std::string& path, const dims& d) {
         for (std::int64_t c = 0; c < cols; ++c) serial.push_back(t.at(c * rows + r));
     }
   }
+  // The head is tied to wte (serial's first V x C weights): a file's own copy must be the same.
+  if (file.find("lm_head.weight") != nullptr) {
+    const auto head = file.read("lm_head.weight", {d.vocab, d.d_model});
+    for (std::int64_t i = 0; i < head.numel(); ++i)
+      STRATA_CHECK(head.at(i) == serial[std::size_t(i)], "gpt2: '", path, "': tensor 'lm_head.weight' differs from wte "
+                   "at element ", i, " (", head.at(i), " vs ", serial[std::size_t(i)], "); strata's GPT-2 ties its head "
+                   "to wte and cannot load an untied one");
+    if (notes) notes->push_back("lm_head.weight equals wte (GPT-2 ties them): read once");
+  }
+  if (notes && !file.skipped_note().empty()) notes->push_back(file.skipped_note());
   return serial;
 }
 

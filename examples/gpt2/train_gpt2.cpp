@@ -154,6 +154,12 @@ int main(int argc, char** argv) {
         STRATA_CHECK(o.microbatches == 0 || o.pp > 1 || o.virtual_chunks > 1,
                      "gpt2_train: --microbatches ", o.microbatches, " needs --pp > 1 (or --virtual); use --micro-batch "
                      "for gradient accumulation without a pipeline");
+        // The data flags, before anything is planned, allocated or read (--init-from weights).
+        if (o.data.empty())
+          STRATA_CHECK(o.shape.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
+                       o.shape.vocab);
+        else
+          st::expand_glob(o.data);  // none matching is an error naming the pattern
         return run_on_device(o, world);
       },
       "gpt2_train");

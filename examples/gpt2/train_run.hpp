@@ -52,7 +52,9 @@ struct gpt2_family {
   static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
     gpt2::export_hf<T>(path, d, serial);
   }
-  static std::vector<double> import_hf(const std::string& path, const dims& d) { return gpt2::import_hf(path, d); }
+  static std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes) {
+    return gpt2::import_hf(path, d, notes);
+  }
 };
 struct llama_family {
   template <class P>
@@ -68,7 +70,9 @@ struct llama_family {
   static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
     llama::export_hf<T>(path, d, serial);
   }
-  static std::vector<double> import_hf(const std::string& path, const dims& d) { return llama::import_hf(path, d); }
+  static std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes) {
+    return llama::import_hf(path, d, notes);
+  }
 };
 
 // What a device adds to a run: where its memory is, and what is said about it.
@@ -214,21 +218,27 @@ int train(const run_options& o, st::world& world, const device_hooks& dev) {
   topts.trainer.micro_batch = pipelined ? 0 : o.micro_batch;
   topts.trainer.schedule = {o.lr, o.lr / 10, std::min(o.warmup, o.steps), o.steps};
   topts.trainer.grad_clip = o.grad_clip;
-  if (!o.init_from.empty()) {
-    // Every rank reads the file and keeps its own pieces, before the optimizer copies the weights.
-    topts.initial_weights = Family::import_hf(o.init_from, dims);
-    if (lead) std::printf("init-from: %s (%zu weights)\n", o.init_from.c_str(), topts.initial_weights.size());
-  }
-  st::training<model_decl> run(world, dims, std::move(topts));
-  auto& model = run.model();
-  auto& mesh = run.mesh();
-
+  // The data before the weights: a glob that matches nothing, or a token past the vocabulary,
+  // fails here rather than after a large --init-from file is read.
   if (o.data.empty())
     STRATA_CHECK(dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
                  dims.vocab);
   st::token_stream data = o.data.empty()
                               ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed, st::parse_data_order(o.data_order))
                               : st::token_stream::from_glob(o.data, dims.vocab, o.seed, st::parse_data_order(o.data_order));
+  if (!o.init_from.empty()) {
+    // Every rank reads the file and keeps its own pieces, before the optimizer copies the weights.
+    std::vector<std::string> notes;
+    topts.initial_weights = Family::import_hf(o.init_from, dims, &notes);
+    if (lead) {
+      std::printf("init-from: %s (%zu weights)\n", o.init_from.c_str(), topts.initial_weights.size());
+      for (const auto& note : notes) std::printf("init-from: %s\n", note.c_str());
+    }
+  }
+  st::training<model_decl> run(world, dims, std::move(topts));
+  auto& model = run.model();
+  auto& mesh = run.mesh();
+
   // A batch the ranks or the schedule cannot share fails here, on every rank.
   const auto rows = run.synchronizer().local_rows(o.batch).second;
   STRATA_CHECK(!pipelined || rows % layout.microbatches == 0, "gpt2_train: ", rows, " sequences per data-parallel rank (--batch ",

@@ -7,14 +7,20 @@
 // embedding uses, so nothing is transposed or permuted; strata's fused weights are their Hugging
 // Face parts stacked by rows: attn.qkv = q_proj | k_proj | v_proj, mlp.gate_up = gate_proj |
 // up_proj. A tied head (dims::tied) is not written, as transformers omits it.
+//
+// import_hf reads names with or without the "model." prefix (LlamaModel files have none; both
+// forms of one tensor are refused, naming it) and skips, naming them in a note, the tensors it
+// does not use, of any dtype (rotary inv_freq buffers, ...): examples/common/hf_names.hpp. A tied
+// model reads no head of its own; an lm_head.weight in the file must then equal the embedding.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <strata/train/safetensors.hpp>
+
+#include "../common/hf_names.hpp"
 
 #include "llama.hpp"
 
@@ -69,28 +75,28 @@ void export_hf(const std::string& path, const dims& d, const std::vector<double>
 
 // Reads a LlamaForCausalLM safetensors file into serial weights for dims `d`; every tensor must be
 // there with Llama's shape (the error names the file, tensor and shapes). Other tensors are
-// ignored; a tied model reads no lm_head.weight.
-inline std::vector<double> import_hf(const std::string& path, const dims& d) {
-  std::map<std::string, st::named_tensor> by_name;
-  for (auto& t : st::read_safetensors(path)) by_name.emplace(t.name, std::move(t));
-  auto text = [](const std::vector<std::int64_t>& s) {
-    std::string r = "[";
-    for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-    return r + "]";
-  };
+// skipped (`notes`, if given, names them in one line); a tied model reads no lm_head.weight, and
+// one in the file must equal model.embed_tokens.weight.
+inline std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes = nullptr) {
+  hf_names::hf_file file("llama", path, "model.");
   std::vector<double> serial;
   for (const auto& p : hf_layout(d)) {
     for (const auto& [hf_name, rows] : p.parts) {
-      auto it = by_name.find(hf_name);
-      STRATA_CHECK(it != by_name.end(), "llama: '", path, "' has no tensor '", hf_name, "'");
-      const auto& t = it->second;
       std::vector<std::int64_t> want{rows};
       if (p.cols > 1) want.push_back(p.cols);
-      STRATA_CHECK(t.shape == want, "llama: '", path, "': tensor '", hf_name, "' has shape ", text(t.shape),
-                   ", the model expects ", text(want));
+      const auto t = file.read(hf_name, want);
       for (std::int64_t i = 0; i < t.numel(); ++i) serial.push_back(t.at(i));
     }
   }
+  if (d.tied && file.find("lm_head.weight") != nullptr) {
+    const auto head = file.read("lm_head.weight", {d.vocab, d.d_model});
+    for (std::int64_t i = 0; i < head.numel(); ++i)
+      STRATA_CHECK(head.at(i) == serial[std::size_t(i)], "llama: '", path, "': tensor 'lm_head.weight' differs from "
+                   "model.embed_tokens.weight at element ", i, " (", head.at(i), " vs ", serial[std::size_t(i)],
+                   "); the model is tied (dims::tied) and cannot load an untied head");
+    if (notes) notes->push_back("lm_head.weight equals model.embed_tokens.weight (the model is tied): read once");
+  }
+  if (notes && !file.skipped_note().empty()) notes->push_back(file.skipped_note());
   return serial;
 }
 

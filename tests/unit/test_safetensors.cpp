@@ -1,9 +1,14 @@
 // safetensors: a round trip keeps every byte; a bad file is refused with its name and the
 // offset; the example GPT-2 exports with Hugging Face's GPT-2 names, shapes and dtypes, and a
-// model loaded from the export holds exactly the exported weights.
+// model loaded from the export holds exactly the exported weights. Files as users hold them (a
+// hub-layout GPT-2 written byte by byte here: no "transformer." prefix, BOOL and F32 masks,
+// masked_bias, an lm_head, a longer position table) load, the extras skipped and named.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -124,4 +129,242 @@ TEST_CASE("the example GPT-2 exports with GPT-2's names and loads back exactly")
                        doctest::Contains("tensor 'transformer.wte.weight' has shape [50, 16], the model expects [50, 32]"),
                        st::error);
   std::remove(path.c_str());
+}
+
+// --- Hugging Face files as users hold them (issue 17): the released hub `gpt2` layout ---------
+
+namespace {
+
+// One tensor of a hand-written file: its name, dtype, shape and raw bytes.
+struct raw_tensor {
+  std::string name, dtype;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+};
+
+// The bytes of a safetensors file holding `tensors` in this order: header JSON (padded to 8),
+// then the data - written here without strata's writer.
+std::string raw_file(const std::vector<raw_tensor>& tensors) {
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}", data;
+  for (const auto& t : tensors) {
+    std::string shape;
+    for (auto s : t.shape) {
+      if (!shape.empty()) shape += ',';
+      shape += std::to_string(s);
+    }
+    for (const std::string& part : {std::string(",\""), t.name, std::string("\":{\"dtype\":\""), t.dtype,
+                                    std::string("\",\"shape\":["), shape, std::string("],\"data_offsets\":["),
+                                    std::to_string(data.size()), std::string(","),
+                                    std::to_string(data.size() + t.bytes.size()), std::string("]}")})
+      header += part;
+    data += t.bytes;
+  }
+  header += "}";
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  return file_with(header, data);
+}
+
+std::string f32_bytes(const std::vector<float>& v) {
+  std::string b(v.size() * 4, '\0');
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// A small GPT-2 as the hub ships one: Conv1D weights [in, out], names with or without
+// "transformer.", the attention masks beside the weights. Element i of the k-th weight tensor is
+// (k + 1) / 8 + i / 1024 (exact in float); `serial` receives strata's flat order, transposing the
+// Conv1D weights back to [out, in], computed here independently of gpt2_hf.hpp.
+struct hub_gpt2 {
+  static constexpr std::int64_t V = 16, T = 12, C = 8, F = 32, L = 2;
+  std::vector<raw_tensor> tensors;
+  std::vector<double> serial;
+
+  explicit hub_gpt2(const std::string& prefix, bool masks = true) {
+    int k = 0;
+    const auto values = [&](std::int64_t n) {
+      std::vector<float> v(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) v[std::size_t(i)] = float(k + 1) / 8.0f + float(i) / 1024.0f;
+      ++k;
+      return v;
+    };
+    // A plain tensor: the file's order is strata's.
+    const auto plain = [&](const std::string& name, std::vector<std::int64_t> shape) {
+      std::int64_t n = 1;
+      for (auto s : shape) n *= s;
+      const auto v = values(n);
+      tensors.push_back({prefix + name, "F32", shape, f32_bytes(v)});
+      serial.insert(serial.end(), v.begin(), v.end());
+    };
+    // A Conv1D weight, [in, out] in the file, [out, in] in strata.
+    const auto conv = [&](const std::string& name, std::int64_t in, std::int64_t out) {
+      const auto v = values(in * out);
+      tensors.push_back({prefix + name, "F32", {in, out}, f32_bytes(v)});
+      for (std::int64_t o = 0; o < out; ++o)
+        for (std::int64_t i = 0; i < in; ++i) serial.push_back(v[std::size_t(i * out + o)]);
+    };
+    plain("wte.weight", {V, C});
+    plain("wpe.weight", {T, C});
+    for (int l = 0; l < L; ++l) {
+      const std::string h = "h." + std::to_string(l) + ".";
+      plain(h + "ln_1.weight", {C});
+      plain(h + "ln_1.bias", {C});
+      if (masks) {
+        // The causal mask: BOOL in block 0, F32 in block 1; masked_bias a F32 scalar.
+        std::string mask(std::size_t(T * T), '\0');
+        for (std::int64_t r = 0; r < T; ++r)
+          for (std::int64_t c = 0; c <= r; ++c) mask[std::size_t(r * T + c)] = 1;
+        if (l == 0) {
+          tensors.push_back({h + "attn.bias", "BOOL", {1, 1, T, T}, mask});
+        } else {
+          std::vector<float> m(mask.begin(), mask.end());
+          tensors.push_back({h + "attn.bias", "F32", {1, 1, T, T}, f32_bytes(m)});
+        }
+        tensors.push_back({h + "attn.masked_bias", "F32", {}, f32_bytes({-1e4f})});
+      }
+      conv(h + "attn.c_attn.weight", C, 3 * C);
+      plain(h + "attn.c_attn.bias", {3 * C});
+      conv(h + "attn.c_proj.weight", C, C);
+      plain(h + "attn.c_proj.bias", {C});
+      plain(h + "ln_2.weight", {C});
+      plain(h + "ln_2.bias", {C});
+      conv(h + "mlp.c_fc.weight", C, F);
+      plain(h + "mlp.c_fc.bias", {F});
+      conv(h + "mlp.c_proj.weight", F, C);
+      plain(h + "mlp.c_proj.bias", {C});
+    }
+    plain("ln_f.weight", {C});
+    plain("ln_f.bias", {C});
+  }
+  static gpt2::dims dims(std::int64_t seq = T) { return {.vocab = V, .seq = seq, .layers = L, .heads = 2, .d_model = C}; }
+  const raw_tensor& tensor(const std::string& name) const {
+    for (const auto& t : tensors)
+      if (t.name == name) return t;
+    FAIL("no tensor " << name);
+    return tensors.front();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a hub-layout GPT-2 file loads: names without prefix, BOOL and F32 masks and masked_bias skipped and named") {
+  const std::string path = temp_path("hub_gpt2.safetensors");
+  const hub_gpt2 hub("");
+  write_bytes(path, raw_file(hub.tensors));
+  std::vector<std::string> notes;
+  const auto serial = gpt2::import_hf(path, hub_gpt2::dims(), &notes);
+  REQUIRE(serial.size() == hub.serial.size());
+  CHECK(serial == hub.serial);  // every weight, the Conv1D transposes included
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0] == "skipped 4 tensors strata does not use: h.{0..1}.attn.bias (BOOL/F32), h.{0..1}.attn.masked_bias (F32)");
+  // The same weights under "transformer." (GPT2LMHeadModel's names) load the same.
+  const hub_gpt2 prefixed("transformer.");
+  write_bytes(path, raw_file(prefixed.tensors));
+  notes.clear();
+  CHECK(gpt2::import_hf(path, hub_gpt2::dims(), &notes) == hub.serial);
+  CHECK(notes[0].find("skipped 4 tensors") == 0);
+  // strata's own export of them reads back the same, with nothing skipped.
+  gpt2::export_hf<float>(path, hub_gpt2::dims(), hub.serial);
+  notes.clear();
+  CHECK(gpt2::import_hf(path, hub_gpt2::dims(), &notes) == hub.serial);
+  CHECK(notes.empty());
+
+  // One tensor under both names is refused, naming both.
+  auto both = hub.tensors;
+  auto copy = hub.tensor("h.1.mlp.c_fc.bias");
+  copy.name = "transformer.h.1.mlp.c_fc.bias";
+  both.push_back(copy);
+  write_bytes(path, raw_file(both));
+  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+                       doctest::Contains("hub_gpt2.safetensors' holds tensor 'h.1.mlp.c_fc.bias' twice, as "
+                                         "'transformer.h.1.mlp.c_fc.bias' and as 'h.1.mlp.c_fc.bias'"),
+                       st::error);
+  // A missing tensor is named in the file's two possible forms.
+  auto missing = hub.tensors;
+  missing.erase(std::find_if(missing.begin(), missing.end(), [](const raw_tensor& t) { return t.name == "ln_f.bias"; }));
+  write_bytes(path, raw_file(missing));
+  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+                       doctest::Contains("has no tensor 'transformer.ln_f.bias' (nor 'ln_f.bias')"), st::error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a used tensor keeps its checks: a wrong dtype or shape is refused, an unused one of any dtype is not") {
+  const std::string path = temp_path("hub_gpt2_bad.safetensors");
+  const hub_gpt2 hub("");
+  // A weight the model uses stored as I8: refused with the reader's dtype message.
+  auto bad = hub.tensors;
+  for (auto& t : bad)
+    if (t.name == "h.0.ln_2.bias") t = {t.name, "I8", t.shape, std::string(std::size_t(hub_gpt2::C), '\1')};
+  write_bytes(path, raw_file(bad));
+  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+                       doctest::Contains("hub_gpt2_bad.safetensors': tensor 'h.0.ln_2.bias' has dtype I8 (F32, F64, BF16 or F16 expected)"),
+                       st::error);
+  // A used weight of another shape: the tensor as the file names it, and both shapes.
+  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, {.vocab = 16, .seq = 12, .layers = 2, .heads = 2, .d_model = 16}),
+                       doctest::Contains("tensor 'wte.weight' has shape [16, 8], the model expects [16, 16]"), st::error);
+  // An unused BOOL entry is still checked: bytes that do not match its shape are refused.
+  auto short_mask = hub.tensors;
+  for (auto& t : short_mask)
+    if (t.name == "h.0.attn.bias") t.bytes.resize(t.bytes.size() - 1);
+  write_bytes(path, raw_file(short_mask));
+  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+                       doctest::Contains("tensor 'h.0.attn.bias' spans 143 bytes at file offset"), st::error);
+  // A dtype no safetensors file has is refused wherever it is.
+  auto odd = hub.tensors;
+  odd.push_back({"extra", "Q3", {2}, "ab"});
+  write_bytes(path, raw_file(odd));
+  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+                       doctest::Contains("tensor 'extra' has dtype Q3, which is not a safetensors dtype"), st::error);
+  // read_safetensors (checkpoints) still reads only strata's dtypes, the reader any.
+  write_bytes(path, raw_file(hub.tensors));
+  CHECK_THROWS_WITH_AS(st::read_safetensors(path), doctest::Contains("tensor 'h.0.attn.bias' has dtype BOOL (F32, F64, BF16 or F16 expected)"),
+                       st::error);
+  const st::safetensors_reader reader(path);
+  REQUIRE(reader.find("h.0.attn.bias") != nullptr);
+  CHECK(!reader.find("h.0.attn.bias")->convertible());
+  CHECK(reader.find("h.0.attn.masked_bias")->shape.empty());
+  CHECK(reader.read("h.0.attn.masked_bias").at(0) == -1e4);
+  CHECK(reader.metadata().at("format") == "pt");
+  CHECK_THROWS_WITH_AS(reader.read("h.0.attn.bias"), doctest::Contains("tensor 'h.0.attn.bias' has dtype BOOL"), st::error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a longer position table is cropped to --seq, a shorter one refused; lm_head must equal wte") {
+  const std::string path = temp_path("hub_gpt2_seq.safetensors");
+  const hub_gpt2 hub("");
+  write_bytes(path, raw_file(hub.tensors));
+  // seq 5 of the file's 12 positions: the first 5 rows of wpe, everything else as it is.
+  std::vector<std::string> notes;
+  const auto serial = gpt2::import_hf(path, hub_gpt2::dims(5), &notes);
+  const auto V = hub_gpt2::V, C = hub_gpt2::C, T = hub_gpt2::T;
+  std::vector<double> want(hub.serial.begin(), hub.serial.begin() + (V + 5) * C);
+  want.insert(want.end(), hub.serial.begin() + (V + T) * C, hub.serial.end());
+  CHECK(serial == want);
+  REQUIRE(notes.size() == 2);
+  CHECK(notes[0] == "wpe has 12 positions, using the first 5 (--seq 5)");
+  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims(16)),
+                       doctest::Contains("tensor 'wpe.weight' has 12 positions, fewer than --seq 16"), st::error);
+
+  // An lm_head.weight equal to wte loads (it is the tied head); another one is refused.
+  auto with_head = hub.tensors;
+  auto head = hub.tensor("wte.weight");
+  head.name = "lm_head.weight";
+  with_head.push_back(head);
+  write_bytes(path, raw_file(with_head));
+  notes.clear();
+  CHECK(gpt2::import_hf(path, hub_gpt2::dims(), &notes) == hub.serial);
+  CHECK(notes.size() == 2);
+  CHECK(notes[0] == "lm_head.weight equals wte (GPT-2 ties them): read once");
+  with_head.back().bytes[5] ^= 0x40;
+  write_bytes(path, raw_file(with_head));
+  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+                       doctest::Contains("tensor 'lm_head.weight' differs from wte at element 1"), st::error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("the skipped-tensor note groups names by their layer number") {
+  CHECK(hf_names::name_groups({{"a.bias", "F32"}}) == "a.bias (F32)");
+  CHECK(hf_names::name_groups({{"h.0.attn.bias", "BOOL"}, {"h.1.attn.bias", "BOOL"}, {"h.10.attn.bias", "BOOL"}}) ==
+        "h.{0,1,10}.attn.bias (BOOL)");
+  CHECK(hf_names::name_groups({{"h.2.x", "F32"}, {"h.3.x", "F32"}, {"h.4.x", "F32"}, {"y", "I64"}}) ==
+        "h.{2..4}.x (F32), y (I64)");
 }

@@ -5,13 +5,16 @@
 //    "__metadata__": {"key": "value"}}
 // (padded with spaces to a multiple of 8), then the tensors' bytes, little-endian, row-major,
 // offsets relative to the end of the header. strata writes F32, BF16 and F16 (its storage types)
-// and reads those plus F64.
+// and converts those plus F64. read_safetensors reads a whole file of those dtypes (checkpoints);
+// safetensors_reader reads a file's header and then only the tensors asked for, so a Hugging Face
+// file may also hold tensors of other dtypes (BOOL attention masks, ...) that nobody reads.
 //
 // Writing goes to "<path>.tmp", fsynced, then renamed over <path> (train/durable_file.hpp): a
 // crash never leaves a half file under the real name. Reading checks everything before trusting it - header length against
 // the file size, the JSON, each dtype, shape and offset range - and a bad file ends in one
 // strata::error naming the file and what is wrong at which offset.
 #pragma once
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -128,23 +131,62 @@ inline void write_safetensors(const std::string& path, const std::vector<named_t
   write_file_durably(path, encode_safetensors(tensors, metadata));
 }
 
-// Parses a file's bytes; `path` names it in every message.
-inline std::vector<named_tensor> decode_safetensors(const std::vector<unsigned char>& all, const std::string& path,
-                                                    std::map<std::string, std::string>* metadata = nullptr) {
-  STRATA_CHECK(all.size() >= 8, "safetensors: '", path, "' is ", all.size(), " bytes, too short for a header length");
+// Bits per element of every dtype the safetensors format defines (0: not one of them). strata
+// converts only F32, F64, BF16 and F16 (safetensors_dtype_bytes); the others are sized so that a
+// header holding them can still be checked entry by entry.
+inline std::size_t safetensors_dtype_bits(const std::string& d) {
+  if (d == "F32" || d == "I32" || d == "U32") return 32;
+  if (d == "F64" || d == "I64" || d == "U64" || d == "C64") return 64;
+  if (d == "BF16" || d == "F16" || d == "I16" || d == "U16") return 16;
+  if (d == "BOOL" || d == "U8" || d == "I8" || d == "F8_E5M2" || d == "F8_E4M3" || d == "F8_E8M0") return 8;
+  if (d == "F6_E2M3" || d == "F6_E3M2") return 6;
+  if (d == "F4") return 4;
+  return 0;
+}
+
+// One entry of a safetensors header: a tensor's name, dtype, shape and where its bytes lie.
+struct safetensors_entry {
+  std::string name, dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t offset = 0, size = 0;  // the bytes: `size` of them from `offset`, counted from the file's start
+
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  // Whether strata converts its dtype (F32, F64, BF16, F16).
+  bool convertible() const { return safetensors_dtype_bytes(dtype) > 0; }
+};
+
+namespace detail {
+
+inline std::uint64_t safetensors_header_length(const unsigned char* first8, std::uint64_t file_size, const std::string& path) {
+  STRATA_CHECK(file_size >= 8, "safetensors: '", path, "' is ", file_size, " bytes, too short for a header length");
   std::uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= std::uint64_t(all[std::size_t(i)]) << (8 * i);
-  STRATA_CHECK(n <= all.size() - 8, "safetensors: '", path, "': the header length at offset 0 says ", n,
-               " bytes, but the file has ", all.size() - 8, " after it");
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t(first8[i]) << (8 * i);
+  STRATA_CHECK(n <= file_size - 8, "safetensors: '", path, "': the header length at offset 0 says ", n,
+               " bytes, but the file has ", file_size - 8, " after it");
+  return n;
+}
+
+// Checks a header (the n bytes after the length) of a file of file_size bytes: the JSON, and for
+// every entry its dtype, shape and offset range. strict: only the dtypes strata converts are
+// accepted; otherwise any safetensors dtype is, and entries strata cannot convert are kept (their
+// sizes checked all the same) for the caller to skip.
+inline std::vector<safetensors_entry> parse_safetensors_header(const unsigned char* text, std::uint64_t n,
+                                                               std::uint64_t file_size, const std::string& path,
+                                                               bool strict,
+                                                               std::map<std::string, std::string>* metadata) {
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(all.begin() + 8, all.begin() + 8 + std::ptrdiff_t(n));
+    header = nlohmann::json::parse(text, text + n);
   } catch (const nlohmann::json::exception& e) {
     fail("safetensors: '", path, "': the header (bytes 8 to ", 8 + n, ") is not valid JSON: ", e.what());
   }
   STRATA_CHECK(header.is_object(), "safetensors: '", path, "': the header is not a JSON object");
-  const std::uint64_t data_begin = 8 + n, data_size = all.size() - data_begin;
-  std::vector<named_tensor> out;
+  const std::uint64_t data_begin = 8 + n, data_size = file_size - data_begin;
+  std::vector<safetensors_entry> out;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (metadata && it.value().is_object())
@@ -156,7 +198,7 @@ inline std::vector<named_tensor> decode_safetensors(const std::vector<unsigned c
     const std::string where = "safetensors: '" + path + "': tensor '" + it.key() + "'";
     STRATA_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), where,
                  " needs dtype, shape and data_offsets");
-    named_tensor t;
+    safetensors_entry t;
     t.name = it.key();
     try {
       t.dtype = e["dtype"].get<std::string>();
@@ -165,15 +207,42 @@ inline std::vector<named_tensor> decode_safetensors(const std::vector<unsigned c
       STRATA_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= data_size, where, " has data_offsets [",
                    off.empty() ? 0 : off[0], ", ", off.size() < 2 ? 0 : off[1], "] outside the ", data_size,
                    " data bytes (file offset ", data_begin, " on)");
-      STRATA_CHECK(safetensors_dtype_bytes(t.dtype) > 0, where, " has dtype ", t.dtype, " (F32, F64, BF16 or F16 expected)");
-      for (auto d : t.shape) STRATA_CHECK(d >= 0, where, " has a negative dimension");
-      STRATA_CHECK(off[1] - off[0] == safetensors_dtype_bytes(t.dtype) * std::uint64_t(t.numel()), where, " spans ",
-                   off[1] - off[0], " bytes at file offset ", data_begin + off[0], ", its dtype and shape need ",
-                   safetensors_dtype_bytes(t.dtype) * std::uint64_t(t.numel()));
-      t.bytes.assign(all.begin() + std::ptrdiff_t(data_begin + off[0]), all.begin() + std::ptrdiff_t(data_begin + off[1]));
+      const std::size_t bits = strict ? 8 * safetensors_dtype_bytes(t.dtype) : safetensors_dtype_bits(t.dtype);
+      if (strict)
+        STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, " (F32, F64, BF16 or F16 expected)");
+      else
+        STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, ", which is not a safetensors dtype");
+      std::uint64_t count = 1;  // the element count, checked not to overflow (in bits, too)
+      for (auto d : t.shape) {
+        STRATA_CHECK(d >= 0, where, " has a negative dimension");
+        STRATA_CHECK(d == 0 || count <= (std::uint64_t(1) << 56) / std::uint64_t(d), where, " has a shape of more than 2^56 elements");
+        count *= std::uint64_t(d);
+      }
+      const std::uint64_t need = (count * bits + 7) / 8;
+      STRATA_CHECK(count * bits % 8 == 0, where, " has ", count, " elements of ", bits, " bits, not a whole number of bytes");
+      STRATA_CHECK(off[1] - off[0] == need, where, " spans ", off[1] - off[0], " bytes at file offset ", data_begin + off[0],
+                   ", its dtype and shape need ", need);
+      t.offset = data_begin + off[0];
+      t.size = off[1] - off[0];
     } catch (const nlohmann::json::exception& ex) {
       fail(where, " has a malformed entry: ", ex.what());
     }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace detail
+
+// Parses a file's bytes; `path` names it in every message. Every tensor must have a dtype strata
+// converts (safetensors_reader reads files that hold others).
+inline std::vector<named_tensor> decode_safetensors(const std::vector<unsigned char>& all, const std::string& path,
+                                                    std::map<std::string, std::string>* metadata = nullptr) {
+  const std::uint64_t n = detail::safetensors_header_length(all.data(), all.size(), path);
+  std::vector<named_tensor> out;
+  for (auto& e : detail::parse_safetensors_header(all.data() + 8, n, all.size(), path, true, metadata)) {
+    named_tensor t{std::move(e.name), std::move(e.dtype), std::move(e.shape), {}};
+    t.bytes.assign(all.begin() + std::ptrdiff_t(e.offset), all.begin() + std::ptrdiff_t(e.offset + e.size));
     out.push_back(std::move(t));
   }
   return out;
@@ -189,5 +258,78 @@ inline std::vector<named_tensor> read_safetensors(const std::string& path,
   }
   return decode_safetensors(all, path, metadata);
 }
+
+// A safetensors file read lazily: opening it reads and checks the header only (every entry's
+// dtype, shape and offsets, whatever its dtype); a tensor's bytes are read when asked for. A
+// tensor whose dtype strata does not convert (BOOL, I8, ...) is an entry like any other, and an
+// error only when read: a file's attention masks need not stop a loader that does not use them.
+class safetensors_reader {
+ public:
+  explicit safetensors_reader(std::string path) : path_(std::move(path)) {
+    std::FILE* f = std::fopen(path_.c_str(), "rb");
+    STRATA_CHECK(f != nullptr, "safetensors: cannot open '", path_, "': ", std::strerror(errno));
+    std::uint64_t size = 0, n = 0;
+    unsigned char first8[8] = {};
+    std::vector<unsigned char> text;
+    bool read_ok = std::fseek(f, 0, SEEK_END) == 0;
+    const long end = read_ok ? std::ftell(f) : -1;
+    read_ok = end >= 0 && std::fseek(f, 0, SEEK_SET) == 0;
+    if (read_ok) {
+      size = std::uint64_t(end);
+      read_ok = size < 8 || std::fread(first8, 1, 8, f) == 8;
+    }
+    try {
+      STRATA_CHECK(read_ok, "safetensors: reading '", path_, "' failed");
+      n = detail::safetensors_header_length(first8, size, path_);
+      text.resize(static_cast<std::size_t>(n));
+      STRATA_CHECK(std::fread(text.data(), 1, text.size(), f) == text.size(), "safetensors: reading the header of '",
+                   path_, "' failed");
+    } catch (...) {
+      std::fclose(f);
+      throw;
+    }
+    std::fclose(f);
+    file_size_ = size;
+    entries_ = detail::parse_safetensors_header(text.data(), n, size, path_, false, &metadata_);
+    for (std::size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].name, i);
+  }
+
+  const std::string& path() const { return path_; }
+  std::uint64_t file_size() const { return file_size_; }
+  const std::vector<safetensors_entry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The entry called `name`, or null.
+  const safetensors_entry* find(const std::string& name) const {
+    const auto it = index_.find(name);
+    return it == index_.end() ? nullptr : &entries_[it->second];
+  }
+
+  // The tensor `name` with its bytes; it must be in the file with a dtype strata converts.
+  named_tensor read(const std::string& name) const {
+    const auto* e = find(name);
+    STRATA_CHECK(e != nullptr, "safetensors: '", path_, "' has no tensor '", name, "'");
+    return read(*e);
+  }
+  named_tensor read(const safetensors_entry& e) const {
+    STRATA_CHECK(e.convertible(), "safetensors: '", path_, "': tensor '", e.name, "' has dtype ", e.dtype,
+                 " (F32, F64, BF16 or F16 expected)");
+    named_tensor t{e.name, e.dtype, e.shape, std::vector<unsigned char>(static_cast<std::size_t>(e.size))};
+    std::FILE* f = std::fopen(path_.c_str(), "rb");
+    STRATA_CHECK(f != nullptr, "safetensors: cannot open '", path_, "': ", std::strerror(errno));
+    const bool ok = std::fseek(f, long(e.offset), SEEK_SET) == 0 &&
+                    (e.size == 0 || std::fread(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size());
+    std::fclose(f);
+    STRATA_CHECK(ok, "safetensors: '", path_, "': reading tensor '", e.name, "' (", e.size, " bytes at file offset ",
+                 e.offset, ") failed; was the file cut short since it was opened?");
+    return t;
+  }
+
+ private:
+  std::string path_;
+  std::uint64_t file_size_ = 0;
+  std::vector<safetensors_entry> entries_;
+  std::map<std::string, std::size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
 
 }  // namespace strata
