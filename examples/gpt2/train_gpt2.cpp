@@ -106,8 +106,16 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "glob of uint16 token shards (llm.c or nanoGPT .bin)");
   app.add_option("--data-order", o.data_order, "windows at seeded random places (shuffled) or in order (sequential)")
       ->check(CLI::IsMember({"shuffled", "sequential"}))->capture_default_str();
-  app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate at the end")
-      ->check(non_negative)->capture_default_str();
+  app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate at the end (with a key/value cache; at most "
+                 "what the position table leaves after the prompt)")->check(non_negative)->capture_default_str();
+  auto* prompt_text = app.add_option("--prompt", o.prompt, "text to continue, as byte tokens (the generated corpus; "
+                                     "default \"The \")");
+  auto* prompt_ids = app.add_option("--prompt-ids", o.prompt_ids, "token ids to continue, comma-separated")
+      ->delimiter(',')->check(non_negative);
+  app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy, the most likely token)")
+      ->check(cli_checks::real_in(0, true))->capture_default_str();
+  app.add_option("--top-k", o.top_k, "draw from the k most likely tokens (0: all)")->check(non_negative)
+      ->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel degree (default: every rank of the launch)")->check(positive);
   app.add_option("--zero", o.zero, "ZeRO stage: 0 (replicated), 1 (sharded optimizer state), 2 (+ gradients), 3 (+ parameters)")
       ->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
@@ -146,6 +154,14 @@ int main(int argc, char** argv) {
         STRATA_CHECK(o.model == "llama" || !llama_flags, "gpt2_train: --kv-heads, --rope-theta and --norm-eps apply to "
                      "--model llama only");
         check_dims(o);
+        STRATA_CHECK(prompt_text->count() == 0 || prompt_ids->count() == 0,
+                     "gpt2_train: give --prompt (text) or --prompt-ids (token ids), not both");
+        STRATA_CHECK(prompt_text->count() == 0 || (o.data.empty() && o.shape.vocab >= 256),
+                     "gpt2_train: --prompt is text as byte tokens, for the generated corpus (--vocab >= 256, no "
+                     "--data); token shards come from another tokenizer: give --prompt-ids");
+        for (const auto id : o.prompt_ids)
+          STRATA_CHECK(id < o.shape.vocab, "gpt2_train: --prompt-ids: token ", id, " is out of range for --vocab ",
+                       o.shape.vocab);
         STRATA_CHECK(!o.resume || !o.save_dir.empty(), "gpt2_train: --resume needs --save DIR (where the checkpoints are)");
         STRATA_CHECK(o.save_every == 0 || !o.save_dir.empty(), "gpt2_train: --save-every needs --save DIR");
         if (o.micro_batch > 0)

@@ -91,7 +91,11 @@ struct run_options {
   double lr = 3e-3, grad_clip = 1.0;
   std::uint64_t seed = 1337;
   std::string precision = "fp32", metrics, data;
-  int sample_tokens = 160;
+  int sample_tokens = 60;
+  std::string prompt;                   // text (byte tokens); empty: "The " or token 0
+  std::vector<std::int32_t> prompt_ids;  // token ids instead of text
+  double temperature = 0.8;             // 0: greedy
+  std::int64_t top_k = 0;               // 0: every token
   int dp = st::dynamic, zero = 0, tp = 1;
   bool sp = false;
   std::string recompute = "none";
@@ -104,39 +108,6 @@ struct run_options {
   std::int64_t bucket_elems = 1 << 20;
   std::string progress = "auto";
 };
-
-// Draws a continuation of `prompt` one token at a time (temperature 0.8, seeded). Windows are
-// padded at the end to a multiple of `multiple` (sequence parallelism splits the sequence);
-// attention is causal, so the padding changes no logit before it.
-template <class Model>
-std::vector<std::int32_t> sample(Model& model, const st::memory_space& space, std::vector<std::int32_t> tokens, int count,
-                                 std::uint64_t seed, std::int64_t multiple) {
-  using T = typename Model::T;
-  const std::int64_t seq = model.shape().seq, vocab = model.shape().vocab;
-  for (int i = 0; i < count; ++i) {
-    const auto len = std::min<std::int64_t>(static_cast<std::int64_t>(tokens.size()), seq);
-    std::vector<std::int32_t> window(tokens.end() - len, tokens.end());
-    window.resize(static_cast<std::size_t>((len + multiple - 1) / multiple * multiple), 0);
-    auto logits = model.logits({window.data(), {1, static_cast<std::int64_t>(window.size())}});
-    std::vector<T> last(static_cast<std::size_t>(vocab));  // the last position's row, in host memory
-    space.copy(last.data(), logits.data + (len - 1) * vocab, last.size() * sizeof(T), st::copy_direction::space_to_host);
-    double max_logit = -1e300;
-    for (std::int64_t v = 0; v < vocab; ++v) max_logit = std::max(max_logit, double(st::convert<float>(last[v])));
-    std::vector<double> p(static_cast<std::size_t>(vocab));
-    double z = 0;
-    for (std::int64_t v = 0; v < vocab; ++v)
-      z += p[std::size_t(v)] = std::exp((double(st::convert<float>(last[v])) - max_logit) / 0.8);
-    double u = st::counter_uniform(seed, 0x5a3b1e, std::uint64_t(i)) * z;
-    std::int32_t next = static_cast<std::int32_t>(vocab - 1);
-    for (std::int64_t v = 0; v < vocab; ++v)
-      if ((u -= p[std::size_t(v)]) <= 0) {
-        next = static_cast<std::int32_t>(v);
-        break;
-      }
-    tokens.push_back(next);
-  }
-  return tokens;
-}
 
 // The per-stage busy and idle seconds of the last step, gathered over the pipeline group, as the
 // metrics' "pipeline" object (with the schedule's analytic bubble beside them).
@@ -338,29 +309,46 @@ int train(const run_options& o, st::world& world, const device_hooks& dev) {
     }
   }
 
-  if (pipelined) {
-    if (lead && o.sample_tokens > 0) std::printf("sample: skipped (generation runs unsplit; pipeline stages hold part of the model)\n");
-    return 0;
-  }
   if (o.sample_tokens > 0) {
-    // Every rank samples the same tokens in step (under ZeRO-3 each forward gathers weights, a
-    // collective); rank 0 prints them.
-    const bool bytes = dims.vocab <= 256 && o.data.empty();
-    std::vector<std::int32_t> prompt = bytes ? std::vector<std::int32_t>{'T', 'h', 'e', ' '}
-                                             : std::vector<std::int32_t>{0};
-    auto out = sample(model, run.ledger().space(), prompt, o.sample_tokens, o.seed, o.sp ? layout.tp : 1);
-    if (!lead) return 0;
-    std::printf("sample:\n");
-    if (bytes) {
-      for (auto t : out) std::putchar(t == '\n' ? '\n' : (t >= 32 && t < 127 ? char(t) : '?'));
-    } else {
-      for (auto t : out) std::printf("%d ", t);
+    // Every rank generates the same tokens in step (st::generator: a key/value cache, under any
+    // layout; each token decided on a rank holding the head and broadcast); rank 0 prints them.
+    // The generated corpus is byte-level: text prompts and printed samples are bytes. Token
+    // shards come from another tokenizer: prompts are ids, and so is the output.
+    const bool bytes = o.data.empty() && dims.vocab >= 256;
+    std::vector<std::int32_t> prompt = o.prompt_ids;
+    if (prompt.empty() && bytes)
+      for (const unsigned char c : o.prompt.empty() ? std::string("The ") : o.prompt) prompt.push_back(c);
+    if (prompt.empty()) prompt = {0};
+    // A position table bounds what the model can continue; a rotary model is not bounded.
+    const std::int64_t limit = model.max_positions();
+    const std::int64_t count = limit > 0 ? std::min<std::int64_t>(o.sample_tokens, limit - std::int64_t(prompt.size()) + 1)
+                                         : o.sample_tokens;
+    // No CUDA kernel attends over a cache yet: on GPUs each token is a forward over the window,
+    // which needs the whole model on each rank.
+    const bool on_gpu = std::is_base_of_v<st::cuda, Device>;
+    if (on_gpu && pipelined) {
+      if (lead) std::printf("sample: skipped (on GPUs generation needs the whole model on each rank; pipeline stages hold part of it)\n");
+      return 0;
     }
+    STRATA_CHECK(count > 0, "gpt2_train: a prompt of ", prompt.size(), " tokens leaves no room in the model's ", limit,
+                 " positions");
+    st::generator gen(run);
+    const auto out = gen.generate(prompt, {.new_tokens = count,
+                                           .sample = {.temperature = o.temperature, .top_k = o.top_k, .seed = o.seed},
+                                           .cache = !on_gpu});
+    if (!lead) return 0;
+    std::printf("sample:%s\n", count < o.sample_tokens ? (" (" + std::to_string(count) + " tokens: the model's " +
+                                                           std::to_string(limit) + " positions)").c_str() : "");
+    const auto show = [&](std::int32_t t) {
+      if (bytes) std::putchar(t == '\n' ? '\n' : (t >= 32 && t < 127 ? char(t) : '?'));
+      else std::printf("%d ", t);
+    };
+    for (auto t : prompt) show(t);
+    for (auto t : out) show(t);
     std::printf("\n");
   }
   return 0;
 }
-
 
 // The precisions, for one family on one device.
 template <class Family, class Device>

@@ -32,6 +32,7 @@
 #include "strata/kernels/all.hpp"
 
 #include "strata/layers/attention.hpp"
+#include "strata/layers/cached_forward.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/embedding.hpp"
 #include "strata/layers/layer.hpp"
@@ -66,8 +67,10 @@
 
 #include "strata/train/checkpoint.hpp"
 #include "strata/train/corpus.hpp"
+#include "strata/train/generate.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
+#include "strata/train/sampling.hpp"
 #include "strata/plan/hardware.hpp"
 #include "strata/layers/tensor_checks.hpp"
 #include "strata/plan/plan.hpp"

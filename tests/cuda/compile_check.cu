@@ -7,11 +7,12 @@
 //     tensor-parallel and pipeline paths of sequential_model are compiled, not only the serial
 //     one), and by sequential_model + adamw + trainer under a cuda policy; the same for a
 //     Llama-shaped model (RMSNorm, rotary grouped-query attention, SwiGLU, untied head), whose
-//     layers reach the CUDA rmsnorm, rope, swiglu and grouped-query attention kernels. The
-//     functions are defined, never called.
+//     layers reach the CUDA rmsnorm, rope, swiglu and grouped-query attention kernels; and the
+//     generator's cached path over both. The functions are defined, never called.
 #include <strata/strata.hpp>
 
 #include <cstdint>
+#include <vector>
 #include <cuda_runtime.h>
 
 namespace strata_cuda_test {
@@ -123,6 +124,21 @@ double cuda_llama_step(const strata::token_batch& b) {
 double assembled_host_llama_step(strata::world& w, const strata::token_batch& b) {
   strata::training<tiny_llama<host_policy>> run(w, {});
   return run.step(b).loss;
+}
+
+// Generation (train/generate.hpp): the cached path of every layer, on the host under an assembled
+// run and under a cuda policy (where the cache is refused at run time: no device kernel yet, so
+// the uncached reference is what runs there).
+std::size_t assembled_host_generate(strata::world& w, const std::vector<std::int32_t>& prompt) {
+  strata::training<tiny_llama<host_policy>> run(w, {});
+  strata::generator gen(run);
+  return gen.generate(prompt, {.new_tokens = 4, .sample = {.temperature = 0.8, .top_k = 8, .seed = 1}}).size();
+}
+std::size_t cuda_generate(const std::vector<std::int32_t>& prompt) {
+  strata::memory_ledger ledger(strata::gpu::device_memory());
+  strata::sequential_model<tiny_model<cuda_policy>> net(ledger, {}, strata::seed{1});
+  strata::generator gen(net);
+  return gen.generate(prompt, {.new_tokens = 4}).size() + gen.generate(prompt, {.new_tokens = 4, .cache = false}).size();
 }
 
 }  // namespace strata_cuda_test

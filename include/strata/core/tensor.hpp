@@ -3,6 +3,7 @@
 // Layers pass views across their boundaries; a mismatch between what one layer produces and
 // the next expects is caught there with both shapes in the message, not as a wrong answer.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -32,10 +33,7 @@ struct shape {
     return n;
   }
   friend bool operator==(const shape& a, const shape& b) {
-    if (a.rank != b.rank) return false;
-    for (int i = 0; i < a.rank; ++i)
-      if (a[i] != b[i]) return false;
-    return true;
+    return a.rank == b.rank && std::equal(a.dims.begin(), a.dims.begin() + a.rank, b.dims.begin());
   }
   std::string str() const {
     std::ostringstream os;

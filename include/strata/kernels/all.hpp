@@ -10,6 +10,7 @@
 
 #include "strata/kernels/adamw.hpp"
 #include "strata/kernels/attention.hpp"
+#include "strata/kernels/cached_attention.hpp"
 #include "strata/kernels/cross_entropy.hpp"
 #include "strata/kernels/embedding.hpp"
 #include "strata/kernels/gelu.hpp"

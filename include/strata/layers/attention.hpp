@@ -13,13 +13,20 @@
 // grouped-query layer communicates exactly like a multi-head one); with fewer key/value heads
 // than ranks (t a multiple of KV) each key/value head goes to t/KV ranks. The core runs on this
 // rank's heads alone; the projection is row-parallel.
+//
+// Generation (layers/cached_forward.hpp): forward_cached runs the new tokens alone, turned by
+// their absolute positions, and keeps every position's keys and values of this rank's key/value
+// heads, [B, capacity, KV/t·d] each, until release_cache(); each new query attends to the cache
+// (kernels/cached_attention.hpp).
 #pragma once
 #include <cstdint>
 
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/attention.hpp"
 #include "strata/kernels/attention_shape.hpp"
+#include "strata/kernels/cached_attention.hpp"
 #include "strata/kernels/rope.hpp"
+#include "strata/layers/cached_forward.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/linear.hpp"
 
@@ -114,6 +121,43 @@ class attention {
     return qkv_.backward(dqkv);
   }
 
+  // x: [B, n, C], the tokens at positions step.pos .. step.pos + n - 1 (never split by sequence:
+  // the model pauses the split). The step at position 0 (the prompt) starts the cache afresh.
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) {
+    STRATA_CHECK(x.shape.rank == 3 && x.shape[2] == cfg_.channels, scope_.qualify("forward_cached"),
+                 ": expected input [B, n, ", cfg_.channels, "], got ", x.shape.str());
+    STRATA_CHECK(!scope_.tensor().sequence_parallel(), scope_.qualify("forward_cached"),
+                 ": runs with the sequence split paused (tensor_parallel::pause_sequence_split)");
+    auto qkv = qkv_.forward(x);
+    const kernels::attention_shape shape = local_shape(qkv.shape[0], qkv.shape[1]);
+    auto& ledger = scope_.ledger();
+    if (step.pos == 0) {
+      STRATA_CHECK(step.capacity >= shape.seq, scope_.qualify("forward_cached"), ": a cache of ", step.capacity,
+                   " positions cannot hold the ", shape.seq, " given");
+      ensure_size(k_cache_, ledger, memory_category::activations, shape.batch * step.capacity * shape.kv_width());
+      ensure_size(v_cache_, ledger, memory_category::activations, shape.batch * step.capacity * shape.kv_width());
+      cache_batch_ = shape.batch;
+      cache_capacity_ = step.capacity;
+    } else {
+      STRATA_CHECK(step.pos == cached_ && shape.batch == cache_batch_ && step.pos + shape.seq <= cache_capacity_,
+                   scope_.qualify("forward_cached"), ": the cache holds positions 0 .. ", cached_ - 1, " of ",
+                   cache_batch_, " sequences (room for ", cache_capacity_, "); got ", shape.seq,
+                   " tokens at position ", step.pos, " of ", shape.batch);
+    }
+    T* qkv_out = qkv_.output_data();
+    if (cfg_.rope_theta > 0) kernels::rope_forward(device{}, qkv_out, shape, cfg_.rope_theta, step.pos);
+    ensure_size(heads_out_, ledger, memory_category::activations, shape.batch * shape.seq * shape.q_width());
+    kernels::cached_attention_forward(device{}, heads_out_.data(), k_cache_.data(), v_cache_.data(), qkv_out, shape,
+                                      step.pos, cache_capacity_);
+    cached_ = step.pos + shape.seq;
+    return proj_.forward(tensor_view<const T>{heads_out_.data(), {shape.batch, shape.seq, shape.q_width()}});
+  }
+  void release_cache() {
+    k_cache_ = buffer<T>();
+    v_cache_ = buffer<T>();
+    cached_ = cache_batch_ = cache_capacity_ = 0;
+  }
+
   void release_activations() {
     qkv_.release_activations();
     proj_.release_activations();
@@ -163,6 +207,8 @@ class attention {
   bool recompute_core_ = false;
   buffer<A> lse_;
   buffer<T> heads_out_;
+  buffer<T> k_cache_, v_cache_;  // generation: [B, capacity, KV/t·d] by position
+  std::int64_t cached_ = 0, cache_batch_ = 0, cache_capacity_ = 0;
 };
 
 }  // namespace strata

@@ -10,11 +10,15 @@
 // of wte. A rank looks up the tokens in its rows (zeros for the rest), the pieces leave the
 // tensor-parallel region summed (all-reduce, or reduce-scatter to this rank's tokens under
 // sequence parallelism), and the position embedding, whole on every rank, is added after.
+//
+// Generation (layers/cached_forward.hpp): forward_cached looks up the new tokens and adds the
+// position rows of their absolute positions, step.pos onwards.
 #pragma once
 #include <cstdint>
 
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/embedding.hpp"
+#include "strata/layers/cached_forward.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/module.hpp"
 #include "strata/layers/tensor_parallel.hpp"
@@ -36,6 +40,8 @@ class embedding {
 
   // The vocabulary rounded up to a multiple of the tensor-parallel degree.
   static constexpr std::int64_t padded_vocab(const config& c, int degree) { return (c.vocab + degree - 1) / degree * degree; }
+  // The positions a sequence may reach: the position table's rows (0: no table, no limit).
+  static constexpr std::int64_t max_positions(const config& c) { return c.max_seq; }
   // The vocabulary is padded, so any degree splits it: nothing to divide.
   static constexpr tensor_extent_list tensor_extents(const config&) { return {}; }
   // Keeps its output and the token ids; its rows of the table leave the region summed.
@@ -102,6 +108,32 @@ class embedding {
     kernels::position_embedding_add(device{}, out_.data(), p.weights(wpe_), local, seq_,
                                     tp.sequence_parallel() ? tp.rank() * local : 0, cfg_.channels);
     return y;
+  }
+
+  // tokens [B, n] at positions step.pos .. step.pos + n - 1 (the model pauses any sequence split,
+  // so every rank holds every token): wte[token] + wpe[position], the same sums forward makes.
+  tensor_view<const T> forward_cached(tensor_view<const std::int32_t> tokens, const decode_step& step) {
+    STRATA_CHECK(tokens.shape.rank == 2, scope_.qualify("forward_cached"), ": expected tokens [B, n], got ",
+                 tokens.shape.str());
+    STRATA_CHECK(!scope_.tensor().sequence_parallel(), scope_.qualify("forward_cached"),
+                 ": runs with the sequence split paused (tensor_parallel::pause_sequence_split)");
+    const std::int64_t batch = tokens.shape[0], n = tokens.shape[1], rows = batch * n;
+    STRATA_CHECK(!positions() || step.pos + n <= cfg_.max_seq, scope_.qualify("forward_cached"),
+                 ": generation reaches position ", step.pos + n - 1, ", past the position table (max_seq = ",
+                 cfg_.max_seq, ")");
+    auto& ledger = scope_.ledger();
+    ensure_size(tokens_, ledger, memory_category::activations, rows);
+    tokens_.upload(tokens.data, static_cast<std::size_t>(rows));
+    ensure_size(out_, ledger, memory_category::activations, rows * cfg_.channels);
+    auto& p = scope_.params();
+    kernels::embedding_lookup_range(device{}, out_.data(), tokens_.data(), p.weights(wte_), rows, cfg_.channels,
+                                    first_row_, rows_here_, cfg_.vocab);
+    if (degree_ > 1) scope_.tensor().leave_forward(out_, {batch, n, cfg_.channels}, out_, ledger);
+    // Row i of each sequence takes position row step.pos + i.
+    if (positions())
+      kernels::position_embedding_add(device{}, out_.data(), p.weights(wpe_) + step.pos * cfg_.channels, rows, n, 0,
+                                      cfg_.channels);
+    return {out_.data(), {batch, n, cfg_.channels}};
   }
 
   void backward(const buffer<T>& dout) {

@@ -28,6 +28,9 @@ class layernorm {
     double eps = 1e-5;
   };
 
+  // Each token alone: generation runs forward on the new tokens (layers/cached_forward.hpp).
+  static constexpr bool position_wise = true;
+
   static constexpr tensor_extent_list tensor_extents(const config&) { return {}; }
   // ~8 flops per element forward (mean, variance, normalise, scale, shift), backward ~2x; keeps
   // its output and each row's mean and 1/std. Under sequence parallelism it sees rows/t tokens and

@@ -61,6 +61,9 @@ class linear {
     constexpr std::int64_t block_size(int b) const { return block_sizes[0] > 0 ? block_sizes[std::size_t(b)] : out / blocks; }
   };
 
+  // Each token alone: generation runs forward on the new tokens (layers/cached_forward.hpp).
+  static constexpr bool position_wise = true;
+
   // What a tensor-parallel degree must divide: the output features of each block (column), or
   // the input features (row).
   static constexpr tensor_extent_list tensor_extents(const config& c) {

@@ -25,6 +25,9 @@ class mlp {
     double proj_init_std = 0.02;
   };
 
+  // Each token alone: generation runs forward on the new tokens (layers/cached_forward.hpp).
+  static constexpr bool position_wise = true;
+
   static constexpr typename linear<P>::config fc_config(const config& c) {
     return {.in = c.channels, .out = c.hidden, .init_std = c.init_std, .split = tensor_split_kind::column};
   }

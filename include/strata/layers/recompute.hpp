@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "strata/core/error.hpp"
+#include "strata/layers/cached_forward.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/layer.hpp"
 #include "strata/layers/module.hpp"
@@ -101,6 +102,10 @@ class recompute {
     if constexpr (releases_activations<L>) inner_.release_activations();
     return {out_.data(), y.shape};
   }
+
+  // Generation keeps no activations for backward: the wrapped layer's cached forward, whatever the mode.
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) { return run_cached(inner_, x, step); }
+  void release_cache() { drop_cache(inner_); }
 
   buffer<T> backward(const buffer<T>& dout) {
     if (mode_ != recompute_mode::full) return inner_.backward(dout);

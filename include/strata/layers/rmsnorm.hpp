@@ -29,6 +29,9 @@ class rmsnorm {
     double eps = 1e-5;
   };
 
+  // Each token alone: generation runs forward on the new tokens (layers/cached_forward.hpp).
+  static constexpr bool position_wise = true;
+
   static constexpr tensor_extent_list tensor_extents(const config&) { return {}; }
   // ~4 flops per element forward (square, sum, scale, gain), backward ~2x; keeps its output and
   // each row's 1/rms. Under sequence parallelism it sees rows/t tokens and sums its partial gain

@@ -9,6 +9,7 @@
 
 #include "strata/core/error.hpp"
 #include "strata/core/extents.hpp"
+#include "strata/layers/cached_forward.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/layer.hpp"
 #include "strata/layers/module.hpp"
@@ -46,6 +47,15 @@ class stack {
     for (auto& l : layers_) x = l.forward(x);
     return x;
   }
+  // Generation: the new tokens through every copy, each keeping its cache.
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) {
+    for (auto& l : layers_) x = run_cached(l, x, step);
+    return x;
+  }
+  void release_cache() {
+    for (auto& l : layers_) drop_cache(l);
+  }
+
   buffer<T> backward(const buffer<T>& dout) {
     buffer<T> d = layers_.back().backward(dout);
     for (auto i = layers_.size() - 1; i-- > 0;) d = layers_[i].backward(d);

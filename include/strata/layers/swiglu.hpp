@@ -27,6 +27,9 @@ class swiglu {
     double proj_init_std = 0.02;  // the down projection
   };
 
+  // Each token alone: generation runs forward on the new tokens (layers/cached_forward.hpp).
+  static constexpr bool position_wise = true;
+
   static constexpr typename linear<P>::config gate_up_config(const config& c) {
     return {.in = c.channels, .out = 2 * c.hidden, .bias = false, .init_std = c.init_std,
             .split = tensor_split_kind::column, .blocks = 2};

@@ -60,9 +60,25 @@ class tensor_parallel {
 
   int degree() const { return group_.size(); }
   int rank() const { return group_.rank(); }
-  bool sequence_parallel() const { return sp_ && degree() > 1; }
+  bool sequence_parallel() const { return sp_ && !paused_ && degree() > 1; }
   tensor_split split() const { return {degree(), sequence_parallel()}; }
   group_ref& group() { return group_; }
+
+  // Generation feeds one position at a time, which no sequence split divides: while the returned
+  // guard lives the region edges are plain tensor parallelism's (identity in, all-reduce out) and
+  // every rank holds the whole tokens between regions. The weights are the same pieces.
+  class sequence_split_pause {
+   public:
+    explicit sequence_split_pause(tensor_parallel& tp) : tp_(&tp), was_(tp.paused_) { tp.paused_ = true; }
+    ~sequence_split_pause() { tp_->paused_ = was_; }
+    sequence_split_pause(const sequence_split_pause&) = delete;
+    sequence_split_pause& operator=(const sequence_split_pause&) = delete;
+
+   private:
+    tensor_parallel* tp_;
+    bool was_;
+  };
+  [[nodiscard]] sequence_split_pause pause_sequence_split() { return sequence_split_pause(*this); }
 
   // Entering a region: the whole input of a column-parallel layer. Under sequence parallelism
   // the local [B, T/t, C] pieces are gathered into `full` ([B, T, C]); otherwise x is returned.
@@ -135,7 +151,7 @@ class tensor_parallel {
 
  private:
   group_ref group_;
-  bool sp_ = false;
+  bool sp_ = false, paused_ = false;
 };
 
 }  // namespace strata

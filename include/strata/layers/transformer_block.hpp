@@ -8,11 +8,14 @@
 // block are one tensor-parallel region each; norms and residuals see whole activations (or, under
 // sequence parallelism, [B, T/t, C]: this rank's tokens). recompute_core(true) hands selective
 // recomputation to the attention. Checkpoint names: ln_1, attn, ln_2, mlp, whatever the norm.
+// Generation: forward_cached is forward with the attention's cached step (the norms and the
+// feed-forward block work token by token: layers/cached_forward.hpp).
 #pragma once
 #include <cstdint>
 
 #include "strata/kernels/residual.hpp"
 #include "strata/layers/attention.hpp"
+#include "strata/layers/cached_forward.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/layernorm.hpp"
 #include "strata/layers/mlp.hpp"
@@ -72,17 +75,14 @@ class transformer_block {
   void recompute_core(bool on) { attn_.recompute_core(on); }
 
   tensor_view<const T> forward(tensor_view<const T> x) {
-    const std::int64_t n = x.numel();
-    auto& ledger = scope_.ledger();
-    ensure_size(resid_, ledger, memory_category::activations, n);
-    ensure_size(out_, ledger, memory_category::activations, n);
-    auto a = attn_.forward(ln_1_.forward(x));
-    kernels::residual_forward(device{}, resid_.data(), x.data, a.data, n);
-    tensor_view<const T> r{resid_.data(), x.shape};
-    auto m = mlp_.forward(ln_2_.forward(r));
-    kernels::residual_forward(device{}, out_.data(), r.data, m.data, n);
-    return {out_.data(), x.shape};
+    return forward_with(x, [&](tensor_view<const T> h) { return attn_.forward(h); });
   }
+  // The new tokens of a generation step (layers/cached_forward.hpp).
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) {
+    static_assert(check_generating_hidden_layer<norm_type>() && check_generating_hidden_layer<ffn_type>());
+    return forward_with(x, [&](tensor_view<const T> h) { return attn_.forward_cached(h, step); });
+  }
+  void release_cache() { attn_.release_cache(); }
 
   buffer<T> backward(const buffer<T>& dout) {
     const auto n = static_cast<std::int64_t>(dout.size());
@@ -115,6 +115,20 @@ class transformer_block {
 
  private:
   using device = typename P::device;
+  // r = x + attend(norm_1(x)); y = r + ffn(norm_2(r)).
+  template <class Attend>
+  tensor_view<const T> forward_with(tensor_view<const T> x, Attend&& attend) {
+    const std::int64_t n = x.numel();
+    auto& ledger = scope_.ledger();
+    ensure_size(resid_, ledger, memory_category::activations, n);
+    ensure_size(out_, ledger, memory_category::activations, n);
+    auto a = attend(ln_1_.forward(x));
+    kernels::residual_forward(device{}, resid_.data(), x.data, a.data, n);
+    tensor_view<const T> r{resid_.data(), x.shape};
+    auto m = mlp_.forward(ln_2_.forward(r));
+    kernels::residual_forward(device{}, out_.data(), r.data, m.data, n);
+    return {out_.data(), x.shape};
+  }
   // The shape errors first (they name the numbers), before any layer is built.
   static const config& validated(const module_scope<P>& scope, const config& c) {
     scope.check_tensor_extents(tensor_extents(c));

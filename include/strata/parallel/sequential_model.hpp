@@ -21,6 +21,12 @@
 // activations, released after its backward, so the allocator sees exactly the micro-batches the
 // schedule holds. Every block is wrapped in recompute<recompute_from_context, Block>: the
 // placement's recomputation mode applies to the blocks.
+//
+// Generation with a key/value cache (train/generate.hpp drives it): forward_cached feeds the new
+// positions through the layers' cached forwards (layers/cached_forward.hpp) with any sequence
+// split paused; a pipeline passes the new positions' activations [B, n, C] from virtual stage to
+// virtual stage in order, using the first micro-batch copy of each chunk, and the last stage's
+// head gives the logits of each sequence's last position.
 #pragma once
 #include <cstddef>
 #include <algorithm>
@@ -29,12 +35,15 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "strata/comm/group_ref.hpp"
+#include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
+#include "strata/layers/cached_forward.hpp"
 #include "strata/layers/layer.hpp"
 #include "strata/layers/module.hpp"
 #include "strata/layers/recompute.hpp"
@@ -160,6 +169,65 @@ class sequential_model {
     return std::get<N - 1>(r)->logits(hidden_to_head(r, inputs));
   }
 
+  // ---- generation with a key/value cache ----
+
+  // Feeds tokens [B, n] (host memory), the positions step.pos .. step.pos + n - 1 of each
+  // sequence, through this rank's layers, each keeping its cache; the step at position 0 starts
+  // the caches with room for step.capacity positions. Collective over the tensor and pipeline
+  // groups. Returns the logits of each sequence's last position, [B, V] in host memory, on the
+  // ranks holding the head (holds_head()); empty elsewhere.
+  std::vector<double> forward_cached(tensor_view<const std::int32_t> tokens, const decode_step& step) {
+    check_cached_tokens(tokens, step);
+    const auto pause = ctx_.tensor().pause_sequence_split();  // n = 1 divides no split
+    const auto& sh = place_.pipeline.shape;
+    const int p = sh.stages, me = place_.pipeline.stage;
+    const std::int64_t batch = tokens.shape[0], n = tokens.shape[1], width = block_width();
+    std::vector<double> logits;
+    buffer<T> received;
+    tensor_view<const T> x;
+    // Virtual stage v is chunk v / p of stage v % p: each stage runs its chunks in that order,
+    // taking its input from the stage before and giving its output to the stage after.
+    for (int v = 0; v < sh.virtual_stages(); ++v) {
+      if (v % p != me) continue;
+      if (v > 0 && (v - 1) % p != me) {
+        ensure_size(received, ctx_.ledger(), memory_category::communication, batch * n * width);
+        place_.pipeline_group.recv_async(std::span<T>(received.data(), received.size()), (v - 1) % p, v).wait();
+        x = {received.data(), {batch, n, width}};
+      }
+      x = cached_pass(chunks_[std::size_t(v / p)].front(), x, tokens, step, logits);
+      if (v + 1 < sh.virtual_stages() && (v + 1) % p != me)
+        place_.pipeline_group.send_async(std::span<const T>(x.data, std::size_t(x.numel())), (v + 1) % p, v + 1).wait();
+    }
+    return logits;
+  }
+  // Lets every layer go of its cache (and, on a pipeline stage, of the activations the steps left
+  // in the first micro-batch's copy, as after its backward).
+  void release_caches() {
+    for (auto& c : chunks_) {
+      if (exec_) release(c.front());
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (
+            [&] {
+              auto& part = std::get<I>(c.front());
+              using L = std::remove_cvref_t<decltype(*part)>;
+              if constexpr (requires(L& l) { l.release_cache(); })
+                if (part) part->release_cache();
+            }(),
+            ...);
+      }(std::make_index_sequence<N>{});
+    }
+    last_ = buffer<T>();
+  }
+  // Whether this rank computes the logits (the last pipeline stage, or the whole model).
+  bool holds_head() const { return place_.pipeline.stage == place_.pipeline.shape.stages - 1; }
+  // The positions a sequence may reach (the input layer's max_positions(config)); 0: no limit.
+  std::int64_t max_positions() const {
+    using L = typename layers_type::template part_type<0>::layer_type;
+    if constexpr (requires { L::max_positions(layers_.template part<0>().config); })
+      return L::max_positions(layers_.template part<0>().config);
+    else return 0;
+  }
+
   // ---- a pipeline: the schedule's whole step ----
 
   bool pipelined() const { return exec_.has_value(); }
@@ -247,6 +315,69 @@ class sequential_model {
     STRATA_CHECK(inputs.shape.rank == 2, "model: expected token ids [B, T], got ", inputs.shape.str());
     STRATA_CHECK(!split.sequence_parallel || inputs.shape[1] % split.degree == 0, "model: sequence parallelism over tp=",
                  split.degree, " needs a sequence length divisible by it, got ", inputs.shape[1]);
+  }
+
+  // The same checks on every rank before any stage runs (the first stage alone would see a bad
+  // token, and the others would wait for it).
+  void check_cached_tokens(tensor_view<const std::int32_t> tokens, const decode_step& step) const {
+    STRATA_CHECK(tokens.shape.rank == 2 && tokens.shape[0] >= 1 && tokens.shape[1] >= 1,
+                 "model: generation expects token ids [B, n] with B, n >= 1, got ", tokens.shape.str());
+    const std::int64_t n = tokens.shape[1], limit = max_positions();
+    STRATA_CHECK(step.pos >= 0 && step.pos + n <= step.capacity, "model: ", n, " tokens at position ", step.pos,
+                 " do not fit a cache of ", step.capacity, " positions");
+    STRATA_CHECK(limit == 0 || step.pos + n <= limit, "model: generation reaches position ", step.pos + n - 1,
+                 ", past the ", limit, " positions the model knows (its position table)");
+    if constexpr (requires { layers_.template part<0>().config.vocab; }) {
+      const std::int64_t vocab = layers_.template part<0>().config.vocab;
+      for (std::int64_t i = 0; i < tokens.numel(); ++i)
+        STRATA_CHECK(tokens.data[i] >= 0 && tokens.data[i] < vocab, "model: token id ", tokens.data[i],
+                     " at position ", step.pos + i % n, " is out of range for vocab ", vocab);
+    }
+  }
+  // The parts one virtual stage holds, on the new positions: x is the stage's input (none on the
+  // first, which reads the tokens); the head, on the last, sets `logits` from each sequence's
+  // last position.
+  tensor_view<const T> cached_pass(replica& r, tensor_view<const T> x, tensor_view<const std::int32_t> tokens,
+                                   const decode_step& step, std::vector<double>& logits) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            auto& part = std::get<I>(r);
+            using L = std::remove_cvref_t<decltype(*part)>;
+            if (!part) return;
+            if constexpr (I == 0) {
+              static_assert(cached_input_layer<L>, "strata generation: the model's first part needs "
+                                                   "`tensor_view<const T> forward_cached(tensor_view<const std::int32_t> "
+                                                   "tokens, const strata::decode_step&)` (tokens at their positions)");
+              x = part->forward_cached(tokens, step);
+            } else if constexpr (I + 1 == N) {
+              static_assert(logits_layer<L>, "strata generation: the model's last part needs "
+                                             "`tensor_view<const T> logits(tensor_view<const T>)`");
+              logits = to_host(part->logits(last_positions(x)));
+              x = {};
+            } else {
+              x = run_cached(*part, x, step);
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+    return x;
+  }
+  // x [B, n, C] -> its last position of each sequence, [B, 1, C].
+  tensor_view<const T> last_positions(tensor_view<const T> x) {
+    const std::int64_t b = x.shape[0], n = x.shape[1], c = x.shape[2];
+    if (n == 1) return x;
+    ensure_size(last_, ctx_.ledger(), memory_category::activations, b * c);
+    for (std::int64_t i = 0; i < b; ++i)
+      last_.copy_within(x.data + (i * n + n - 1) * c, std::size_t(c), std::size_t(i * c));
+    return {last_.data(), {b, 1, c}};
+  }
+  std::vector<double> to_host(tensor_view<const T> y) {
+    std::vector<T> here(std::size_t(y.numel()));
+    ctx_.ledger().space().copy(here.data(), y.data, here.size() * sizeof(T), copy_direction::space_to_host);
+    std::vector<double> out(here.size());
+    for (std::size_t i = 0; i < here.size(); ++i) out[i] = convert<double>(here[i]);
+    return out;
   }
 
   replica& whole() {
@@ -373,6 +504,7 @@ class sequential_model {
   std::vector<chunk> chunks_;
   std::vector<param_handle> tied_to_sum_;
   std::optional<pipeline_executor<sequential_model>> exec_;
+  buffer<T> last_;  // generation: each sequence's last position, when a step has several
 };
 
 }  // namespace strata
