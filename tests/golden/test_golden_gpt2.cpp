@@ -30,6 +30,7 @@
 #include <strata/strata.hpp>
 
 #include "../mpi/layout_equivalence.hpp"
+#include "../unit/max_error.hpp"
 #include "gpt2/gpt2.hpp"
 #include "gpt2/gpt2_hf.hpp"
 
@@ -121,17 +122,8 @@ const golden& reference() {
   return g;
 }
 
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+using strata_test::max_abs;
+using strata_test::max_diff;
 double worst_relative(const std::vector<double>& a, const std::vector<double>& ref) {
   REQUIRE(a.size() == ref.size());
   double m = 0;

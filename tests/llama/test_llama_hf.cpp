@@ -16,6 +16,7 @@
 
 #include <strata/strata.hpp>
 
+#include "../unit/max_error.hpp"
 #include "llama/llama.hpp"
 #include "llama/llama_hf.hpp"
 
@@ -62,17 +63,8 @@ struct fixture {
   }
 };
 
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+using strata_test::max_abs;
+using strata_test::max_diff;
 
 struct result {
   double loss = 0;
