@@ -1,6 +1,6 @@
-// strata_gpt2_train_cuda - the layer-integrated GPT-2 (examples/gpt2, what gpt2_train --device
-// cuda runs), or with --model llama the example Llama, trained on one GPU, built from the CUDA
-// toolkit alone for scripts/gpu-check.
+// strata_gpt2_train_cuda - the layer-integrated GPT-2 (examples/gpt2, the model gpt2_train
+// --device cuda trains), or with --model llama the example Llama, trained on one GPU without MPI,
+// built from the CUDA toolkit alone for scripts/gpu-check.
 //
 //   strata_gpt2_train_cuda [--model gpt2|llama] [--steps 10] [--batch 8] [--seq 1024] [--layers 12]
 //                          [--d-model 768] [--heads 12] [--kv-heads 4] [--ffn 2048] [--vocab 50304]

@@ -1,4 +1,4 @@
-// gpt2_train --device cuda (train_cuda.hpp): one GPU, any of fp32, bf16, fp16.
+// The one-GPU trainer without MPI (train_cuda.hpp): any of fp32, bf16, fp16.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -1,10 +1,11 @@
-// examples/gpt2/train_cuda.hpp - gpt2_train --device cuda: the model on one GPU.
+// examples/gpt2/train_cuda.hpp - the example model trained on one GPU without MPI, for the GPU
+// check's standalone build (bench/gpu/gpt2_train_cuda.cu: scripts/gpu-check builds it from the
+// CUDA toolkit alone). gpt2_train --device cuda is the whole run on GPUs (train_gpus.hpp).
 //
 // The same declaration as on the host, gpt2::model<P> (or, with `llama` set, llama::model<P>) with
 // P = st::policy<st::cuda, st::serial, ...>, built by st::sequential_model: its layers call the CUDA kernels and its ledger allocates
 // device memory (gpu::device_memory()), so parameters, gradients, optimizer state and
-// activations live on the GPU. Compiled by nvcc (train_cuda.cu) when the CUDA toolkit is found;
-// otherwise train_no_cuda.cpp says so.
+// activations live on the GPU. Compiled by nvcc (train_cuda.cu).
 #pragma once
 #include <cstdint>
 #include <string>
