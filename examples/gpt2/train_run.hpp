@@ -216,12 +216,14 @@ int train(const run_options& o, st::world& world, const device_hooks& dev) {
                o.batch, ") do not split into --microbatches ", layout.microbatches);
 
   // Checkpoints: every rank saves its pieces; --resume continues from the newest complete one,
-  // whatever layout saved it.
+  // whatever layout saved it. Without --resume the directory must hold no other run's.
   std::optional<st::checkpointer> checkpoints;
   int first_step = 0;
   if (!o.save_dir.empty()) {
     checkpoints.emplace(run.make_checkpointer({o.save_dir, o.keep}));
-    if (o.resume) {
+    if (!o.resume) {
+      checkpoints->start_new_run();
+    } else {
       if (const auto loaded = run.resume(*checkpoints)) {
         data.seek(loaded->progress.data_position);
         first_step = loaded->progress.step;
@@ -229,7 +231,7 @@ int train(const run_options& o, st::world& world, const device_hooks& dev) {
           std::printf("resume: %s (step %d, saved under %s)\n", loaded->path.c_str(), first_step,
                       loaded->layout.dump().c_str());
       } else if (lead) {
-        std::printf("resume: no checkpoint in '%s' yet; starting at step 0\n", o.save_dir.c_str());
+        std::printf("resume: no complete checkpoint in '%s' yet; starting at step 0\n", o.save_dir.c_str());
       }
     }
   }
@@ -277,6 +279,14 @@ int train(const run_options& o, st::world& world, const device_hooks& dev) {
     }
     if (!lead) continue;
     progress.update(s + 1, r, idle + dev.step_suffix);
+    if (!r.applied && run.trainer().nonfinite_steps_in_a_row() > 0) {
+      // No loss scale can answer this one (fp32, bf16; fp16 at its minimum): say so in words.
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "step %d: the gradient norm is %g: update skipped, weights unchanged (%d such steps in a row; "
+                    "%d stop the run)", s + 1, r.grad_norm, run.trainer().nonfinite_steps_in_a_row(),
+                    run.options().trainer.nonfinite_step_limit);
+      progress.message(buf);
+    }
     if (s + 1 == o.steps) progress.end_line();  // what follows the loop prints on lines of its own
     if (metrics) {
       // MFU counts every rank of the launch against the device's peak for the storage precision.

@@ -25,6 +25,6 @@ printf 'garbage' > ck/step-00000002/manifest.json
 
 # An empty directory is a fresh start, said so.
 out=$("$train" "${small[@]}" --layers 2 --steps 1 --save empty --resume)
-printf '%s\n' "$out" | grep -q "resume: no checkpoint in 'empty' yet; starting at step 0" ||
+printf '%s\n' "$out" | grep -q "resume: no complete checkpoint in 'empty' yet; starting at step 0" ||
   { echo "FAIL: no fresh-start message"; exit 1; }
 echo "ok: every bad checkpoint case ends with its message"

@@ -145,7 +145,7 @@ TEST_CASE("progress: the plain line keeps gpt2_train's format") {
                             .elapsed = 1.3, .eta = 75, .applied = false, .extra = " | idle 10.0%"};
   CHECK(st::progress_line(p) ==
         "step    3/3 | loss 2.5000 |      200 tok/s | lr 1.00e-03 | norm  0.500 | 1.3s elapsed | ETA 1m15s"
-        " | idle 10.0% | skipped (fp16 overflow)");
+        " | idle 10.0% | skipped (non-finite gradients)");
 }
 
 TEST_CASE("progress: the bar fills in proportion to the steps done") {

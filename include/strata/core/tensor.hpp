@@ -7,10 +7,12 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
 
+#include "strata/core/checked_math.hpp"
 #include "strata/core/error.hpp"
 
 namespace strata {
@@ -27,10 +29,13 @@ struct shape {
     for (auto x : d) dims[static_cast<std::size_t>(rank++)] = x;
   }
   std::int64_t operator[](int i) const { return dims[static_cast<std::size_t>(i)]; }
+  // Checked: shapes also come from files (checkpoint pieces), where [2^31, 2^31, 4] must be an
+  // error, not a wrapped count.
   std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (int i = 0; i < rank; ++i) n *= dims[static_cast<std::size_t>(i)];
-    return n;
+    STRATA_CHECK(rank >= 0 && rank <= max_rank, "shape: rank ", rank, " outside [0, ", max_rank, "]");
+    const auto n = checked_numel(std::span<const std::int64_t>(dims.data(), static_cast<std::size_t>(rank)));
+    STRATA_CHECK(n.has_value(), "shape ", str(), " has a negative dimension or more than 2^63 elements");
+    return *n;
   }
   friend bool operator==(const shape& a, const shape& b) {
     return a.rank == b.rank && std::equal(a.dims.begin(), a.dims.begin() + a.rank, b.dims.begin());

@@ -5,6 +5,7 @@
 // gradient clipping and, later, data-parallel buckets work on) and fills the weights with the
 // sharding-invariant initializer. A layer keeps only a handle and asks the store for pointers.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -48,31 +49,43 @@ struct tensor_shard {
 
   bool sharded() const { return parts > 1; }
   // Along `dim`: the size of block b, how many pieces it is cut into, and this rank's piece.
-  std::int64_t block_size(int b) const { return block_sizes[0] > 0 ? block_sizes[std::size_t(b)] : extent() / blocks; }
-  int pieces(int b) const { return block_parts[std::size_t(b)] > 0 ? block_parts[std::size_t(b)] : parts; }
-  int piece_index(int b) const { return index / (parts / pieces(b)); }
+  // Meaningful only for a consistent() split; on any other (a checkpoint's fields, before they
+  // are checked) they return 0 rather than divide by zero or index past an array.
+  std::int64_t block_size(int b) const {
+    if (b < 0 || b >= max_blocks || blocks < 1) return 0;
+    return block_sizes[0] > 0 ? block_sizes[std::size_t(b)] : extent() / blocks;
+  }
+  int pieces(int b) const {
+    if (b < 0 || b >= max_blocks) return 0;
+    return block_parts[std::size_t(b)] > 0 ? block_parts[std::size_t(b)] : parts;
+  }
+  int piece_index(int b) const {
+    const int n = pieces(b), holders = n > 0 ? parts / n : 0;
+    return holders > 0 ? index / holders : 0;
+  }
   // Whether some block is held whole by more than one rank (its gradients are partial sums).
   bool has_shared_pieces() const {
-    for (int b = 0; b < blocks; ++b)
+    for (int b = 0; b < block_count(); ++b)
       if (pieces(b) < parts) return true;
     return false;
   }
   strata::shape local() const {
     strata::shape s = full;
     std::int64_t along = 0;
-    for (int b = 0; b < blocks; ++b) along += block_size(b) / pieces(b);
-    s.dims[static_cast<std::size_t>(dim)] = along;
+    for (int b = 0; b < block_count(); ++b) along += pieces(b) > 0 ? block_size(b) / pieces(b) : 0;
+    if (dim >= 0 && dim < max_rank) s.dims[static_cast<std::size_t>(dim)] = along;
     return s;
   }
   // Whether the blocks fit the tensor: positive, dividing into their pieces, adding up to it.
   bool consistent() const {
-    if (parts < 1 || index < 0 || index >= parts || blocks < 1 || blocks > max_blocks || dim < 0 || dim >= full.rank)
+    if (parts < 1 || index < 0 || index >= parts || blocks < 1 || blocks > max_blocks || full.rank > max_rank ||
+        dim < 0 || dim >= full.rank)
       return false;
     std::int64_t total = 0;
     for (int b = 0; b < blocks; ++b) {
       const int n = pieces(b);
       if (n < 1 || parts % n != 0 || block_size(b) <= 0 || block_size(b) % n != 0) return false;
-      total += block_size(b);
+      if (__builtin_add_overflow(total, block_size(b), &total)) return false;  // sizes may come from a file
     }
     return total == extent();
   }
@@ -89,7 +102,7 @@ struct tensor_shard {
     const std::int64_t per_row = l.rank >= 2 ? numel / l[0] : 1;
     std::vector<holder_run> runs;
     std::int64_t row = 0;
-    for (int b = 0; b < blocks; ++b) {
+    for (int b = 0; b < block_count(); ++b) {
       const std::int64_t rows = block_size(b) / pieces(b);
       runs.push_back({row * per_row, (row + rows) * per_row, parts / pieces(b)});
       row += rows;
@@ -99,13 +112,14 @@ struct tensor_shard {
   // The full tensor's (row, column) of local element i, rank 1 tensors being one row.
   std::pair<std::int64_t, std::int64_t> full_position(std::int64_t i) const {
     const strata::shape l = local();
-    const std::int64_t cols = l.rank >= 2 ? l[1] : l[0];
+    const std::int64_t cols = l.rank >= 2 ? l[1] : l.rank == 1 ? l[0] : 0;
+    if (cols <= 0) return {0, 0};  // no elements (or not a consistent split): nothing to place
     std::int64_t row = l.rank >= 2 ? i / cols : 0, col = l.rank >= 2 ? i % cols : i;
     std::int64_t& along = (dim == 0 && l.rank >= 2) ? row : col;
     std::int64_t local_start = 0, full_start = 0;
-    for (int b = 0; b < blocks; ++b) {
-      const std::int64_t piece = block_size(b) / pieces(b);  // of this block, on one rank
-      if (along < local_start + piece || b + 1 == blocks) {
+    for (int b = 0; b < block_count(); ++b) {
+      const std::int64_t piece = pieces(b) > 0 ? block_size(b) / pieces(b) : 0;  // of this block, on one rank
+      if (along < local_start + piece || b + 1 == block_count()) {
         along = full_start + piece_index(b) * piece + (along - local_start);
         break;
       }
@@ -138,7 +152,8 @@ struct tensor_shard {
   }
 
  private:
-  std::int64_t extent() const { return full[dim]; }
+  std::int64_t extent() const { return dim >= 0 && dim < full.rank && full.rank <= max_rank ? full[dim] : 0; }
+  int block_count() const { return std::clamp(blocks, 0, max_blocks); }
 };
 
 struct param_info {

@@ -47,6 +47,9 @@ class adamw {
                  ") must lie in [0, 1)");
     STRATA_CHECK(o.eps > 0, "adamw: eps (", o.eps, ") must be positive");
     STRATA_CHECK(o.weight_decay >= 0, "adamw: weight_decay (", o.weight_decay, ") must be >= 0");
+    // Checked before any cast or byte count: a negative or huge count must not wrap.
+    STRATA_CHECK(state_elems >= 0 && std::uint64_t(state_elems) <= PTRDIFF_MAX / sizeof(M), "adamw: ", state_elems,
+                 " optimizer state elements is not a size");
     const auto n = static_cast<std::size_t>(state_elems);
     auto& ledger = params.ledger();
     m_ = buffer<M>(ledger, memory_category::optimizer_state, n);

@@ -24,12 +24,15 @@
 // see DIR (a shared filesystem).
 #pragma once
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,6 +48,7 @@
 #include "strata/train/durable_file.hpp"
 #include "strata/train/fault.hpp"
 #include "strata/train/safetensors.hpp"
+#include "strata/train/untrusted_json.hpp"
 
 namespace strata {
 
@@ -86,6 +90,9 @@ namespace checkpoint_files {
 
 inline constexpr const char* manifest = "manifest.json";
 inline constexpr const char* complete = "COMPLETE";
+// Who owns DIR: written by the first save of a run, checked by every later run (resume() adopts
+// it; a run that does not resume refuses a directory that has one).
+inline constexpr const char* run_file = "run.json";
 
 inline std::string step_dir(const std::string& dir, int step) {
   char name[32];
@@ -98,27 +105,142 @@ inline std::string rank_file(int rank) {
   return name;
 }
 
+// The step a directory name stands for ("step-00000600": 600), or nullopt for any other name,
+// including one whose number does not fit an int (no sscanf: its overflow is undefined).
+inline std::optional<int> step_of_name(const std::string& name) {
+  const std::string digits = name.size() > 5 && name.compare(0, 5, "step-") == 0 ? name.substr(5) : "";
+  if (digits.empty() || digits.size() > 10 || digits.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  const long long step = std::stoll(digits);
+  if (step > INT_MAX) return std::nullopt;
+  const int s = static_cast<int>(step);
+  if (name != std::filesystem::path(step_dir("", s)).filename().string()) return std::nullopt;  // one spelling
+  return s;
+}
+
 // The steps with a directory under `dir`, complete or not, oldest first.
 inline std::vector<int> steps(const std::string& dir) {
   std::vector<int> out;
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) return out;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    int step = -1;
-    char tail = 0;
-    if (entry.is_directory() && std::sscanf(name.c_str(), "step-%d%c", &step, &tail) == 1 && step >= 0 &&
-        name == std::filesystem::path(step_dir("", step)).filename().string())
-      out.push_back(step);
-  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (const auto step = step_of_name(entry.path().filename().string()); step && entry.is_directory(ec))
+      out.push_back(*step);
   std::sort(out.begin(), out.end());
   return out;
+}
+// Whether a step directory carries its COMPLETE marker (a crash before it: an incomplete attempt).
+inline bool marked_complete(const std::string& step_dir) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::path(step_dir) / complete, ec);
 }
 
 inline std::string hex32(std::uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%08x", v);
   return buf;
+}
+
+// Every manifest value strata uses, checked before use: a manifest edited and re-checksummed,
+// or written by a buggy or foreign writer, is refused naming the file and the field, never
+// narrowed (a step of 2^32 + 2 would read as 2) nor trusted (a loss scale of 0 divides by zero).
+inline void check_manifest_values(const nlohmann::json& m, const std::string& path, const std::string& step_dir) {
+  using json = nlohmann::json;
+  const auto shown = [](const json& v) {
+    std::string s = v.dump();
+    return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+  };
+  // The field at `keys` ("loss_scaler", "scale"), which must be there.
+  const auto field = [&](std::initializer_list<const char*> keys, std::string& name) -> const json& {
+    const json* v = &m;
+    name.clear();
+    for (const char* k : keys) {
+      if (!name.empty()) name += '.';  // appended piece by piece: GCC 12 misreads "." + string (-Wrestrict)
+      name += k;
+      STRATA_CHECK(v->is_object() && v->contains(k), "checkpoint manifest '", path, "' has no field ", name);
+      v = &(*v)[k];
+    }
+    return *v;
+  };
+  // An integer field in [lo, hi]: not 2.5, not "2", not a value that would wrap.
+  const auto integer = [&](std::initializer_list<const char*> keys, long long lo, long long hi) {
+    std::string name;
+    const json& v = field(keys, name);
+    long long x = 0;
+    bool ok = false;
+    if (v.is_number_unsigned()) {
+      ok = v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi);
+      if (ok) x = static_cast<long long>(v.get<std::uint64_t>());
+    } else if (v.is_number_integer()) {
+      x = v.get<std::int64_t>();
+      ok = true;
+    }
+    STRATA_CHECK(ok && x >= lo && x <= hi, "checkpoint manifest '", path, "': ", name, " is ", shown(v),
+                 "; expected a whole number from ", lo, " to ", hi);
+    return x;
+  };
+  const auto unsigned64 = [&](std::initializer_list<const char*> keys) {
+    std::string name;
+    const json& v = field(keys, name);
+    STRATA_CHECK(v.is_number_unsigned(), "checkpoint manifest '", path, "': ", name, " is ", shown(v),
+                 "; expected a whole number from 0 to 2^64 - 1");
+  };
+  const auto object = [&](std::initializer_list<const char*> keys) {
+    std::string name;
+    const json& v = field(keys, name);
+    STRATA_CHECK(v.is_object(), "checkpoint manifest '", path, "': ", name, " is ", shown(v), "; expected an object");
+  };
+
+  const long long step = integer({"step"}, 0, INT_MAX);
+  const auto dir_step = step_of_name(std::filesystem::path(step_dir).filename().string());
+  STRATA_CHECK(!dir_step || step == *dir_step, "checkpoint manifest '", path, "': step is ", step,
+               ", but its directory is that of step ", dir_step.value_or(-1));
+  object({"layout"});
+  object({"model"});
+  object({"precision"});
+  integer({"optimizer", "steps"}, 0, step);  // AdamW counts applied steps only
+  {
+    std::string name;
+    const json& scale = field({"loss_scaler", "scale"}, name);
+    STRATA_CHECK(scale.is_number() && std::isfinite(scale.get<double>()) && scale.get<double>() > 0,
+                 "checkpoint manifest '", path, "': ", name, " is ", shown(scale),
+                 "; expected a positive finite number (every gradient is divided by it)");
+  }
+  integer({"loss_scaler", "clean_steps"}, 0, INT_MAX);
+  integer({"loss_scaler", "skipped"}, 0, step);
+  unsigned64({"data", "seed"});
+  unsigned64({"data", "position"});
+  if (m.contains("run")) {
+    std::string name;
+    const json& run = field({"run"}, name);
+    STRATA_CHECK(run.is_string() && !run.get<std::string>().empty() && run.get<std::string>().size() <= 64,
+                 "checkpoint manifest '", path, "': run is ", shown(run), "; expected a run id");
+  }
+  // One entry per world rank, in order, each naming that rank's file: a name is never a path
+  // elsewhere ("../x"), and the loader can trust sizes and CRCs to be what they claim.
+  std::string name;
+  const json& files = field({"files"}, name);
+  STRATA_CHECK(files.is_array() && !files.empty() && files.size() <= (1u << 20), "checkpoint manifest '", path,
+               "': files is ", shown(files), "; expected one entry per rank");
+  for (std::size_t r = 0; r < files.size(); ++r) {
+    const json& e = files[r];
+    const std::string at = "files[" + std::to_string(r) + "]";
+    STRATA_CHECK(e.is_object(), "checkpoint manifest '", path, "': ", at, " is ", shown(e), "; expected an object");
+    const auto entry = [&](const char* key) -> const json& {
+      STRATA_CHECK(e.contains(key), "checkpoint manifest '", path, "' has no field ", at, ".", key);
+      return e.at(key);
+    };
+    STRATA_CHECK(entry("name") == rank_file(int(r)), "checkpoint manifest '", path, "': ", at, ".name is ",
+                 shown(entry("name")), "; expected \"", rank_file(int(r)), "\"");
+    STRATA_CHECK(entry("rank").is_number_unsigned() && entry("rank") == r, "checkpoint manifest '", path, "': ", at,
+                 ".rank is ", shown(entry("rank")), "; expected ", r);
+    STRATA_CHECK(entry("bytes").is_number_unsigned(), "checkpoint manifest '", path, "': ", at, ".bytes is ",
+                 shown(entry("bytes")), "; expected a whole number of bytes");
+    const json& crc = entry("crc32");
+    STRATA_CHECK(crc.is_string() && crc.get<std::string>().size() == 8 &&
+                     crc.get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos,
+                 "checkpoint manifest '", path, "': ", at, ".crc32 is ", shown(crc), "; expected 8 hex digits");
+  }
 }
 
 // The manifest of a step directory, after checking it against COMPLETE.
@@ -137,7 +259,7 @@ inline nlohmann::json read_manifest(const std::string& step_dir) {
                expected.substr(0, expected.find('\n')), "'): corrupt");
   nlohmann::json m;
   try {
-    m = nlohmann::json::parse(bytes.begin(), bytes.end());
+    m = parse_untrusted_json(bytes.begin(), bytes.end(), "checkpoint manifest '" + path + "'");  // depth, duplicate keys
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint manifest '", path, "' is not valid JSON: ", e.what());
   }
@@ -145,6 +267,7 @@ inline nlohmann::json read_manifest(const std::string& step_dir) {
                "' is not a strata checkpoint manifest");
   STRATA_CHECK(m.value("version", 0) == 1, "checkpoint manifest '", path, "' has format version ",
                m.value("version", 0), "; this strata reads version 1");
+  check_manifest_values(m, path, step_dir);
   return m;
 }
 
@@ -174,14 +297,21 @@ inline std::string problem(const std::string& step_dir) {
   }
 }
 
-// The newest checkpoint under `dir` that verifies, and why each newer one was passed over.
+// The newest checkpoint under `dir` that verifies, and why each newer one was passed over. An
+// incomplete one (no COMPLETE marker) is what a crash while saving leaves: resume removes it. A
+// damaged one (marked COMPLETE, failing to verify) is damage to a finished checkpoint: reported,
+// and never removed or silently replaced by a fresh start.
 struct scan_result {
   std::optional<int> newest;
-  std::vector<std::string> refused;
+  std::vector<std::string> refused;  // every newer one passed over, with why (incomplete ones too)
+  std::vector<std::string> damaged;  // those of refused marked COMPLETE
+  std::vector<int> incomplete;       // every step directory without a COMPLETE marker, oldest first
 };
 inline scan_result scan(const std::string& dir) {
   scan_result r;
   const auto all = steps(dir);
+  for (const int s : all)
+    if (!marked_complete(step_dir(dir, s))) r.incomplete.push_back(s);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     const std::string why = problem(step_dir(dir, *it));
     if (why.empty()) {
@@ -189,7 +319,41 @@ inline scan_result scan(const std::string& dir) {
       break;
     }
     r.refused.push_back(why);
+    if (marked_complete(step_dir(dir, *it))) r.damaged.push_back(why);
   }
+  return r;
+}
+
+// The run that owns `dir` (its run.json: run id, model, precision, seed), or nullopt when no
+// run has saved there yet. A malformed one is an error naming the file.
+inline std::optional<nlohmann::json> read_run_file(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / run_file).string();
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
+  const auto bytes = read_whole_file(path);
+  nlohmann::json r;
+  try {
+    // A run file is a handful of fields: anything nested deeper is not one (and a deep DOM
+    // would overflow the stack when compared or shown).
+    const auto shallow = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      STRATA_CHECK(depth <= 16, "checkpoint run file '", path, "' nests deeper than 16 levels");
+      return true;
+    };
+    r = nlohmann::json::parse(bytes.begin(), bytes.end(), shallow);
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint run file '", path, "' is not valid JSON: ", e.what());
+  }
+  const auto bad = [&](const char* field, const char* expected) {
+    fail("checkpoint run file '", path, "': ", field, " is missing or not ", expected,
+         "; it is not a strata run file (remove it only if no run uses '", dir, "')");
+  };
+  if (!r.is_object() || r.value("format", nlohmann::json()) != "strata-run") bad("format", "\"strata-run\"");
+  if (!r.contains("run") || !r["run"].is_string() || r["run"].get<std::string>().empty() ||
+      r["run"].get<std::string>().size() > 64)
+    bad("run", "a run id");
+  if (!r.contains("model") || !r["model"].is_object()) bad("model", "an object");
+  if (!r.contains("precision") || !r["precision"].is_object()) bad("precision", "an object");
+  if (r.contains("seed") && !r["seed"].is_number_unsigned()) bad("seed", "a whole number");
   return r;
 }
 
@@ -199,10 +363,14 @@ inline scan_result scan(const std::string& dir) {
 class checkpointer {
  public:
   // `layout` and `model` describe the run (as JSON objects): the layout is recorded, the model
-  // must match on load (a checkpoint of another model is refused, naming the field).
-  checkpointer(checkpoint_options o, group_ref world, nlohmann::json layout, nlohmann::json model)
+  // must match on load (a checkpoint of another model is refused, naming the field). `seed`, when
+  // given, is part of the run's identity with the model and precision (not the layout, which a
+  // resume may change): a directory of another seed is refused too.
+  checkpointer(checkpoint_options o, group_ref world, nlohmann::json layout, nlohmann::json model,
+               std::optional<std::uint64_t> seed = std::nullopt)
       : opt_(std::move(o)), world_(std::move(world)), layout_(std::move(layout)), model_(std::move(model)),
-        fault_(fault_injection::from_env()) {
+        seed_(seed), fault_(fault_injection::from_env()) {
+    if (world_.rank() == 0) run_id_ = new_run_id();
     STRATA_CHECK(!opt_.dir.empty(), "checkpoint: no directory given");
     STRATA_CHECK(opt_.keep >= 0, "checkpoint: keep (", opt_.keep, ") must be >= 0");
     // At start-up, not hours later at the first save: the directory must be writable.
@@ -216,11 +384,36 @@ class checkpointer {
 
   const std::string& dir() const { return opt_.dir; }
 
+  // For a run that starts over rather than resuming: refuses, on every rank alike and before
+  // anything is written or deleted, a directory that holds another run's checkpoints (its
+  // run.json, or step directories of a run that wrote none): saving there would overwrite them,
+  // and a later resume would pick up the other run's.
+  void start_new_run() {
+    const std::string refusal = rank0_verdict([&]() -> std::string {
+      if (const auto other = checkpoint_files::read_run_file(opt_.dir))
+        return "checkpoint directory '" + opt_.dir + "' belongs to another run (" + describe_run(*other) +
+               "): resume that run (gpt2_train --resume), or save under another directory";
+      if (const auto all = checkpoint_files::steps(opt_.dir); !all.empty())
+        return "checkpoint directory '" + opt_.dir + "' already holds checkpoints of another run (" +
+               std::filesystem::path(checkpoint_files::step_dir(opt_.dir, all.back())).filename().string() +
+               ", no " + checkpoint_files::run_file + "): resume that run (gpt2_train --resume), or save under another directory";
+      return {};
+    });
+    if (!refusal.empty()) fail(refusal);
+  }
+
   // Writes the checkpoint of step `at.step`; returns its directory once it is complete.
   template <class P>
   std::string save(const train_progress& at, train_state_ref<P> s) {
     const std::string step_dir = checkpoint_files::step_dir(opt_.dir, at.step);
     const int rank = world_.rank(), ranks = world_.size();
+    // The first save claims the directory for this run, before anything in it is touched; one
+    // that another run owns is refused (a run that neither resumed nor called start_new_run()).
+    if (!claimed_) {
+      const std::string refusal = rank0_verdict([&] { return claim<P>(); });
+      if (!refusal.empty()) fail(refusal);
+      claimed_ = true;
+    }
     // Rank 0 clears what an earlier attempt at this step left, then makes the directory.
     on_rank0_or_fail("cannot create checkpoint directory '" + step_dir + "'", [&] {
       namespace fs = std::filesystem;
@@ -256,6 +449,7 @@ class checkpointer {
       nlohmann::ordered_json m;
       m["format"] = "strata-checkpoint";
       m["version"] = 1;
+      m["run"] = run_id_;
       m["step"] = at.step;
       m["layout"] = layout_;
       m["model"] = model_;
@@ -280,25 +474,62 @@ class checkpointer {
   }
 
   // Loads the newest checkpoint under dir() that verifies, passing over (and reporting on rank 0)
-  // newer ones that do not. None there: nullopt, a fresh start. Some there but none verifies:
-  // an error listing why each was refused (starting over would silently throw the run away).
+  // newer ones that do not, and adopts the directory's run. The rules, so that a restart never
+  // needs a human and never loses progress silently:
+  //   - an incomplete attempt (no COMPLETE marker: a crash while saving) is passed over, and
+  //     removed once this run is known to be the directory's;
+  //   - no complete checkpoint: nullopt, a fresh start - unless run.json says the directory is
+  //     another model's, precision's or seed's run (refused, naming the field);
+  //   - complete checkpoints but none verifies (damage, not a crash): an error listing why each
+  //     was refused, since starting over would silently throw the run away;
+  //   - the one loaded must be of this model and precision (load()) and seed.
+  // Every rank fails with the same words.
   template <class P>
   std::optional<loaded_checkpoint> resume(train_state_ref<P> s) {
-    double chosen = -1, refused = 0;
-    if (world_.rank() == 0) {
+    double chosen = -1;
+    std::vector<int> incomplete;  // rank 0's
+    const std::string refusal = rank0_verdict([&]() -> std::string {
+      dir_run_ = checkpoint_files::read_run_file(opt_.dir);
       const auto scan = checkpoint_files::scan(opt_.dir);
-      for (const auto& why : scan.refused) std::fprintf(stderr, "resume: skipping %s\n", why.c_str());
-      chosen = scan.newest ? *scan.newest : -1;
-      refused = double(scan.refused.size());
+      for (const auto& why : scan.damaged) std::fprintf(stderr, "resume: skipping %s\n", why.c_str());
+      incomplete = scan.incomplete;
+      if (scan.newest) {
+        chosen = *scan.newest;
+        return {};
+      }
+      if (!scan.damaged.empty())
+        return detail::concat("resume: none of the ", scan.damaged.size(), " checkpoints in '", opt_.dir,
+                              "' can be loaded (the reasons are printed above)");
+      return other_run<P>();
+    });
+    world_.broadcast(std::span<double>(&chosen, 1), 0);
+    if (!refusal.empty()) fail(refusal);
+    std::optional<loaded_checkpoint> out;
+    if (chosen >= 0) {
+      out = load(checkpoint_files::step_dir(opt_.dir, static_cast<int>(chosen)), s);
+      STRATA_CHECK(!seed_ || out->progress.seed == *seed_, "the checkpoint in '", out->path, "' was trained with seed ",
+                   out->progress.seed, "; this run has seed ", *seed_, " (the data order would change)");
     }
-    double both[2] = {chosen, refused};
-    world_.broadcast(std::span<double>(both, 2), 0);
-    if (both[0] < 0) {
-      STRATA_CHECK(both[1] == 0, "resume: none of the ", both[1], " checkpoints in '", opt_.dir,
-                   "' can be loaded (the reasons are printed above)");
-      return std::nullopt;
-    }
-    return load(checkpoint_files::step_dir(opt_.dir, static_cast<int>(both[0])), s);
+    // The directory is this run's: what a crash left half-written goes, and its run id is ours.
+    const std::string cleanup = rank0_verdict([&]() -> std::string {
+      if (!incomplete.empty()) {
+        std::string names;
+        for (const int step : incomplete) {
+          const std::string d = checkpoint_files::step_dir(opt_.dir, step);
+          remove_step_dir(d);
+          if (!names.empty()) names += ", ";
+          names += std::filesystem::path(d).filename().string();
+        }
+        detail::fsync_directory(opt_.dir);
+        std::fprintf(stderr, "resume: removed %zu incomplete checkpoint%s in '%s' (%s: a run stopped while saving)\n",
+                     incomplete.size(), incomplete.size() == 1 ? "" : "s", opt_.dir.c_str(), names.c_str());
+      }
+      if (dir_run_) run_id_ = dir_run_->at("run").get<std::string>();
+      else if (out) run_id_ = checkpoint_files::read_manifest(out->path).value("run", run_id_);
+      return {};
+    });
+    if (!cleanup.empty()) fail("resume: cannot remove the incomplete checkpoints in '", opt_.dir, "': ", cleanup);
+    return out;
   }
 
   // Loads the checkpoint in `step_dir` into this rank's state, whatever layout saved it.
@@ -427,10 +658,83 @@ class checkpointer {
 
   struct piece {
     std::string file;
+    std::string param;
     tensor_shard shard;
     std::int64_t begin = 0, count = 0, numel = 0;
     const named_tensor *weights = nullptr, *master = nullptr, *m = nullptr, *v = nullptr;
   };
+
+  // A tensor's shape with padding rows taken off: what must agree between layouts.
+  static std::vector<std::int64_t> serial_shape(const tensor_shard& s) {
+    std::vector<std::int64_t> out(s.full.dims.begin(), s.full.dims.begin() + s.full.rank);
+    if (s.real_rows >= 0 && !out.empty()) out[0] = s.real_rows;
+    return out;
+  }
+
+  // Piece k of the list in rank file `path`, every field checked before it is used - CRCs only
+  // say the file is as written, not that its writer was right: its split consistent, its element
+  // range inside its shard, and, for a parameter of `model` (this rank's; a pipeline stage's
+  // pieces of other stages' parameters are never used), the same serial shape as here.
+  static piece read_piece(const json& pj, const std::string& path, std::size_t k,
+                          const std::map<std::string, const param_info*>& model) {
+    constexpr std::int64_t big = std::int64_t(1) << 62;
+    std::string where = "checkpoint file '" + path + "': piece " + std::to_string(k);
+    STRATA_CHECK(pj.is_object(), where, " is ", json_shown(pj), ", expected an object");
+    for (auto f = pj.begin(); f != pj.end(); ++f) {
+      static const char* const known[] = {"param", "begin", "count", "numel", "full", "dim", "parts",
+                                          "index", "blocks", "real_rows", "block_sizes", "block_parts"};
+      STRATA_CHECK(std::find(std::begin(known), std::end(known), f.key()) != std::end(known), where,
+                   " has the unknown field '", f.key(), "'");
+    }
+    piece p;
+    p.file = path;
+    p.param = json_string_field(pj, "param", where);
+    where += " (parameter '" + p.param + "')";
+    auto& sh = p.shard;
+    const auto full = json_integer_array_field(pj, "full", 1, big, max_rank, where);
+    STRATA_CHECK(!full.empty(), where, ": field 'full' is [], expected a shape of 1 to ", max_rank, " dimensions");
+    STRATA_CHECK(checked_numel(full).has_value(), where, ": field 'full' ", json_shown(pj.at("full")),
+                 " has more than 2^63 elements");
+    for (auto d : full) sh.full.dims[static_cast<std::size_t>(sh.full.rank++)] = d;
+    sh.dim = int(json_integer_field(pj, "dim", 0, sh.full.rank - 1, where));
+    sh.parts = int(json_integer_field(pj, "parts", 1, 1 << 20, where));
+    sh.index = int(json_integer_field(pj, "index", 0, sh.parts - 1, where));
+    sh.blocks = int(json_integer_field(pj, "blocks", 1, tensor_shard::max_blocks, where));
+    sh.real_rows = json_integer_field(pj, "real_rows", -1, full[0], where);
+    STRATA_CHECK(sh.real_rows != 0, where, ": field 'real_rows' is 0, expected -1 (no padding) or 1 to ", full[0]);
+    if (pj.contains("block_sizes")) {
+      const auto sizes = json_integer_array_field(pj, "block_sizes", 1, big, tensor_shard::max_blocks, where);
+      STRATA_CHECK(sizes.size() == std::size_t(sh.blocks), where, ": field 'block_sizes' has ", sizes.size(),
+                   " sizes for ", sh.blocks, " blocks");
+      std::copy(sizes.begin(), sizes.end(), sh.block_sizes.begin());
+    }
+    if (pj.contains("block_parts")) {
+      const auto cut = json_integer_array_field(pj, "block_parts", 1, sh.parts, tensor_shard::max_blocks, where);
+      STRATA_CHECK(cut.size() == std::size_t(sh.blocks), where, ": field 'block_parts' has ", cut.size(),
+                   " piece counts for ", sh.blocks, " blocks");
+      for (std::size_t b = 0; b < cut.size(); ++b) sh.block_parts[b] = int(cut[b]);
+    }
+    STRATA_CHECK(sh.consistent(), where, ": its split (", sh.parts, " parts of ", sh.blocks, " blocks along dimension ",
+                 sh.dim, " of ", sh.full.str(), ") does not fit its shape");
+    // Elements are placed by (row, column): a split or padded piece has rank 1 or 2.
+    STRATA_CHECK(whole(sh) || sh.full.rank <= 2, where, ": a split or padded tensor of shape ", sh.full.str(),
+                 " (rank 1 or 2 expected)");
+    if (const auto found = model.find(p.param); found != model.end()) {
+      const auto ours = serial_shape(found->second->shard), theirs = serial_shape(sh);
+      STRATA_CHECK(theirs == ours, where, " has shape ", shape_text(theirs), " (fields 'full' ", sh.full.str(),
+                   " and 'real_rows' ", sh.real_rows, "), this model ", shape_text(ours));
+    }
+    const std::int64_t local = sh.local().numel();  // <= the full tensor's count: no overflow
+    p.numel = json_integer_field(pj, "numel", local, local, where);
+    p.begin = json_integer_field(pj, "begin", 0, p.numel, where);
+    p.count = json_integer_field(pj, "count", 0, p.numel - p.begin, where);
+    return p;
+  }
+  static std::string shape_text(const std::vector<std::int64_t>& d) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
+    return out + "]";
+  }
 
   template <class P>
   loaded_checkpoint load_unchecked(const std::string& step_dir, train_state_ref<P> s) {
@@ -447,46 +751,26 @@ class checkpointer {
     std::vector<std::vector<named_tensor>> files;
     files.reserve(manifest.at("files").size());
     std::map<std::string, std::vector<piece>> by_param;
+    std::map<std::string, const param_info*> model_params;
+    for (const auto& e : s.params.entries()) model_params[e.name] = &e;
     for (const auto& entry : manifest.at("files")) {
-      const std::string path = (std::filesystem::path(step_dir) / entry.at("name").get<std::string>()).string();
+      const std::string file_name = json_string_field(entry, "name", "checkpoint '" + step_dir + "': a manifest file entry");
+      // A name, not a path: the manifest must not send the reader outside the step directory.
+      STRATA_CHECK(!file_name.empty() && file_name != "." && file_name != ".." && file_name.find('/') == std::string::npos,
+                   "checkpoint '", step_dir, "': the manifest names the rank file '", file_name,
+                   "', which is not a plain file name");
+      const std::string path = (std::filesystem::path(step_dir) / file_name).string();
       std::map<std::string, std::string> meta;
       files.push_back(decode_safetensors(checkpoint_files::read_rank_file(step_dir, entry), path, &meta));
       std::map<std::string, const named_tensor*> named;
       for (const auto& t : files.back()) named[t.name] = &t;
       STRATA_CHECK(meta.count("pieces"), "checkpoint file '", path, "' has no piece list in its metadata");
-      for (const auto& pj : json::parse(meta["pieces"])) {
-        piece p;
-        p.file = path;
-        p.begin = pj.at("begin").get<std::int64_t>();
-        p.count = pj.at("count").get<std::int64_t>();
-        p.numel = pj.at("numel").get<std::int64_t>();
-        const auto full = pj.at("full").get<std::vector<std::int64_t>>();
-        STRATA_CHECK(full.size() <= p.shard.full.dims.size(), "checkpoint file '", path, "': a shape of rank ",
-                     full.size());
-        for (auto d : full) p.shard.full.dims[static_cast<std::size_t>(p.shard.full.rank++)] = d;
-        p.shard.dim = pj.at("dim").get<int>();
-        p.shard.parts = pj.at("parts").get<int>();
-        p.shard.index = pj.at("index").get<int>();
-        p.shard.blocks = pj.at("blocks").get<int>();
-        p.shard.real_rows = pj.at("real_rows").get<std::int64_t>();
-        STRATA_CHECK(p.shard.blocks >= 1 && p.shard.blocks <= tensor_shard::max_blocks, "checkpoint file '", path,
-                     "': a piece of ", p.shard.blocks, " blocks (at most ", tensor_shard::max_blocks, ")");
-        if (pj.contains("block_sizes")) {
-          const auto sizes = pj.at("block_sizes").get<std::vector<std::int64_t>>();
-          STRATA_CHECK(sizes.size() == std::size_t(p.shard.blocks), "checkpoint file '", path, "': ", sizes.size(),
-                       " block sizes for ", p.shard.blocks, " blocks");
-          std::copy(sizes.begin(), sizes.end(), p.shard.block_sizes.begin());
-        }
-        if (pj.contains("block_parts")) {
-          const auto cut = pj.at("block_parts").get<std::vector<int>>();
-          STRATA_CHECK(cut.size() == std::size_t(p.shard.blocks), "checkpoint file '", path, "': ", cut.size(),
-                       " block piece counts for ", p.shard.blocks, " blocks");
-          std::copy(cut.begin(), cut.end(), p.shard.block_parts.begin());
-        }
-        STRATA_CHECK(p.shard.consistent(), "checkpoint file '", path, "': the split of parameter '",
-                     pj.at("param").get<std::string>(), "' (", p.shard.parts, " parts of ", p.shard.blocks,
-                     " blocks along dimension ", p.shard.dim, " of ", p.shard.full.str(), ") does not fit its shape");
-        const std::string name = pj.at("param").get<std::string>();
+      const json list = parse_untrusted_json(meta["pieces"], "checkpoint file '" + path + "': the piece list");
+      STRATA_CHECK(list.is_array(), "checkpoint file '", path, "': the piece list is ", json_shown(list),
+                   ", expected an array");
+      for (std::size_t k = 0; k < list.size(); ++k) {
+        piece p = read_piece(list[k], path, k, model_params);
+        const std::string name = p.param;
         const std::string key = name + "@" + std::to_string(p.begin);
         const auto find = [&](const std::string& kind, bool required) -> const named_tensor* {
           const auto it = named.find(kind + "/" + key);
@@ -500,8 +784,6 @@ class checkpointer {
         p.master = find("master", P::precision::keeps_master_copy);
         p.m = find("exp_avg", true);
         p.v = find("exp_avg_sq", true);
-        STRATA_CHECK(p.begin >= 0 && p.count >= 0 && p.begin + p.count <= p.numel, "checkpoint file '", path,
-                     "': piece ", key, " of ", p.count, " elements runs past its shard's ", p.numel);
         by_param[name].push_back(p);
       }
     }
@@ -528,6 +810,9 @@ class checkpointer {
           const std::int64_t i = p.begin + k;
           if (!whole(p.shard) && p.shard.is_padding(i)) continue;
           const auto g = std::size_t(whole(p.shard) ? i : p.shard.global_index(i));
+          // read_piece made this impossible; kept so that no piece list can ever write past w.
+          STRATA_CHECK(g < count, "checkpoint file '", p.file, "': element ", i, " of parameter '", e.name,
+                       "' lands at ", g, ", past its ", count, " elements");
           const auto at = std::size_t(k);
           w[g] = pw[at];
           if (p.master) mw[g] = pmw[at];
@@ -608,9 +893,111 @@ class checkpointer {
     detail::fsync_directory(opt_.dir);
   }
 
+  // ---- the run that owns the directory ----
+
+  // Runs `body` on rank 0 and gives every rank its answer: "" when all is well, otherwise the
+  // reason it returned or threw - so that every rank can fail with the same words.
+  template <class F>
+  std::string rank0_verdict(F&& body) {
+    std::string text;
+    if (world_.rank() == 0) {
+      try {
+        text = body();
+      } catch (const std::exception& e) {
+        text = e.what();
+        if (text.empty()) text = "failed";
+      }
+    }
+    double size = double(text.size());
+    world_.broadcast(std::span<double>(&size, 1), 0);
+    std::vector<double> chars(static_cast<std::size_t>(size));
+    for (std::size_t i = 0; i < chars.size() && world_.rank() == 0; ++i) chars[i] = static_cast<unsigned char>(text[i]);
+    if (!chars.empty()) world_.broadcast(std::span<double>(chars), 0);
+    text.assign(chars.size(), ' ');
+    for (std::size_t i = 0; i < chars.size(); ++i) text[i] = static_cast<char>(static_cast<int>(chars[i]));
+    return text;
+  }
+
+  // 128 random bits: two runs of the same model and seed are still two runs.
+  static std::string new_run_id() {
+    std::random_device bits;
+    std::string id;
+    for (int i = 0; i < 4; ++i) id += checkpoint_files::hex32(static_cast<std::uint32_t>(bits()));
+    return id;
+  }
+
+  template <class P>
+  json identity_json() const {
+    json r{{"format", "strata-run"}, {"version", 1}, {"run", run_id_}, {"model", model_}, {"precision", precision_json<P>()}};
+    if (seed_) r["seed"] = *seed_;
+    return r;
+  }
+  static std::string describe_run(const json& r) {
+    std::string s = "run " + r.at("run").get<std::string>();
+    if (r.contains("seed")) s += ", seed " + std::to_string(r.at("seed").get<std::uint64_t>());
+    const std::string model = r.at("model").dump();
+    return s + ", model " + (model.size() > 120 ? model.substr(0, 117) + "..." : model);
+  }
+
+  // Rank 0, resuming with no complete checkpoint: why the directory's run.json is another run's
+  // (another model, precision or seed), or "" when it is this run's or there is none. The layout
+  // is not part of a run's identity: a resume may change it.
+  template <class P>
+  std::string other_run() const {
+    if (!dir_run_) return {};
+    const json& r = *dir_run_;
+    const std::string head = "checkpoint directory '" + opt_.dir + "' belongs to another run (" +
+                             checkpoint_files::run_file + ": run " + r.at("run").get<std::string>() + "): ";
+    if (r.at("model") != model_) return head + "it is of another model: " + model_difference(r.at("model"), model_);
+    if (r.at("precision") != precision_json<P>())
+      return head + "it was saved in precision " + r.at("precision").dump() + "; this run uses " + precision_json<P>().dump();
+    if (seed_ && r.contains("seed") && r.at("seed").get<std::uint64_t>() != *seed_)
+      return head + "it was trained with seed " + std::to_string(r.at("seed").get<std::uint64_t>()) + "; this run has seed " +
+             std::to_string(*seed_) + " (the data order would change)";
+    return {};
+  }
+
+  // Rank 0, at the first save: writes run.json when the directory has none, atomically (a hard
+  // link fails if another run got there first); otherwise it must name this run.
+  template <class P>
+  std::string claim() {
+    namespace fs = std::filesystem;
+    const fs::path path = fs::path(opt_.dir) / checkpoint_files::run_file;
+    auto owner = checkpoint_files::read_run_file(opt_.dir);
+    if (!owner) {
+      fs::create_directories(opt_.dir);
+      const std::string mine = path.string() + "." + run_id_;
+      write_file_durably(mine, identity_json<P>().dump(1) + "\n");
+      std::error_code not_linked;
+      fs::create_hard_link(mine, path, not_linked);
+      std::error_code ec;
+      if (not_linked && !fs::exists(fs::symlink_status(path, ec)))
+        fs::rename(mine, path);  // a filesystem without hard links: not atomic, but still a claim
+      else
+        fs::remove(mine);
+      detail::fsync_directory(opt_.dir);
+      owner = checkpoint_files::read_run_file(opt_.dir);
+      STRATA_CHECK(owner.has_value(), "cannot write '", path.string(), "'");
+    }
+    if (owner->at("run").get<std::string>() == run_id_) return {};
+    return "checkpoint directory '" + opt_.dir + "' belongs to another run (" + describe_run(*owner) +
+           "); this run will not write into it: resume that run (gpt2_train --resume), or save under another directory";
+  }
+
+  // COMPLETE first, so that a crash mid-delete leaves nothing that looks loadable.
+  static void remove_step_dir(const std::string& d) {
+    std::filesystem::remove(std::filesystem::path(d) / checkpoint_files::complete);
+    std::filesystem::remove_all(d);
+  }
+
   checkpoint_options opt_;
   group_ref world_;
   json layout_, model_;
+  std::optional<std::uint64_t> seed_;
+  // Rank 0 only: this run's id (adopted from the directory on resume) and the directory's run.
+  std::string run_id_;
+  std::optional<json> dir_run_;
+  bool claimed_ = false;  // run.json checked (and written if absent) by this checkpointer
   fault_injection fault_;
 };
 

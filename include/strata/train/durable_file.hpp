@@ -6,9 +6,11 @@
 // the real name; what it may see is a stale .tmp, which nothing reads.
 #pragma once
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -90,16 +92,75 @@ inline void write_file_durably(const std::string& path, const std::string& text)
   write_file_durably(path, std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(text.data()), text.size()));
 }
 
-// A whole file's bytes; a missing or unreadable file is an error naming it.
+// A file opened for reading that is a regular file, and its size when opened. Anything else is
+// refused by name: a FIFO would block the reader forever, /dev/zero would fill memory, a
+// directory reads as nothing. The check is fstat on the opened descriptor (what was checked is
+// what is read, even if the name is swapped meanwhile), and the open is non-blocking, which a
+// FIFO without a writer would otherwise never return from. `what` names the file's role in
+// messages ("token shard", ...; empty: none).
+class regular_file {
+ public:
+  explicit regular_file(const std::string& path, const std::string& what = "")
+      : path_(path), what_(what.empty() ? std::string() : what + " ") {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    STRATA_CHECK(fd_ >= 0, "cannot open ", what_, "'", path, "': ", std::strerror(errno));
+    struct stat st {};
+    const int rc = ::fstat(fd_, &st);
+    const int err = errno;
+    const char* kind = rc != 0                ? nullptr
+                       : S_ISREG(st.st_mode)  ? ""
+                       : S_ISDIR(st.st_mode)  ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a plain file";
+    if (kind == nullptr || *kind != 0 || st.st_size < 0) {
+      ::close(fd_);
+      STRATA_CHECK(kind != nullptr, "cannot stat ", what_, "'", path, "': ", std::strerror(err));
+      fail(what_, "'", path, "' is not a readable file: it is ", kind, ", not a regular file");
+    }
+    size_ = static_cast<std::uint64_t>(st.st_size);
+    // Ordinary blocking reads from here on (a regular file ignores the flag; some network
+    // filesystems may not).
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
+  }
+  regular_file(const regular_file&) = delete;
+  regular_file& operator=(const regular_file&) = delete;
+  ~regular_file() { ::close(fd_); }
+
+  std::uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  // Exactly n bytes at `offset`; a short read (the file shrank since it was opened) is an error.
+  void read_at(std::uint64_t offset, unsigned char* out, std::size_t n) const {
+    std::size_t done = 0;
+    while (done < n) {
+      const std::size_t chunk = std::min<std::size_t>(n - done, std::size_t(1) << 30);
+      const ssize_t got = ::pread(fd_, out + done, chunk, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      STRATA_CHECK(got >= 0, "reading ", what_, "'", path_, "' at byte ", offset + done, " failed: ",
+                   std::strerror(errno));
+      STRATA_CHECK(got > 0, "reading ", what_, "'", path_, "': it ends at byte ", offset + done, ", before the ",
+                   offset + n, " it had when opened (was it cut short meanwhile?)");
+      done += static_cast<std::size_t>(got);
+    }
+  }
+
+ private:
+  std::string path_, what_;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
+
+// A whole regular file's bytes (its size known before anything is allocated); a missing,
+// unreadable or special file is an error naming it.
 inline std::vector<unsigned char> read_whole_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  STRATA_CHECK(f != nullptr, "cannot open '", path, "': ", std::strerror(errno));
-  std::vector<unsigned char> all;
-  unsigned char buf[1 << 16];
-  for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) all.insert(all.end(), buf, buf + got);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  STRATA_CHECK(!failed, "reading '", path, "' failed");
+  const regular_file f(path);
+  STRATA_CHECK(f.size() <= std::uint64_t(PTRDIFF_MAX), "'", path, "' has ", f.size(), " bytes, too many to read");
+  std::vector<unsigned char> all(static_cast<std::size_t>(f.size()));
+  f.read_at(0, all.data(), all.size());
   return all;
 }
 

@@ -62,7 +62,7 @@ struct progress_step {
   int step = 0, total = 0;  // steps done (1-based, counting any before a resume) of the run's total
   double loss = 0, tokens_per_s = 0, lr = 0, grad_norm = 0;
   double elapsed = 0, eta = 0;  // seconds, of this process's run
-  bool applied = true;          // false: an fp16 overflow skipped the update
+  bool applied = true;          // false: a non-finite gradient (an fp16 overflow, or worse) skipped the update
   std::string_view extra{};     // appended as is, e.g. " | idle 12.5%"
 };
 
@@ -72,7 +72,7 @@ inline std::string progress_line(const progress_step& p) {
   std::snprintf(buf, sizeof buf, "step %4d/%d | loss %.4f | %8.0f tok/s | lr %.2e | norm %6.3f | %s elapsed | ETA %s",
                 p.step, p.total, p.loss, p.tokens_per_s, p.lr, p.grad_norm, format_duration(p.elapsed).c_str(),
                 format_duration(p.eta).c_str());
-  return std::string(buf) + std::string(p.extra) + (p.applied ? "" : " | skipped (fp16 overflow)");
+  return std::string(buf) + std::string(p.extra) + (p.applied ? "" : " | skipped (non-finite gradients)");
 }
 
 // The bar line, without '\r'; shorter than the plain line so it fits a terminal's width.

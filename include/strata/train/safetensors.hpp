@@ -10,10 +10,13 @@
 // file may also hold tensors of other dtypes (BOOL attention masks, ...) that nobody reads.
 //
 // Writing goes to "<path>.tmp", fsynced, then renamed over <path> (train/durable_file.hpp): a
-// crash never leaves a half file under the real name. Reading checks everything before trusting it - header length against
-// the file size, the JSON, each dtype, shape and offset range - and a bad file ends in one
-// strata::error naming the file and what is wrong at which offset.
+// crash never leaves a half file under the real name. Reading checks everything before trusting it - a regular file,
+// the header length against the file size, the JSON (nesting depth, no key twice), each dtype,
+// shape and offset range (integers, in range, overflow-checked), and that the tensors tile the
+// data with no overlap or gap - and a bad file ends in one strata::error naming the file and
+// what is wrong at which offset or field.
 #pragma once
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -24,9 +27,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strata/core/checked_math.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/train/durable_file.hpp"
+#include "strata/train/untrusted_json.hpp"
 
 namespace strata {
 
@@ -36,21 +41,26 @@ struct named_tensor {
   std::vector<std::int64_t> shape;
   std::vector<unsigned char> bytes;  // row-major, little-endian
 
+  // Checked: a shape with a negative dimension or more than 2^63 elements is an error.
   std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
+    const auto n = checked_numel(shape);
+    STRATA_CHECK(n.has_value(), "safetensors: tensor '", name, "' has a shape with a negative dimension or more than ",
+                 "2^63 elements");
+    return *n;
   }
   // Element i as double, whatever the dtype.
   double at(std::int64_t i) const {
-    const unsigned char* p = bytes.data();
-    if (dtype == "F32") return load<float>(p, i);
-    if (dtype == "F64") return load<double>(p, i);
-    if (dtype == "BF16") return convert<double>(load<bf16>(p, i));
-    return convert<double>(load<fp16>(p, i));
+    if (dtype == "F32") return element<float>(i);
+    if (dtype == "F64") return element<double>(i);
+    if (dtype == "BF16") return convert<double>(element<bf16>(i));
+    STRATA_CHECK(dtype == "F16", "safetensors: tensor '", name, "' has dtype ", dtype, " (F32, F64, BF16 or F16 expected)");
+    return convert<double>(element<fp16>(i));
   }
   // Every element as double, the dtype looked at once.
   std::vector<double> values() const {
+    const std::size_t size = element_bytes();
+    STRATA_CHECK(std::uint64_t(numel()) == bytes.size() / size && bytes.size() % size == 0, "safetensors: tensor '",
+                 name, "' holds ", bytes.size(), " bytes for ", numel(), " elements of ", dtype);
     std::vector<double> out(static_cast<std::size_t>(numel()));
     const auto fill = [&](auto tag) {
       using U = decltype(tag);
@@ -64,6 +74,19 @@ struct named_tensor {
   }
 
  private:
+  // Bytes per element of a dtype strata converts (anything else here is an error, not fp16).
+  std::size_t element_bytes() const {
+    const std::size_t size = dtype == "F32" ? 4 : dtype == "F64" ? 8 : dtype == "BF16" || dtype == "F16" ? 2 : 0;
+    STRATA_CHECK(size > 0, "safetensors: tensor '", name, "' has dtype ", dtype, " (F32, F64, BF16 or F16 expected)");
+    return size;
+  }
+  // Element i, which must lie inside `bytes` (called once per element by loaders: one check).
+  template <class U>
+  U element(std::int64_t i) const {
+    STRATA_CHECK(i >= 0 && std::uint64_t(i) < bytes.size() / sizeof(U), "safetensors: tensor '", name,
+                 "' has no element ", i, " (", bytes.size() / sizeof(U), " of them)");
+    return load<U>(bytes.data(), i);
+  }
   template <class U>
   static U load(const unsigned char* p, std::int64_t i) {
     U v;
@@ -150,10 +173,12 @@ struct safetensors_entry {
   std::vector<std::int64_t> shape;
   std::uint64_t offset = 0, size = 0;  // the bytes: `size` of them from `offset`, counted from the file's start
 
+  // Never overflows: parsing refused shapes of more than 2^56 elements.
   std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
+    const auto n = checked_numel(shape);
+    STRATA_CHECK(n.has_value(), "safetensors: tensor '", name, "' has a shape with a negative dimension or more than ",
+                 "2^63 elements");
+    return *n;
   }
   // Whether strata converts its dtype (F32, F64, BF16, F16).
   bool convertible() const { return safetensors_dtype_bytes(dtype) > 0; }
@@ -161,74 +186,116 @@ struct safetensors_entry {
 
 namespace detail {
 
+// A header is ~100 bytes per tensor: 64 MiB is hundreds of thousands of tensors. A larger one is
+// not a safetensors header, and its DOM (several times the text) is not built.
+inline constexpr std::uint64_t safetensors_max_header_bytes = std::uint64_t(64) << 20;
+
 inline std::uint64_t safetensors_header_length(const unsigned char* first8, std::uint64_t file_size, const std::string& path) {
   STRATA_CHECK(file_size >= 8, "safetensors: '", path, "' is ", file_size, " bytes, too short for a header length");
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= std::uint64_t(first8[i]) << (8 * i);
   STRATA_CHECK(n <= file_size - 8, "safetensors: '", path, "': the header length at offset 0 says ", n,
                " bytes, but the file has ", file_size - 8, " after it");
+  STRATA_CHECK(n <= safetensors_max_header_bytes, "safetensors: '", path, "': the header length at offset 0 says ", n,
+               " bytes, more than the ", safetensors_max_header_bytes, " a header may have");
   return n;
 }
 
-// Checks a header (the n bytes after the length) of a file of file_size bytes: the JSON, and for
-// every entry its dtype, shape and offset range. strict: only the dtypes strata converts are
-// accepted; otherwise any safetensors dtype is, and entries strata cannot convert are kept (their
-// sizes checked all the same) for the caller to skip.
+// Checks a header (the n bytes after the length) of a file of file_size bytes: the JSON (nesting,
+// no key twice), and for every entry exactly the fields dtype (a string), shape (integers >= 0)
+// and data_offsets (two integers, begin <= end, within the data), the bytes the dtype and shape
+// need, and that the tensors tile the data: no overlap, no gap, nothing after the last.
+// __metadata__, when present, maps strings to strings. strict: only the dtypes strata converts
+// are accepted; otherwise any safetensors dtype is, and entries strata cannot convert are kept
+// (their sizes checked all the same) for the caller to skip.
 inline std::vector<safetensors_entry> parse_safetensors_header(const unsigned char* text, std::uint64_t n,
                                                                std::uint64_t file_size, const std::string& path,
                                                                bool strict,
                                                                std::map<std::string, std::string>* metadata) {
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text, text + n);
-  } catch (const nlohmann::json::exception& e) {
-    fail("safetensors: '", path, "': the header (bytes 8 to ", 8 + n, ") is not valid JSON: ", e.what());
-  }
+  const nlohmann::json header = parse_untrusted_json(
+      text, text + n, "safetensors: '" + path + "': the header (bytes 8 to " + std::to_string(8 + n) + ")");
   STRATA_CHECK(header.is_object(), "safetensors: '", path, "': the header is not a JSON object");
   const std::uint64_t data_begin = 8 + n, data_size = file_size - data_begin;
   std::vector<safetensors_entry> out;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      if (metadata && it.value().is_object())
-        for (auto m = it.value().begin(); m != it.value().end(); ++m)
-          (*metadata)[m.key()] = m.value().is_string() ? m.value().get<std::string>() : m.value().dump();
+      const std::string where = "safetensors: '" + path + "': __metadata__";
+      STRATA_CHECK(it.value().is_object(), where, " is ", json_shown(it.value()), ", expected an object of strings");
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        STRATA_CHECK(m.value().is_string(), where, ": field '", m.key(), "' is ", json_shown(m.value()),
+                     ", expected a string");
+        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
+      }
       continue;
     }
     const auto& e = it.value();
     const std::string where = "safetensors: '" + path + "': tensor '" + it.key() + "'";
     STRATA_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), where,
                  " needs dtype, shape and data_offsets");
+    for (auto f = e.begin(); f != e.end(); ++f)
+      STRATA_CHECK(f.key() == "dtype" || f.key() == "shape" || f.key() == "data_offsets", where, " has the field '",
+                   f.key(), "' (only dtype, shape and data_offsets belong to a tensor)");
     safetensors_entry t;
     t.name = it.key();
-    try {
-      t.dtype = e["dtype"].get<std::string>();
-      t.shape = e["shape"].get<std::vector<std::int64_t>>();
-      const auto off = e["data_offsets"].get<std::vector<std::uint64_t>>();
-      STRATA_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= data_size, where, " has data_offsets [",
-                   off.empty() ? 0 : off[0], ", ", off.size() < 2 ? 0 : off[1], "] outside the ", data_size,
-                   " data bytes (file offset ", data_begin, " on)");
-      const std::size_t bits = strict ? 8 * safetensors_dtype_bytes(t.dtype) : safetensors_dtype_bits(t.dtype);
-      if (strict)
-        STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, " (F32, F64, BF16 or F16 expected)");
-      else
-        STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, ", which is not a safetensors dtype");
-      std::uint64_t count = 1;  // the element count, checked not to overflow (in bits, too)
-      for (auto d : t.shape) {
-        STRATA_CHECK(d >= 0, where, " has a negative dimension");
-        STRATA_CHECK(d == 0 || count <= (std::uint64_t(1) << 56) / std::uint64_t(d), where, " has a shape of more than 2^56 elements");
-        count *= std::uint64_t(d);
+    t.dtype = json_string_field(e, "dtype", where);
+    const std::size_t bits = strict ? 8 * safetensors_dtype_bytes(t.dtype) : safetensors_dtype_bits(t.dtype);
+    if (strict)
+      STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, " (F32, F64, BF16 or F16 expected)");
+    else
+      STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, ", which is not a safetensors dtype");
+    t.shape = json_integer_array_field(e, "shape", 0, INT64_MAX, 8, where);
+    const auto& off_json = e.at("data_offsets");
+    STRATA_CHECK(off_json.is_array() && off_json.size() == 2, where, ": field 'data_offsets' is ",
+                 json_shown(off_json), ", expected [begin, end]");
+    const auto begin = json_integer(off_json[0], 0, INT64_MAX, where, "data_offsets[0]");
+    const auto end = json_integer(off_json[1], 0, INT64_MAX, where, "data_offsets[1]");
+    STRATA_CHECK(begin <= end && std::uint64_t(end) <= data_size, where, " has data_offsets [", begin, ", ", end,
+                 "] outside the ", data_size, " data bytes (file offset ", data_begin, " on)");
+    // The element count, bounded so that count * bits cannot overflow, whatever the order of the
+    // dimensions (a zero does not excuse the others: [0, 2^62, 2^62] is refused too).
+    std::uint64_t count = 1;
+    bool empty = false;
+    for (auto d : t.shape) {
+      if (d == 0) {
+        empty = true;
+        continue;
       }
-      const std::uint64_t need = (count * bits + 7) / 8;
-      STRATA_CHECK(count * bits % 8 == 0, where, " has ", count, " elements of ", bits, " bits, not a whole number of bytes");
-      STRATA_CHECK(off[1] - off[0] == need, where, " spans ", off[1] - off[0], " bytes at file offset ", data_begin + off[0],
-                   ", its dtype and shape need ", need);
-      t.offset = data_begin + off[0];
-      t.size = off[1] - off[0];
-    } catch (const nlohmann::json::exception& ex) {
-      fail(where, " has a malformed entry: ", ex.what());
+      STRATA_CHECK(count <= (std::uint64_t(1) << 56) / std::uint64_t(d), where, ": field 'shape' ",
+                   json_shown(e.at("shape")), " has more than 2^56 elements");
+      count *= std::uint64_t(d);
     }
+    if (empty) count = 0;
+    const std::uint64_t need = (count * bits + 7) / 8;
+    STRATA_CHECK(count * bits % 8 == 0, where, " has ", count, " elements of ", bits, " bits, not a whole number of bytes");
+    STRATA_CHECK(std::uint64_t(end - begin) == need, where, " spans ", end - begin, " bytes at file offset ",
+                 data_begin + std::uint64_t(begin), ", its dtype and shape need ", need);
+    t.offset = data_begin + std::uint64_t(begin);
+    t.size = std::uint64_t(end - begin);
     out.push_back(std::move(t));
   }
+  // The tensors tile the data section: sorted by where they start, each begins where the one
+  // before ended. Anything else is bytes read as two tensors, or bytes that belong to none.
+  std::vector<const safetensors_entry*> by_offset;
+  for (const auto& t : out) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) {
+    if (a->offset != b->offset) return a->offset < b->offset;
+    return a->size != b->size ? a->size < b->size : a->name < b->name;  // one order, one message
+  });
+  std::uint64_t at = data_begin;
+  const safetensors_entry* before = nullptr;
+  for (const auto* t : by_offset) {
+    const std::string where = "safetensors: '" + path + "': tensor '" + t->name + "'";
+    STRATA_CHECK(t->offset >= at, where, " has data_offsets [", t->offset - data_begin, ", ",
+                 t->offset - data_begin + t->size, "], overlapping tensor '", before ? before->name : "", "' (",
+                 "which ends at data offset ", at - data_begin, ")");
+    STRATA_CHECK(t->offset == at, where, " has data_offsets [", t->offset - data_begin, ", ",
+                 t->offset - data_begin + t->size, "], leaving the data bytes [", at - data_begin, ", ",
+                 t->offset - data_begin, ") to no tensor (a gap)");
+    at += t->size;
+    before = t;
+  }
+  STRATA_CHECK(at == file_size, "safetensors: '", path, "': the data bytes [", at - data_begin, ", ", data_size,
+               ") (file offset ", at, " on) belong to no tensor", before ? " (after tensor '" + before->name + "')" : "");
   return out;
 }
 
@@ -266,29 +333,13 @@ inline std::vector<named_tensor> read_safetensors(const std::string& path,
 class safetensors_reader {
  public:
   explicit safetensors_reader(std::string path) : path_(std::move(path)) {
-    std::FILE* f = std::fopen(path_.c_str(), "rb");
-    STRATA_CHECK(f != nullptr, "safetensors: cannot open '", path_, "': ", std::strerror(errno));
-    std::uint64_t size = 0, n = 0;
+    const regular_file f(path_, "safetensors file");  // a FIFO or a device is refused, not waited on
+    const std::uint64_t size = f.size();
     unsigned char first8[8] = {};
-    std::vector<unsigned char> text;
-    bool read_ok = std::fseek(f, 0, SEEK_END) == 0;
-    const long end = read_ok ? std::ftell(f) : -1;
-    read_ok = end >= 0 && std::fseek(f, 0, SEEK_SET) == 0;
-    if (read_ok) {
-      size = std::uint64_t(end);
-      read_ok = size < 8 || std::fread(first8, 1, 8, f) == 8;
-    }
-    try {
-      STRATA_CHECK(read_ok, "safetensors: reading '", path_, "' failed");
-      n = detail::safetensors_header_length(first8, size, path_);
-      text.resize(static_cast<std::size_t>(n));
-      STRATA_CHECK(std::fread(text.data(), 1, text.size(), f) == text.size(), "safetensors: reading the header of '",
-                   path_, "' failed");
-    } catch (...) {
-      std::fclose(f);
-      throw;
-    }
-    std::fclose(f);
+    if (size >= 8) f.read_at(0, first8, 8);
+    const std::uint64_t n = detail::safetensors_header_length(first8, size, path_);
+    std::vector<unsigned char> text(static_cast<std::size_t>(n));  // n: checked against the file and the cap
+    f.read_at(8, text.data(), text.size());
     file_size_ = size;
     entries_ = detail::parse_safetensors_header(text.data(), n, size, path_, false, &metadata_);
     for (std::size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].name, i);
@@ -313,14 +364,20 @@ class safetensors_reader {
   named_tensor read(const safetensors_entry& e) const {
     STRATA_CHECK(e.convertible(), "safetensors: '", path_, "': tensor '", e.name, "' has dtype ", e.dtype,
                  " (F32, F64, BF16 or F16 expected)");
+    STRATA_CHECK(e.offset <= file_size_ && e.size <= file_size_ - e.offset, "safetensors: '", path_, "': tensor '",
+                 e.name, "' (", e.size, " bytes at file offset ", e.offset, ") lies outside the file's ", file_size_,
+                 " bytes");
+    const regular_file f(path_, "safetensors file");
+    // The header was checked against the size the file had then; a file changed since is refused.
+    STRATA_CHECK(f.size() == file_size_, "safetensors: '", path_, "' has ", f.size(), " bytes now, ", file_size_,
+                 " when it was opened: it changed meanwhile");
     named_tensor t{e.name, e.dtype, e.shape, std::vector<unsigned char>(static_cast<std::size_t>(e.size))};
-    std::FILE* f = std::fopen(path_.c_str(), "rb");
-    STRATA_CHECK(f != nullptr, "safetensors: cannot open '", path_, "': ", std::strerror(errno));
-    const bool ok = std::fseek(f, long(e.offset), SEEK_SET) == 0 &&
-                    (e.size == 0 || std::fread(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size());
-    std::fclose(f);
-    STRATA_CHECK(ok, "safetensors: '", path_, "': reading tensor '", e.name, "' (", e.size, " bytes at file offset ",
-                 e.offset, ") failed; was the file cut short since it was opened?");
+    try {
+      f.read_at(e.offset, t.bytes.data(), t.bytes.size());
+    } catch (const error& err) {
+      fail("safetensors: '", path_, "': reading tensor '", e.name, "' (", e.size, " bytes at file offset ", e.offset,
+           ") failed: ", err.what());
+    }
     return t;
   }
 

@@ -20,6 +20,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/init.hpp"
 #include "strata/core/tensor.hpp"
+#include "strata/train/durable_file.hpp"
 
 namespace strata {
 
@@ -27,20 +28,25 @@ inline constexpr std::int32_t llmc_shard_magic = 20240520;
 inline constexpr std::int32_t llmc_shard_version = 1;
 inline constexpr std::size_t llmc_header_bytes = 256 * sizeof(std::int32_t);
 
-// Reads one shard, checking every token against the vocabulary.
+// Reads one shard, checking every token against the vocabulary. Only a regular file is read,
+// checked on the opened descriptor (train/durable_file.hpp: a FIFO or a device is refused, not
+// waited on or read forever), and its size is known before anything is allocated.
 inline std::vector<std::uint16_t> read_token_shard(const std::string& path, std::int64_t vocab) {
-  std::error_code ec;
-  STRATA_CHECK(std::filesystem::is_regular_file(path, ec), "token shard '", path, "' is not a readable file",
-               ec ? ": " + ec.message() : std::string());
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  STRATA_CHECK(in.good(), "cannot open token shard '", path, "': ", std::strerror(errno));
-  const auto file_bytes = static_cast<std::size_t>(in.tellg());
-  in.seekg(0);
+  STRATA_CHECK(vocab >= 1, "token shard '", path, "': vocab ", vocab, " must be >= 1");
+  const regular_file in(path, "token shard");
+  STRATA_CHECK(in.size() <= std::uint64_t(PTRDIFF_MAX), "token shard '", path, "' has ", in.size(),
+               " bytes, too many to read");
+  const auto file_bytes = static_cast<std::size_t>(in.size());
   std::size_t offset = 0, count = 0;
   std::int32_t header[256] = {};
-  if (file_bytes >= llmc_header_bytes) {
-    in.read(reinterpret_cast<char*>(header), llmc_header_bytes);
-  }
+  unsigned char raw[llmc_header_bytes];
+  in.read_at(0, raw, std::min(file_bytes, llmc_header_bytes));
+  std::memcpy(header, raw, std::min(file_bytes, llmc_header_bytes));
+  // The magic with less than a header after it is an llm.c shard cut short, not 2-byte tokens
+  // (which, under a large vocabulary, would all pass).
+  STRATA_CHECK(file_bytes >= llmc_header_bytes || file_bytes < 4 || header[0] != llmc_shard_magic, "token shard '",
+               path, "': starts with the llm.c magic ", llmc_shard_magic, " but has ", file_bytes, " bytes, less than the ",
+               llmc_header_bytes, "-byte header (truncated)");
   if (file_bytes >= llmc_header_bytes && header[0] == llmc_shard_magic) {
     STRATA_CHECK(header[1] == llmc_shard_version, "token shard '", path, "': header version ", header[1],
                  " at offset 4, expected ", llmc_shard_version);
@@ -57,9 +63,7 @@ inline std::vector<std::uint16_t> read_token_shard(const std::string& path, std:
   }
   STRATA_CHECK(count > 0, "token shard '", path, "' holds no tokens");
   std::vector<std::uint16_t> tokens(count);
-  in.seekg(static_cast<std::streamoff>(offset));
-  in.read(reinterpret_cast<char*>(tokens.data()), static_cast<std::streamsize>(count * 2));
-  STRATA_CHECK(in.good(), "token shard '", path, "': read failed at offset ", offset);
+  in.read_at(offset, reinterpret_cast<unsigned char*>(tokens.data()), count * 2);
   for (std::size_t i = 0; i < count; ++i)
     STRATA_CHECK(tokens[i] < vocab, "token shard '", path, "': token ", tokens[i], " at byte offset ",
                  offset + 2 * i, " is out of range for vocab ", vocab);
@@ -81,6 +85,8 @@ inline std::vector<std::string> expand_glob(const std::string& pattern) {
 
 // Writes tokens as an llm.c shard (used by tests and by tools that make shards).
 inline void write_token_shard(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+  STRATA_CHECK(tokens.size() <= std::size_t(INT32_MAX), "token shard '", path, "': ", tokens.size(),
+               " tokens do not fit the header's int32 count");
   std::ofstream out(path, std::ios::binary);
   STRATA_CHECK(out.good(), "cannot create token shard '", path, "'");
   std::int32_t header[256] = {};

@@ -2,9 +2,14 @@
 //
 // A step: zero the gradients; for each micro-batch run forward (the loss gradient scaled by
 // loss_scale / micro-batches) and backward, so the gradients sum to those of the mean loss
-// over the global batch; take the global gradient norm; with fp16, skip the step and back the
-// loss scale off if anything overflowed; clip; let the optimizer update with the schedule's
-// learning rate.
+// over the global batch; take the global gradient norm; skip the step if the norm is not finite
+// (in every precision: a non-finite gradient is never applied), and with fp16 back the loss
+// scale off; clip; let the optimizer update with the schedule's learning rate.
+//
+// A skipped step changes nothing but the step count (and, under fp16, the scaler). Steps that
+// no smaller loss scale could have saved (fp32 and bf16: every non-finite one; fp16: those at
+// the scaler's minimum) stop the run when `nonfinite_step_limit` of them come in a row: the
+// weights or the data are broken, and training on would only skip every step.
 //
 // The gradient synchronizer (parallel/gradient_synchronizer.hpp; data_parallel for any layout)
 // picks this rank's rows of the global batch, reduces the gradients around each backward (ZeRO
@@ -42,12 +47,13 @@ struct trainer_options {
   double grad_clip = 1.0;        // max global norm; <= 0 turns clipping off
   double initial_loss_scale = 65536.0;
   int loss_scale_growth_interval = 2000;
+  int nonfinite_step_limit = 10;  // such steps in a row before the run stops; 0: never stops
 };
 
 struct step_result {
   int step = 0;
   double loss = 0, lr = 0, grad_norm = 0, loss_scale = 1;
-  bool applied = true;  // false when an fp16 overflow skipped the update
+  bool applied = true;  // false when a non-finite gradient (an fp16 overflow, or worse) skipped the update
   double seconds = 0;
   std::int64_t tokens = 0;
 };
@@ -137,17 +143,25 @@ class trainer {
     }
     r.loss = sync_->mean(loss_sum / static_cast<double>(n_micro));
 
+    // The norm is the same on every rank (reduced over the whole model), so is the decision. The
+    // unscaled norm and the multiplier are checked too: whatever the scale, inf or NaN never
+    // reaches the weights.
     const double scaled_norm = std::sqrt(sync_->grad_sum_of_squares());
-    const bool finite = std::isfinite(scaled_norm);
     r.grad_norm = scaled_norm / r.loss_scale;
     r.lr = opt_s_.schedule(step_);
-    r.applied = scaler_.update(finite);
+    const double multiplier = clip_coefficient(r.grad_norm, opt_s_.grad_clip) / r.loss_scale;
+    const bool finite = std::isfinite(scaled_norm) && std::isfinite(r.grad_norm) && std::isfinite(multiplier);
+    const bool unsavable = !finite && scaler_.at_minimum();  // before update() backs the scale off
+    r.applied = scaler_.update(finite) && finite;
     if (r.applied) {
-      STRATA_CHECK(finite, "trainer: step ", step_, " produced a non-finite gradient norm (", r.grad_norm,
-                   ") and no loss scaling is in use to skip it");
-      opt_->step(r.lr, clip_coefficient(r.grad_norm, opt_s_.grad_clip) / r.loss_scale, sync_->state_gradients());
+      opt_->step(r.lr, multiplier, sync_->state_gradients());
       sync_->share_weights();
     }
+    nonfinite_in_a_row_ = unsavable ? nonfinite_in_a_row_ + 1 : 0;
+    STRATA_CHECK(opt_s_.nonfinite_step_limit <= 0 || nonfinite_in_a_row_ < opt_s_.nonfinite_step_limit, "trainer: ",
+                 nonfinite_in_a_row_, " steps in a row (the last: step ", step_ + 1, " of the run) had a non-finite gradient norm (",
+                 r.grad_norm, ")", scaler_.enabled() ? " at the minimum loss scale" : "",
+                 " and were skipped; the weights or the data are broken (trainer_options::nonfinite_step_limit)");
     ++step_;
     r.tokens = batch.batch * batch.seq;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -156,11 +170,14 @@ class trainer {
 
   const loss_scaler& scaler() const { return scaler_; }
   int steps() const { return step_; }
+  // Steps in a row skipped for a non-finite gradient that no loss scale could fix (see above).
+  int nonfinite_steps_in_a_row() const { return nonfinite_in_a_row_; }
   // Continue a run from a checkpoint: `step` steps done, the loss scaler as it was then.
   void resume_at(int step, const loss_scaler::state& scaler) {
     STRATA_CHECK(step >= 0, "trainer: cannot resume at step ", step);
-    step_ = step;
     scaler_.restore(scaler);
+    step_ = step;
+    nonfinite_in_a_row_ = 0;
   }
 
  private:
@@ -171,6 +188,9 @@ class trainer {
     const bool own = given == nullptr;
     o.schedule.validate();
     STRATA_CHECK(o.micro_batch >= 0, "trainer: micro_batch (", o.micro_batch, ") must be >= 0");
+    STRATA_CHECK(o.nonfinite_step_limit >= 0, "trainer: nonfinite_step_limit (", o.nonfinite_step_limit, ") must be >= 0");
+    STRATA_CHECK(!scaler_.enabled() || (std::isfinite(o.initial_loss_scale) && o.initial_loss_scale > 0),
+                 "trainer: initial_loss_scale (", o.initial_loss_scale, ") must be positive and finite");
     check_wiring();
     if (is_pipelined()) {
       if constexpr (requires { sync_->zero_stage(); })
@@ -231,6 +251,7 @@ class trainer {
   std::optional<own_sync_type> own_sync_;
   Sync* sync_;
   int step_ = 0;
+  int nonfinite_in_a_row_ = 0;
 };
 
 }  // namespace strata

@@ -140,8 +140,12 @@ class training {
 
   // ---- checkpoints ----
 
-  // A checkpointer for this run's layout and model (collective; checks the directory now).
-  checkpointer make_checkpointer(checkpoint_options o) { return checkpointer(std::move(o), group_ref(mesh_.world()), layout_json(), model_json()); }
+  // A checkpointer for this run's layout and model (collective; checks the directory now). The
+  // run's identity - model, precision, seed - guards the directory: resume() refuses another
+  // run's, and so does a run that starts over there (checkpointer::start_new_run()).
+  checkpointer make_checkpointer(checkpoint_options o) {
+    return checkpointer(std::move(o), group_ref(mesh_.world()), layout_json(), model_json(), options_.seed.value);
+  }
   train_state_ref<policy> state() {
     return {model_.parameters(), optimizer_,
             {.dp_rank = mesh_.dp().rank(), .tp_rank = mesh_.tp().rank(), .zero_stage = sync_.zero_stage()}};
