@@ -151,6 +151,29 @@ void BM_gqa_attention_backward(benchmark::State& state) {
   report_flops(state, 4.0 * gqa_causal_flops);  // dP, dV, dQ, dK, as for the MHA backward above
 }
 
+// Attention at a training step's shapes. Args: {B, T, heads, head_dim, backward}: the forward
+// alone (backward 0), or forward then backward (1), as a training step runs them. FLOPs: the
+// causal q.k and p.v (forward) plus dP, dV, dQ, dK (backward); the recomputed scores are not
+// counted.
+template <class T_>
+void BM_attention_step(benchmark::State& state) {
+  const k::attention_shape s{.batch = state.range(0), .seq = state.range(1), .heads = state.range(2),
+                             .kv_heads = state.range(2), .head_dim = state.range(3)};
+  const bool backward = state.range(4) != 0;
+  auto qkv = random_array<T_>(s.batch * s.seq * s.row_width(), 7),
+       dout = random_array<T_>(s.batch * s.seq * s.q_width(), 8);
+  std::vector<T_> out(dout.size()), dqkv(qkv.size());
+  std::vector<strata::acc_t<T_>> lse(static_cast<std::size_t>(s.batch * s.heads * s.seq));
+  for (auto _ : state) {
+    k::attention_forward(host{}, out.data(), lse.data(), qkv.data(), s);
+    if (backward) k::attention_backward(host{}, dqkv.data(), dout.data(), qkv.data(), lse.data(), out.data(), s);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(dqkv.data());
+  }
+  const double product = 2.0 * s.batch * s.heads * s.head_dim * (s.seq * (s.seq + 1) / 2);  // one causal product
+  report_flops(state, (backward ? 6.0 : 2.0) * product);
+}
+
 // --- Memory-bound ops ----------------------------------------------------------------------
 
 template <class T_>
@@ -425,6 +448,15 @@ BENCHMARK_TEMPLATE(BM_gqa_attention_forward, float)->MinTime(min_time)->UseRealT
 BENCHMARK_TEMPLATE(BM_gqa_attention_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_gqa_attention_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_gqa_attention_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+BENCHMARK_TEMPLATE(BM_attention_step, float)
+    ->ArgNames({"B", "T", "H", "d", "bwd"})
+    ->Args({8, 256, 6, 64, 0})->Args({8, 256, 6, 64, 1})->Args({8, 64, 4, 24, 0})->Args({8, 64, 4, 24, 1})
+    ->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_attention_step, bf16)
+    ->ArgNames({"B", "T", "H", "d", "bwd"})
+    ->Args({8, 256, 6, 64, 0})->Args({8, 256, 6, 64, 1})->Args({8, 64, 4, 24, 0})->Args({8, 64, 4, 24, 1})
+    ->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_TEMPLATE(BM_layernorm_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_layernorm_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -1,6 +1,17 @@
 // One full training step of the example GPT-2 (forward, backward, clip, AdamW) on the host,
-// in tokens/s, for each precision. The fp32 step is the baseline the others are read against.
+// in tokens/s, for each precision and two shapes: gpt2_train's default ("small") and a 6-layer,
+// 384-wide model with a 8192-token vocabulary ("medium"). The fp32 step is the baseline the
+// others are read against; bench/side_by_side runs the same shapes in PyTorch beside it.
+//
+//   bench_train_step                          Google Benchmark, every shape and precision
+//   bench_train_step --profile [steps] [cpu]  per-op time of each shape and precision
+//                                             (core/profile.hpp), the tables of docs/profiling.md;
+//                                             cpu: by process CPU time rather than wall time
 #include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <iostream>
+#include <string>
 
 #include <strata/strata.hpp>
 
@@ -8,30 +19,88 @@
 
 namespace st = strata;
 
+struct shape {
+  const char* name;
+  std::int64_t layers, d_model, heads, seq, vocab, batch;
+  gpt2::dims dims() const { return {.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .d_model = d_model}; }
+};
+constexpr shape small{"small", 3, 96, 4, 64, 256, 16};   // gpt2_train's default
+constexpr shape medium{"medium", 6, 384, 6, 256, 8192, 8};
+
+// A serial run of the example GPT-2: model, AdamW, trainer and one batch.
+template <class Precision>
+struct run {
+  using P = st::policy<st::host, st::serial, Precision>;
+  st::memory_ledger ledger;
+  st::sequential_model<gpt2::model<P>> model;
+  st::adamw<P> opt;
+  st::trainer<st::sequential_model<gpt2::model<P>>, st::adamw<P>> train;
+  st::token_batch batch;
+  explicit run(const shape& s)
+      : model(ledger, s.dims(), st::seed{1}), opt(model, {.lr = 1e-3}), train(model, opt, options()),
+        batch(st::token_stream(st::byte_tokens(st::generate_corpus(100000)), 1).next_batch(s.batch, s.seq)) {
+    train.step(batch);  // warm-up: activations allocated
+  }
+  static st::trainer_options options() {
+    st::trainer_options o;
+    o.schedule = {1e-3, 1e-4, 0, 1000000};
+    return o;
+  }
+};
+
+// The benchmark's arguments: layers, d_model, heads, seq, vocab, batch.
 template <class Precision>
 static void BM_train_step(benchmark::State& state) {
-  using P = st::policy<st::host, st::serial, Precision>;
-  const gpt2::dims d{.vocab = 256, .seq = 64, .layers = 2, .heads = 4, .d_model = 128};
-  const std::int64_t batch = state.range(0);
-  st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P>> model(ledger, d, st::seed{1});
-  st::adamw<P> opt(model, {.lr = 1e-3});
-  st::trainer_options o;
-  o.schedule = {1e-3, 1e-4, 0, 1000000};
-  st::trainer train(model, opt, o);
-  st::token_stream data(st::byte_tokens(st::generate_corpus(100000)), 1);
-  auto b = data.next_batch(batch, d.seq);
-  train.step(b);  // warm-up: activations allocated
+  const shape s{"", state.range(0), state.range(1), state.range(2), state.range(3), state.range(4), state.range(5)};
+  run<Precision> r(s);
   for (auto _ : state) {
-    auto r = train.step(b);
-    benchmark::DoNotOptimize(r.loss);
+    auto result = r.train.step(r.batch);
+    benchmark::DoNotOptimize(result.loss);
   }
   state.counters["tokens_per_s"] =
-      benchmark::Counter(double(batch * d.seq), benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["params"] = double(model.parameters().size());
+      benchmark::Counter(double(s.batch * s.seq), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["params"] = double(r.model.parameters().size());
 }
-BENCHMARK(BM_train_step<st::fp32>)->Name("train_step/fp32")->Arg(8)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
-BENCHMARK(BM_train_step<st::mixed<st::bf16, float>>)->Name("train_step/bf16")->Arg(8)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
-BENCHMARK(BM_train_step<st::mixed<st::fp16, float>>)->Name("train_step/fp16")->Arg(8)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 
-BENCHMARK_MAIN();
+static void shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"layers", "d", "heads", "seq", "vocab", "batch"});
+  for (const shape& s : {small, medium}) b->Args({s.layers, s.d_model, s.heads, s.seq, s.vocab, s.batch});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_train_step<st::fp32>)->Name("train_step/fp32")->Apply(shapes);
+BENCHMARK(BM_train_step<st::mixed<st::bf16, float>>)->Name("train_step/bf16")->Apply(shapes);
+BENCHMARK(BM_train_step<st::mixed<st::fp16, float>>)->Name("train_step/fp16")->Apply(shapes);
+
+template <class Precision>
+static void profile(const shape& s, const char* precision, int steps, st::profiler::clock clock) {
+  run<Precision> r(s);
+  st::profiler::reset();
+  st::profiler::enable(clock);
+  const double t0 = st::profiler::now();
+  for (int i = 0; i < steps; ++i) r.train.step(r.batch);
+  const double wall = st::profiler::now() - t0;
+  st::profiler::enable(false);
+  std::cout << "## " << s.name << " (" << s.layers << " layers, " << s.d_model << " wide, seq " << s.seq << ", vocab "
+            << s.vocab << ", batch " << s.batch << "), " << precision << ": "
+            << double(steps * s.batch * s.seq) / wall << " tokens/s over " << steps << " steps\n";
+  st::profiler::report(std::cout, wall, steps);
+  std::cout << "\n";
+}
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "--profile") == 0) {
+    const int steps = argc >= 3 ? std::stoi(argv[2]) : 10;
+    const auto clock = argc >= 4 && std::strcmp(argv[3], "cpu") == 0 ? st::profiler::clock::process_cpu
+                                                                    : st::profiler::clock::wall;
+    for (const shape& s : {small, medium}) {
+      profile<st::fp32>(s, "fp32", steps, clock);
+      profile<st::mixed<st::bf16, float>>(s, "bf16", steps, clock);
+    }
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -792,3 +792,185 @@ TEST_CASE("bad shapes throw strata::error naming the numbers") {
           k::gemm<float>(host{}, ws, false, false, 4, 4, 4, 1.0f, buf.data(), 3, buf.data(), 4, 0.0f, buf.data(), 4);
         }) == "gemm: lda = 3 is less than A's 4 columns");
 }
+
+// --- Attention across several 64-key blocks (the host kernel's block size) -----------------
+namespace {
+using strata::acc_t;
+
+// float64 causal attention written out: out, lse and the += of dqkv, from the same inputs.
+struct attention_reference {
+  std::vector<double> out, lse, dqkv;
+};
+template <class T>
+attention_reference attention_naive(const std::vector<T>& qkv_t, const std::vector<T>& dout_t, const k::attention_shape& s) {
+  const std::int64_t B = s.batch, T_ = s.seq, H = s.heads, d = s.head_dim, G = s.group(), W = s.row_width();
+  const double scale = s.softmax_scale();
+  std::vector<double> qkv(qkv_t.size()), dout(dout_t.size());
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = convert<double>(qkv_t[i]);
+  for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = convert<double>(dout_t[i]);
+  attention_reference r{std::vector<double>(sz(B * T_ * H * d)), std::vector<double>(sz(B * H * T_)),
+                        std::vector<double>(qkv.size())};
+  std::vector<double> p(sz(T_)), dp(sz(T_));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t = 0; t < T_; ++t) {
+        const auto q = [&](std::int64_t tt) { return &qkv[sz((b * T_ + tt) * W + h * d)]; };
+        const auto key = [&](std::int64_t tt) { return &qkv[sz((b * T_ + tt) * W + s.q_width() + (h / G) * d)]; };
+        const auto val = [&](std::int64_t tt) { return &qkv[sz((b * T_ + tt) * W + s.q_width() + s.kv_width() + (h / G) * d)]; };
+        double mx = -INFINITY, sum = 0;
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+          double x = 0;
+          for (std::int64_t i = 0; i < d; ++i) x += q(t)[i] * key(t2)[i];
+          p[sz(t2)] = x * scale, mx = std::max(mx, p[sz(t2)]);
+        }
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) sum += std::exp(p[sz(t2)] - mx);
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) p[sz(t2)] = std::exp(p[sz(t2)] - mx) / sum;
+        r.lse[sz((b * H + h) * T_ + t)] = mx + std::log(sum);
+        double* o = &r.out[sz((b * T_ + t) * H * d + h * d)];
+        for (std::int64_t t2 = 0; t2 <= t; ++t2)
+          for (std::int64_t i = 0; i < d; ++i) o[i] += p[sz(t2)] * val(t2)[i];
+        const double* dy = &dout[sz((b * T_ + t) * H * d + h * d)];
+        double D = 0;
+        for (std::int64_t i = 0; i < d; ++i) D += dy[i] * o[i];
+        const auto grad = [&](const double* at) { return &r.dqkv[sz(at - qkv.data())]; };
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+          double x = 0;
+          for (std::int64_t i = 0; i < d; ++i) x += dy[i] * val(t2)[i];
+          const double ds = p[sz(t2)] * (x - D) * scale;
+          for (std::int64_t i = 0; i < d; ++i) {
+            grad(q(t))[i] += ds * key(t2)[i];
+            grad(key(t2))[i] += ds * q(t)[i];
+            grad(val(t2))[i] += p[sz(t2)] * dy[i];
+          }
+        }
+      }
+  return r;
+}
+
+// max |got - want| / max |want|
+template <class T>
+double relative_error(const std::vector<T>& got, const std::vector<double>& want) {
+  double err = 0, top = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    err = std::max(err, std::abs(convert<double>(got[i]) - want[i])), top = std::max(top, std::abs(want[i]));
+  return err / top;
+}
+
+// Shapes that cross 64-key blocks at ragged ends: multi-head with a head size of no whole vector,
+// grouped-query and multi-query.
+const k::attention_shape attention_block_shapes[] = {
+    {.batch = 2, .seq = 150, .heads = 3, .kv_heads = 3, .head_dim = 40},
+    {.batch = 2, .seq = 130, .heads = 8, .kv_heads = 2, .head_dim = 24},
+    {.batch = 1, .seq = 100, .heads = 4, .kv_heads = 1, .head_dim = 16},
+};
+
+template <class T>
+struct attention_run {
+  std::vector<T> out, dqkv, dqkv_no_out;
+  std::vector<acc_t<T>> lse;
+  bool operator==(const attention_run&) const = default;
+};
+template <class T>
+attention_run<T> run_attention(const std::vector<T>& qkv, const std::vector<T>& dout, const k::attention_shape& s) {
+  attention_run<T> r{std::vector<T>(dout.size()), std::vector<T>(qkv.size(), convert<T>(0.5f)), {},
+                     std::vector<acc_t<T>>(sz(s.batch * s.heads * s.seq))};
+  k::attention_forward(host{}, r.out.data(), r.lse.data(), qkv.data(), s);
+  k::attention_backward(host{}, r.dqkv.data(), dout.data(), qkv.data(), r.lse.data(), r.out.data(), s);
+  if (s.heads == s.kv_heads) {  // the multi-head overload without out redoes the forward
+    r.dqkv_no_out.assign(qkv.size(), convert<T>(0.5f));
+    const std::int64_t C = s.heads * s.head_dim;
+    k::attention_backward(host{}, r.dqkv_no_out.data(), dout.data(), qkv.data(), r.lse.data(), s.batch, s.seq, C,
+                          s.heads);
+  }
+  return r;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("attention over several key blocks matches a float64 reference", T, float, double) {
+  const double tol = std::is_same_v<T, float> ? 5e-6 : 1e-13;
+  for (const auto& s : attention_block_shapes) {
+    INFO("seq = ", s.seq, ", heads = ", s.heads, ", kv_heads = ", s.kv_heads, ", head_dim = ", s.head_dim);
+    const auto qkv = narrow<T>(randn(sz(s.batch * s.seq * s.row_width()), 300, 1.5)),
+               dout = narrow<T>(randn(sz(s.batch * s.seq * s.q_width()), 301));
+    const attention_run<T> got = run_attention(qkv, dout, s);
+    const attention_reference want = attention_naive(qkv, dout, s);
+    std::vector<double> dqkv_want = want.dqkv;
+    for (double& x : dqkv_want) x += 0.5;  // run_attention accumulates onto 0.5
+    CHECK(relative_error(got.out, want.out) < tol);
+    CHECK(relative_error(got.lse, want.lse) < tol);
+    CHECK(relative_error(got.dqkv, dqkv_want) < tol);
+    if (!got.dqkv_no_out.empty()) CHECK(relative_error(got.dqkv_no_out, dqkv_want) < tol);
+  }
+}
+
+TEST_CASE_TEMPLATE("attention is bit-identical for 1, 2 or 3 threads", T, float, double, bf16) {
+  const int saved = omp_get_max_threads();
+  for (const auto& s : attention_block_shapes) {
+    INFO("seq = ", s.seq, ", heads = ", s.heads, ", kv_heads = ", s.kv_heads, ", head_dim = ", s.head_dim);
+    const auto qkv = narrow<T>(randn(sz(s.batch * s.seq * s.row_width()), 310, 1.5)),
+               dout = narrow<T>(randn(sz(s.batch * s.seq * s.q_width()), 311));
+    omp_set_num_threads(1);
+    const attention_run<T> one = run_attention(qkv, dout, s);
+    for (int threads : {2, 3}) {
+      INFO("threads = ", threads);
+      omp_set_num_threads(threads);
+      const attention_run<T> many = run_attention(qkv, dout, s);
+      CHECK(std::memcmp(many.out.data(), one.out.data(), one.out.size() * sizeof(T)) == 0);
+      CHECK(std::memcmp(many.lse.data(), one.lse.data(), one.lse.size() * sizeof(acc_t<T>)) == 0);
+      CHECK(std::memcmp(many.dqkv.data(), one.dqkv.data(), one.dqkv.size() * sizeof(T)) == 0);
+      CHECK(std::memcmp(many.dqkv_no_out.data(), one.dqkv_no_out.data(), one.dqkv_no_out.size() * sizeof(T)) == 0);
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST_CASE_TEMPLATE("cached attention gives the full forward's rows bit for bit across key blocks", T, float, bf16) {
+  // A prefill that ends inside the second block, then one position at a time past the third.
+  for (const auto& full : attention_block_shapes) {
+    INFO("seq = ", full.seq, ", heads = ", full.heads, ", kv_heads = ", full.kv_heads);
+    const std::int64_t B = full.batch, T_ = full.seq, W = full.row_width(), Q = full.q_width(), prefill = 70;
+    const auto qkv = narrow<T>(randn(sz(B * T_ * W), 320, 1.5));
+    std::vector<T> ref(sz(B * T_ * Q));
+    std::vector<acc_t<T>> lse(sz(B * full.heads * T_));
+    k::attention_forward(host{}, ref.data(), lse.data(), qkv.data(), full);
+    std::vector<T> k_cache(sz(B * T_ * full.kv_width())), v_cache(k_cache.size());
+    bool same = true;
+    for (std::int64_t pos = 0; pos < T_;) {
+      k::attention_shape step = full;
+      step.seq = pos == 0 ? prefill : 1;
+      std::vector<T> in(sz(B * step.seq * W)), out(sz(B * step.seq * Q));
+      for (std::int64_t b = 0; b < B; ++b)
+        std::copy_n(qkv.begin() + (b * T_ + pos) * W, step.seq * W, in.begin() + b * step.seq * W);
+      k::cached_attention_forward(host{}, out.data(), k_cache.data(), v_cache.data(), in.data(), step, pos, T_);
+      for (std::int64_t b = 0; b < B; ++b)
+        same = same && std::memcmp(out.data() + b * step.seq * Q, ref.data() + (b * T_ + pos) * Q,
+                                   sz(step.seq * Q) * sizeof(T)) == 0;
+      pos += step.seq;
+    }
+    CHECK(same);
+  }
+}
+
+// exp_fast (kernels/host/vector_math.hpp), the exp the float kernels vectorise: within 2 ulp of
+// the exact value over float's whole range, and the edge values a softmax or sigmoid meets.
+TEST_CASE("exp_fast is within 2 ulp of exp over float's range") {
+  double worst = 0;
+  float worst_x = 0;
+  for (float x = -87.3f; x < 88.7f; x += 1e-3f + 1e-4f * std::fabs(x)) {
+    const double exact = std::exp(double(x));
+    const float rounded = float(exact);
+    const double ulp = double(std::nextafter(rounded, INFINITY)) - double(rounded);
+    const double err = std::fabs(double(k::exp_fast(x)) - exact) / ulp;
+    if (err > worst) worst = err, worst_x = x;
+  }
+  INFO("worst ", worst, " ulp at x = ", worst_x);
+  CHECK(worst <= 2.0);
+  CHECK(k::exp_fast(-INFINITY) == 0.0f);
+  CHECK(k::exp_fast(-100.0f) == 0.0f);  // would be subnormal: flushed
+  CHECK(k::exp_fast(0.0f) == 1.0f);
+  CHECK(std::isinf(k::exp_fast(INFINITY)));
+  CHECK(std::isinf(k::exp_fast(89.0f)));
+  CHECK(std::isfinite(k::exp_fast(88.72f)));
+  CHECK(std::isnan(k::exp_fast(NAN)));
+  CHECK(k::exp_fast(1.5) == std::exp(1.5));  // double: the library's exp itself
+}

@@ -13,12 +13,12 @@
 namespace strata {
 
 namespace detail {
-STRATA_HD inline std::uint32_t float_bits(float f) {
+STRATA_HD STRATA_ALWAYS_INLINE inline std::uint32_t float_bits(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
 }
-STRATA_HD inline float bits_float(std::uint32_t u) {
+STRATA_HD STRATA_ALWAYS_INLINE inline float bits_float(std::uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
@@ -30,15 +30,15 @@ struct bf16 {
   std::uint16_t bits = 0;
 
   bf16() = default;
-  STRATA_HD explicit bf16(float f) : bits(from_float(f)) {}
-  STRATA_HD explicit operator float() const { return detail::bits_float(std::uint32_t(bits) << 16); }
+  STRATA_HD STRATA_ALWAYS_INLINE explicit bf16(float f) : bits(from_float(f)) {}
+  STRATA_HD STRATA_ALWAYS_INLINE explicit operator float() const { return detail::bits_float(std::uint32_t(bits) << 16); }
 
   STRATA_HD static bf16 from_bits(std::uint16_t b) {
     bf16 h;
     h.bits = b;
     return h;
   }
-  STRATA_HD static std::uint16_t from_float(float f) {
+  STRATA_HD STRATA_ALWAYS_INLINE static std::uint16_t from_float(float f) {
     std::uint32_t u = detail::float_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);  // quiet NaN
     // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
@@ -53,8 +53,8 @@ struct fp16 {
   std::uint16_t bits = 0;
 
   fp16() = default;
-  STRATA_HD explicit fp16(float f) : bits(from_float(f)) {}
-  STRATA_HD explicit operator float() const { return to_float(bits); }
+  STRATA_HD STRATA_ALWAYS_INLINE explicit fp16(float f) : bits(from_float(f)) {}
+  STRATA_HD STRATA_ALWAYS_INLINE explicit operator float() const { return to_float(bits); }
 
   STRATA_HD static fp16 from_bits(std::uint16_t b) {
     fp16 h;
@@ -62,7 +62,7 @@ struct fp16 {
     return h;
   }
 
-  STRATA_HD static std::uint16_t from_float(float f) {
+  STRATA_HD STRATA_ALWAYS_INLINE static std::uint16_t from_float(float f) {
     std::uint32_t u = detail::float_bits(f);
     std::uint32_t sign = (u >> 16) & 0x8000u;
     std::uint32_t abs = u & 0x7fffffffu;
@@ -81,7 +81,7 @@ struct fp16 {
     return std::uint16_t(sign | (abs >> 13));
   }
 
-  STRATA_HD static float to_float(std::uint16_t h) {
+  STRATA_HD STRATA_ALWAYS_INLINE static float to_float(std::uint16_t h) {
     std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
     std::uint32_t exp = (h >> 10) & 0x1fu;
     std::uint32_t man = h & 0x3ffu;
@@ -97,7 +97,7 @@ struct fp16 {
 
 // Widening and narrowing between any two strata scalar types.
 template <class To, class From>
-STRATA_HD inline To convert(From x) {
+STRATA_HD STRATA_ALWAYS_INLINE inline To convert(From x) {
   if constexpr (std::is_same_v<To, From>) {
     return x;
   } else if constexpr (std::is_same_v<From, bf16> || std::is_same_v<From, fp16>) {

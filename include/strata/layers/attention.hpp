@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 
+#include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/attention.hpp"
 #include "strata/kernels/attention_shape.hpp"
@@ -99,8 +100,11 @@ class attention {
     const kernels::attention_shape shape = local_shape(qkv.shape[0], qkv.shape[1]);
     // The projection's output is this layer's to change: nothing else reads it.
     qkv_out_ = qkv_.output_data();
-    if (cfg_.rope_theta > 0) kernels::rope_forward(device{}, qkv_out_, shape, cfg_.rope_theta);
-    core_forward(shape);
+    {
+      STRATA_PROFILE("attention.forward");
+      if (cfg_.rope_theta > 0) kernels::rope_forward(device{}, qkv_out_, shape, cfg_.rope_theta);
+      core_forward(shape);
+    }
     tensor_view<const T> heads{heads_out_.data(), {shape.batch, shape.seq, shape.q_width()}};
     auto y = proj_.forward(heads);
     if (recompute_core_) lse_ = buffer<A>();
@@ -112,12 +116,15 @@ class attention {
     auto& ledger = scope_.ledger();
     // The same kernel on the same qkv: the logsumexps come back bit for bit (and the output, which
     // the projection still reads, is rewritten with the values it holds).
-    if (recompute_core_) core_forward(shape_);
     buffer<T> dqkv(ledger, memory_category::activations, static_cast<std::size_t>(shape_.batch * shape_.seq * shape_.row_width()));
-    kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, lse_.data(), heads_out_.data(), shape_);
-    if (recompute_core_) lse_ = buffer<A>();
-    // q and k were turned by their positions: their gradients turn back.
-    if (cfg_.rope_theta > 0) kernels::rope_backward(device{}, dqkv.data(), shape_, cfg_.rope_theta);
+    {
+      STRATA_PROFILE("attention.backward");
+      if (recompute_core_) core_forward(shape_);
+      kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, lse_.data(), heads_out_.data(), shape_);
+      if (recompute_core_) lse_ = buffer<A>();
+      // q and k were turned by their positions: their gradients turn back.
+      if (cfg_.rope_theta > 0) kernels::rope_backward(device{}, dqkv.data(), shape_, cfg_.rope_theta);
+    }
     return qkv_.backward(dqkv);
   }
 

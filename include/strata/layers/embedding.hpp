@@ -16,6 +16,7 @@
 #pragma once
 #include <cstdint>
 
+#include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/embedding.hpp"
 #include "strata/layers/cached_forward.hpp"
@@ -75,6 +76,7 @@ class embedding {
 
   // tokens: [B, T] with T <= max_seq and every id < vocab (checked; the error names it).
   tensor_view<const T> forward(tensor_view<const std::int32_t> tokens) {
+    STRATA_PROFILE("embedding.forward");
     STRATA_CHECK(tokens.shape.rank == 2, scope_.qualify("forward"), ": expected tokens [B, T], got ",
                  tokens.shape.str());
     STRATA_CHECK(!positions() || tokens.shape[1] <= cfg_.max_seq, scope_.qualify("forward"), ": sequence length ", tokens.shape[1],
@@ -137,6 +139,7 @@ class embedding {
   }
 
   void backward(const buffer<T>& dout) {
+    STRATA_PROFILE("embedding.backward");
     auto& tp = scope_.tensor();
     buffer<T> gathered;
     // Every token's gradient: this rank's rows of wte may be used anywhere in the batch.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 
+#include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/layernorm.hpp"
 #include "strata/kernels/residual.hpp"
@@ -56,6 +57,7 @@ class layernorm {
   }
 
   tensor_view<const T> forward(tensor_view<const T> x) {
+    STRATA_PROFILE("layernorm.forward");
     STRATA_CHECK(x.shape.rank >= 1 && x.shape[x.shape.rank - 1] == cfg_.channels, scope_.qualify("forward"),
                  ": expected input [..., ", cfg_.channels, "], got ", x.shape.str());
     input_ = x;
@@ -71,6 +73,7 @@ class layernorm {
   }
 
   buffer<T> backward(const buffer<T>& dout) {
+    STRATA_PROFILE("layernorm.backward");
     STRATA_CHECK(static_cast<std::int64_t>(dout.size()) == rows_ * cfg_.channels, scope_.qualify("backward"),
                  ": expected ", rows_ * cfg_.channels, " output gradients, got ", dout.size());
     auto& ledger = scope_.ledger();

@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/linear.hpp"
 #include "strata/kernels/residual.hpp"
@@ -157,6 +158,7 @@ class linear {
   // x: [..., in] -> [..., out] with the same leading dimensions (under sequence parallelism a
   // column-parallel layer's output covers every token: [B, T/t, in] -> [B, T, out/t]).
   tensor_view<const T> forward(tensor_view<const T> x) {
+    STRATA_PROFILE("linear.forward");
     STRATA_CHECK(x.shape.rank >= 1 && x.shape[x.shape.rank - 1] == in_local_, scope_.qualify("forward"),
                  ": expected input [..., ", in_local_, "], got ", x.shape.str());
     input_ = x;
@@ -183,6 +185,7 @@ class linear {
   // dout: the gradient of forward's output -> the gradient of its input; accumulates into the
   // weight and bias gradients.
   buffer<T> backward(const buffer<T>& dout) {
+    STRATA_PROFILE("linear.backward");
     auto& tp = scope_.tensor();
     auto& ledger = scope_.ledger();
     auto& p = scope_.params();

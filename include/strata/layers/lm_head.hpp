@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/cross_entropy.hpp"
 #include "strata/kernels/linear.hpp"
@@ -82,6 +83,7 @@ class lm_head {
   // `loss_scale` multiplies the gradient only (micro-batch averaging, fp16 loss scaling).
   double forward(tensor_view<const T> x, tensor_view<const std::int32_t> targets, double loss_scale = 1.0) {
     compute_logits(x);
+    STRATA_PROFILE("cross_entropy");
     const strata::shape expected{batch_, seq_};
     STRATA_CHECK(targets.shape == expected, scope_.qualify("forward"), ": expected targets ", expected.str(), ", got ",
                  targets.shape.str());
@@ -138,6 +140,7 @@ class lm_head {
   // dx [B, T, C] (this rank's [B, T/t, C] under sequence parallelism) from the gradient
   // forward() left; accumulates into W's gradient.
   buffer<T> backward() {
+    STRATA_PROFILE("lm_head.backward");
     const std::int64_t rows = batch_ * seq_;
     auto& ledger = scope_.ledger();
     auto& tp = scope_.tensor();
@@ -169,6 +172,7 @@ class lm_head {
   using device = typename P::device;
 
   void compute_logits(tensor_view<const T> x) {
+    STRATA_PROFILE("lm_head.forward");
     STRATA_CHECK(x.shape.rank == 3 && x.shape[2] == cfg_.channels, scope_.qualify("forward"),
                  ": expected input [B, T, ", cfg_.channels, "], got ", x.shape.str());
     input_ = x;

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/gelu.hpp"
 #include "strata/layers/cost.hpp"
@@ -50,14 +51,20 @@ class mlp {
     auto pre = fc_.forward(x);
     pre_ = pre.data;
     ensure_size(act_, scope_.ledger(), memory_category::activations, pre.numel());
-    kernels::gelu_forward(device{}, act_.data(), pre.data, pre.numel());
+    {
+      STRATA_PROFILE("gelu.forward");
+      kernels::gelu_forward(device{}, act_.data(), pre.data, pre.numel());
+    }
     return proj_.forward(tensor_view<const T>{act_.data(), pre.shape});
   }
 
   buffer<T> backward(const buffer<T>& dout) {
     buffer<T> dact = proj_.backward(dout);
     buffer<T> dpre(scope_.ledger(), memory_category::activations, dact.size());
-    kernels::gelu_backward(device{}, dpre.data(), pre_, dact.data(), static_cast<std::int64_t>(dact.size()));
+    {
+      STRATA_PROFILE("gelu.backward");
+      kernels::gelu_backward(device{}, dpre.data(), pre_, dact.data(), static_cast<std::int64_t>(dact.size()));
+    }
     return fc_.backward(dpre);
   }
 

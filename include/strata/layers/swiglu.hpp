@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 
+#include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
 #include "strata/kernels/swiglu.hpp"
 #include "strata/layers/cost.hpp"
@@ -57,7 +58,10 @@ class swiglu {
     pre_ = pre.data;
     const std::int64_t hidden = pre.shape[pre.shape.rank - 1] / 2, rows = pre.numel() / (2 * hidden);
     ensure_size(act_, scope_.ledger(), memory_category::activations, rows * hidden);
-    kernels::swiglu_forward(device{}, act_.data(), pre.data, rows, hidden);
+    {
+      STRATA_PROFILE("swiglu.forward");
+      kernels::swiglu_forward(device{}, act_.data(), pre.data, rows, hidden);
+    }
     strata::shape s = pre.shape;
     s.dims[static_cast<std::size_t>(s.rank - 1)] = hidden;
     return down_.forward(tensor_view<const T>{act_.data(), s});
@@ -67,7 +71,10 @@ class swiglu {
     buffer<T> dact = down_.backward(dout);
     const std::int64_t hidden = cfg_.hidden / scope_.tensor().degree(), rows = static_cast<std::int64_t>(dact.size()) / hidden;
     buffer<T> dpre(scope_.ledger(), memory_category::activations, dact.size() * 2);
-    kernels::swiglu_backward(device{}, dpre.data(), dact.data(), pre_, rows, hidden);
+    {
+      STRATA_PROFILE("swiglu.backward");
+      kernels::swiglu_backward(device{}, dpre.data(), dact.data(), pre_, rows, hidden);
+    }
     return gate_up_.backward(dpre);
   }
 

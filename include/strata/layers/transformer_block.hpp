@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 
+#include "strata/core/profile.hpp"
 #include "strata/kernels/residual.hpp"
 #include "strata/layers/attention.hpp"
 #include "strata/layers/cached_forward.hpp"
@@ -88,10 +89,10 @@ class transformer_block {
     const auto n = static_cast<std::int64_t>(dout.size());
     // y = r + mlp(ln_2(r)): dr = ln_2ᵀ(mlpᵀ(dy)) + dy, the second term from the skip path.
     buffer<T> dr = ln_2_.backward(mlp_.backward(dout));
-    kernels::residual_forward(device{}, dr.data(), dr.data(), dout.data(), n);
+    add_residual("residual.backward", dr.data(), dr.data(), dout.data(), n);
     // r = x + attn(ln_1(x)): dx = ln_1ᵀ(attnᵀ(dr)) + dr.
     buffer<T> dx = ln_1_.backward(attn_.backward(dr));
-    kernels::residual_forward(device{}, dx.data(), dx.data(), dr.data(), n);
+    add_residual("residual.backward", dx.data(), dx.data(), dr.data(), n);
     return dx;
   }
 
@@ -115,6 +116,10 @@ class transformer_block {
 
  private:
   using device = typename P::device;
+  static void add_residual(const char* op, T* out, const T* a, const T* b, std::int64_t n) {
+    STRATA_PROFILE(op);
+    kernels::residual_forward(device{}, out, a, b, n);
+  }
   // r = x + attend(norm_1(x)); y = r + ffn(norm_2(r)).
   template <class Attend>
   tensor_view<const T> forward_with(tensor_view<const T> x, Attend&& attend) {
@@ -123,10 +128,10 @@ class transformer_block {
     ensure_size(resid_, ledger, memory_category::activations, n);
     ensure_size(out_, ledger, memory_category::activations, n);
     auto a = attend(ln_1_.forward(x));
-    kernels::residual_forward(device{}, resid_.data(), x.data, a.data, n);
+    add_residual("residual.forward", resid_.data(), x.data, a.data, n);
     tensor_view<const T> r{resid_.data(), x.shape};
     auto m = mlp_.forward(ln_2_.forward(r));
-    kernels::residual_forward(device{}, out_.data(), r.data, m.data, n);
+    add_residual("residual.forward", out_.data(), r.data, m.data, n);
     return {out_.data(), x.shape};
   }
   // The shape errors first (they name the numbers), before any layer is built.

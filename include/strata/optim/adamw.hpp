@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/core/memory.hpp"
+#include "strata/core/profile.hpp"
 #include "strata/kernels/adamw.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/layers/parameters.hpp"
@@ -77,6 +78,7 @@ class adamw {
   // flat gradient buffer, or from `state_grads` (indexed like the optimizer state) when given:
   // a ZeRO shard's reduced gradients.
   void step(double lr, double grad_scale = 1.0, const T* state_grads = nullptr) {
+    STRATA_PROFILE("adamw");
     ++step_;
     const T* g = state_grads ? nullptr : params_->grads_data();
     for (const auto& s : segments_) {

@@ -45,6 +45,7 @@
 #include "strata/comm/group_ref.hpp"
 #include "strata/core/extents.hpp"
 #include "strata/core/memory.hpp"
+#include "strata/core/profile.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/kernels/residual.hpp"
 #include "strata/layers/parameters.hpp"
@@ -240,6 +241,7 @@ class data_parallel {
 
   // Σ g² over the whole model's (reduced) gradients, the same on every rank.
   double grad_sum_of_squares() {
+    STRATA_PROFILE("grad_norm");
     auto& tp = opt_.tensor_group;
     auto& pp = opt_.pipeline_group;
     if (tp.size() == 1 && pp.size() == 1) {

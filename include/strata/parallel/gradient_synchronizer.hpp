@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "strata/core/error.hpp"
+#include "strata/core/profile.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/parallel/dp_layout.hpp"
@@ -80,6 +81,7 @@ class no_sync {
   void before_backward(bool /*last*/) {}
   void after_backward(bool /*last*/) {}
   double grad_sum_of_squares() {
+    STRATA_PROFILE("grad_norm");
     return kernels::sum_of_squares(typename P::device{}, params_->grads_data(), params_->size());
   }
   const T* state_gradients() const { return nullptr; }

@@ -7,19 +7,33 @@
 //   lse  [B, H, T] (acc_t)     max + log(sum exp) of the row's scaled scores, all backward keeps
 //
 // score[t, t2] = q[t] . k[t2] · scale (scale = attention_shape::softmax_scale()), t2 <= t only,
-// and P = exp(score - lse) = softmax(score). The forward runs one (b, h, t) row per task, t
-// varying fastest, so a thread meets each key/value head once and keeps a contiguous acc_t copy
-// of its K and V in cache while it works through the head's rows. Backward recomputes P from lse
-// (no T x T state anywhere) and runs one (b, key/value head) per task: that task owns the head's
-// dK and dV, summed in acc_t over every query head of its group and every later t before one
-// rounding, and writes the dQ rows of its group's query heads. Every sum runs in an order fixed
-// by the shape alone, so the results do not depend on the thread count.
+// and P = exp(score - lse) = softmax(score). Cache-blocked, as flash attention: query rows and
+// keys go in blocks of 64, each pair of blocks a few small GEMMs on acc_t copies of the head (K
+// and V widened once per head a thread meets, K also transposed, so every product runs along
+// unit-stride rows that stay in L1/L2), the causal mask applied only in blocks that reach the
+// diagonal, exp by exp_fast in vectorised loops. The forward runs one (b, h, query block) per
+// task with an online softmax (running max and sum; the partial output is rescaled when the max
+// grows). Backward recomputes P from lse (no T x T state, one 64 x 64 block per thread) and runs
+// one (b, key/value head) per task: dP = dO Vᵀ, dS = P (dP - D) · scale with D = rowsum(dO · O),
+// dQ += dS K, dK += dSᵀ Q, dV += Pᵀ dO. The task owns the head's dK and dV, summed in acc_t over
+// every query head of its group and every query block before one rounding, and writes the dQ
+// rows of its group's query heads.
+//
+// The block GEMMs are register-tiled loops here, not BLAS calls: each element is one chain of
+// multiply-adds in a fixed order whatever tile it falls in, so a query row's result depends on
+// its own query, position and keys alone (cached_attention.hpp runs the same block code and
+// matches the full forward bit for bit), and with every task owning disjoint outputs nothing
+// depends on the thread count. In a block on the diagonal, a key later than a row's position
+// still enters that row's products, with P = dS = 0: exact zeros while the key's values are
+// finite (a non-finite future value would reach earlier rows there as NaN).
 //
 // Multi-head overloads in GPT-2's terms (B, T, C, NH) are shorthands for
 // attention_shape::multi_head (kernels/cuda/attention.cuh has the same ones).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -27,6 +41,7 @@
 #include "strata/core/error.hpp"
 #include "strata/kernels/attention_shape.hpp"
 #include "strata/kernels/host/openmp.hpp"
+#include "strata/kernels/host/vector_math.hpp"
 #include "strata/policy/device.hpp"
 
 namespace strata::kernels {
@@ -62,6 +77,231 @@ inline attention_shape multi_head_shape(const char* who, std::int64_t B, std::in
   return attention_shape::multi_head(B, T, C, NH);
 }
 
+// --- Block GEMMs --------------------------------------------------------------------------
+// Query rows and keys per block; a micro-tile is tile_rows rows by up to max_vecs vectors of
+// 64 bytes (4 x 64 floats: 16 AVX-512 accumulators). Every scratch matrix has its rows padded
+// to whole vectors (and to whole tiles), so no tile has a ragged edge.
+constexpr std::int64_t block = 64;
+constexpr int tile_rows = 4, max_vecs = 4;
+
+template <class A>
+struct simd;
+template <>
+struct simd<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct simd<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <class A>
+using vec = typename simd<A>::type;
+template <class A>
+constexpr std::int64_t width = std::int64_t(64 / sizeof(A));  // lanes of a vec
+
+inline std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
+
+// Loads and stores by reference: a vec passed or returned by value would change the ABI in a
+// build without AVX-512 (-Wpsabi).
+template <class A>
+inline void load(vec<A>& v, const A* p) {
+  std::memcpy(&v, p, sizeof v);
+}
+template <class A>
+inline void store(A* p, const vec<A>& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// c[r, :NV vecs] = (Accumulate ? c : 0) + sum_{k < K} a[r·a_r + k·a_k] · b[k·ldb + :], then
+// times alpha unless accumulating. Each element is one multiply-add chain in k order.
+template <int NV, bool Accumulate, class A>
+inline void tile(A* c, std::int64_t ldc, const A* a, std::int64_t a_r, std::int64_t a_k, const A* b,
+                 std::int64_t ldb, std::int64_t K, A alpha) {
+  constexpr std::int64_t L = width<A>;
+  vec<A> acc[tile_rows][NV];
+  for (int r = 0; r < tile_rows; ++r)
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = vec<A>{};
+      if (Accumulate) load(acc[r][v], c + r * ldc + v * L);
+    }
+  for (std::int64_t k = 0; k < K; ++k) {
+    vec<A> bv[NV];
+    for (int v = 0; v < NV; ++v) load(bv[v], b + k * ldb + v * L);
+    for (int r = 0; r < tile_rows; ++r) {
+      const A ar = a[r * a_r + k * a_k];
+      for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
+    }
+  }
+  for (int r = 0; r < tile_rows; ++r)
+    for (int v = 0; v < NV; ++v) {
+      if (!Accumulate) acc[r][v] *= alpha;
+      store(c + r * ldc + v * L, acc[r][v]);
+    }
+}
+
+// One row tile (tile_rows rows of c) over n columns (a multiple of width<A>), in column chunks.
+template <bool Accumulate, class A>
+inline void row_tile(A* c, std::int64_t ldc, const A* a, std::int64_t a_r, std::int64_t a_k, const A* b,
+                     std::int64_t ldb, std::int64_t n, std::int64_t K, A alpha) {
+  constexpr std::int64_t L = width<A>;
+  for (std::int64_t j = 0; j < n; j += max_vecs * L) {
+    const std::int64_t nv = std::min<std::int64_t>(max_vecs, (n - j) / L);
+    switch (nv) {
+      case 4: tile<4, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
+      case 3: tile<3, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
+      case 2: tile<2, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
+      default: tile<1, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
+    }
+  }
+}
+
+template <class A>
+inline A horizontal_sum(const vec<A>& v) {
+  constexpr std::int64_t L = width<A>;
+  A x[L];
+  std::memcpy(x, &v, sizeof v);
+  for (std::int64_t w = L / 2; w >= 1; w /= 2)
+    for (std::int64_t i = 0; i < w; ++i) x[i] += x[i + w];
+  return x[0];
+}
+
+template <class A>
+inline A horizontal_max(A* x) {  // of width<A> lanes, overwritten
+  constexpr std::int64_t L = width<A>;
+  for (std::int64_t w = L / 2; w >= 1; w /= 2)
+    for (std::int64_t i = 0; i < w; ++i) x[i] = x[i + w] > x[i] ? x[i + w] : x[i];
+  return x[0];
+}
+
+// Keys of block kb that the query at position t sees: t2 in kb .. min(t, kb + nk - 1).
+inline std::int64_t seen(std::int64_t t, std::int64_t kb, std::int64_t nk) {
+  return std::clamp<std::int64_t>(t - kb + 1, 0, nk);
+}
+
+// --- Per-head scratch ---------------------------------------------------------------------
+// 64-byte aligned acc_t storage, one slice per thread.
+template <class A>
+struct scratch_space {
+  std::vector<A> storage;
+  std::size_t per_thread;
+  scratch_space(int threads, std::size_t n) : per_thread(std::size_t(round_up(std::int64_t(n), width<A>))) {
+    storage.resize(std::size_t(threads) * per_thread + std::size_t(width<A>));
+  }
+  A* slice(int thread) {
+    auto addr = reinterpret_cast<std::uintptr_t>(storage.data());
+    A* base = storage.data() + (64 - addr % 64) % 64 / sizeof(A);
+    return base + std::size_t(thread) * per_thread;
+  }
+};
+
+// Keys 0 .. len-1 of one head (row stride ld) in acc_t: kt [d rows, lp] transposed, and when
+// asked v [lp rows, dp] and k [lp rows, dp] row-major; the padding columns are zero.
+template <class A, class T>
+void load_head(A* kt, A* k, A* v, const T* k_src, const T* v_src, std::int64_t ld, std::int64_t len, std::int64_t d,
+               std::int64_t dp, std::int64_t lp) {
+  for (std::int64_t t0 = 0; t0 < len; t0 += 16) {  // 16 source rows at a time, which stay in L1
+    const std::int64_t n = std::min<std::int64_t>(16, len - t0);
+    for (std::int64_t i = 0; i < d; ++i)
+      for (std::int64_t t = 0; t < n; ++t) kt[i * lp + t0 + t] = convert<A>(k_src[(t0 + t) * ld + i]);
+  }
+  for (std::int64_t i = 0; i < d; ++i)
+    for (std::int64_t t = len; t < lp; ++t) kt[i * lp + t] = A(0);
+  if (k)
+    for (std::int64_t t = 0; t < len; ++t) {
+      for (std::int64_t i = 0; i < d; ++i) k[t * dp + i] = convert<A>(k_src[t * ld + i]);
+      for (std::int64_t i = d; i < dp; ++i) k[t * dp + i] = A(0);
+    }
+  if (v)
+    for (std::int64_t t = 0; t < len; ++t) {
+      for (std::int64_t i = 0; i < d; ++i) v[t * dp + i] = convert<A>(v_src[t * ld + i]);
+      for (std::int64_t i = d; i < dp; ++i) v[t * dp + i] = A(0);
+    }
+}
+
+// Rows of a [rows, dp] block in acc_t from src (row stride ld), rows n .. round_up(n, tile_rows)
+// and the padding columns zero.
+template <class A, class T>
+void load_rows(A* dst, const T* src, std::int64_t ld, std::int64_t n, std::int64_t d, std::int64_t dp) {
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (std::int64_t i = 0; i < d; ++i) dst[r * dp + i] = convert<A>(src[r * ld + i]);
+    for (std::int64_t i = d; i < dp; ++i) dst[r * dp + i] = A(0);
+  }
+  for (std::int64_t r = n; r < round_up(n, tile_rows); ++r)
+    for (std::int64_t i = 0; i < dp; ++i) dst[r * dp + i] = A(0);
+}
+
+// --- Forward ------------------------------------------------------------------------------
+// Scratch of forward_rows: the query block q, scores then probabilities s, output accumulator o,
+// running max mx and sum l, and the block's row maxima bm.
+template <class A>
+struct forward_block_scratch {
+  static std::size_t size(std::int64_t dp) { return std::size_t(3 * block * dp + block * block + 3 * block); }
+  A *q, *s, *o, *mx, *l, *bm;
+  forward_block_scratch(A* p, std::int64_t dp)
+      : q(p), s(q + block * dp), o(s + block * block), mx(o + block * dp), l(mx + block), bm(l + block) {}
+};
+
+// Query rows at positions t0 .. t0+m-1 (m <= block, in f.q as load_rows left them) against keys
+// 0 .. len-1 of kt and v (load_head; len >= t0 + m): leaves each row's unnormalised output in
+// f.o, its max in f.mx and its sum of exponentials in f.l. Key blocks start at multiples of
+// block whatever t0 is, and each row's numbers depend on its own query and position only.
+template <class A>
+void forward_rows(forward_block_scratch<A>& f, std::int64_t t0, std::int64_t m, const A* kt, const A* v,
+                  std::int64_t len, std::int64_t d, std::int64_t dp, std::int64_t lp, A scale) {
+  constexpr std::int64_t L = width<A>;
+  const std::int64_t mp = round_up(m, tile_rows);
+  for (std::int64_t r = 0; r < mp; ++r) f.mx[r] = -INFINITY, f.l[r] = 0;
+  for (std::int64_t i = 0; i < mp * dp; ++i) f.o[i] = 0;
+  for (std::int64_t kb = 0; kb < t0 + m; kb += block) {
+    const std::int64_t nk = std::min(block, len - kb);
+    // S = Q K_blkᵀ · scale, over the keys some row of each tile sees.
+    for (std::int64_t i = 0; i < mp; i += tile_rows) {
+      const std::int64_t e = seen(t0 + i + tile_rows - 1, kb, nk);
+      if (e > 0) row_tile<false>(f.s + i * block, block, f.q + i * dp, dp, 1, kt + kb, lp, round_up(e, L), d, scale);
+    }
+    // Online softmax: the keys a row does not see score -inf; the partial output and sum are
+    // rescaled by exp(old max - new max) (exactly 1 when the max stays). The per-row scalars
+    // (new max, rescale factor, sum) go through loops over the rows, which vectorise.
+    for (std::int64_t r = 0; r < mp; ++r) {
+      const std::int64_t e = seen(t0 + r, kb, nk);
+      A* s = f.s + r * block;
+      if (e == 0) {  // a row of a tile that reaches this block, before it: P = 0
+        for (std::int64_t j = 0; j < block; ++j) s[j] = 0;
+        f.bm[r] = -INFINITY;
+        continue;
+      }
+      for (std::int64_t j = 0; j < block; ++j) s[j] = j < e ? s[j] : -INFINITY;
+      A part[L];
+      for (std::int64_t i = 0; i < L; ++i) part[i] = s[i];
+      for (std::int64_t j = L; j < block; j += L)
+        for (std::int64_t i = 0; i < L; ++i) part[i] = s[j + i] > part[i] ? s[j + i] : part[i];
+      f.bm[r] = horizontal_max(part);
+    }
+    for (std::int64_t r = 0; r < mp; ++r) {
+      const A mx = f.bm[r] > f.mx[r] ? f.bm[r] : f.mx[r];
+      f.bm[r] = exp_fast(f.mx[r] - mx);  // now the rescale factor
+      f.mx[r] = mx;
+    }
+    for (std::int64_t r = 0; r < mp; ++r) {
+      A* s = f.s + r * block;
+      const A mx = f.mx[r];
+      const std::int64_t e = round_up(seen(t0 + r, kb, nk), L);  // whole vectors; P = 0 beyond
+      for (std::int64_t j = 0; j < e; ++j) s[j] = exp_fast(s[j] - mx);  // 0 for -inf
+      for (std::int64_t j = e; j < block; ++j) s[j] = 0;
+      vec<A> sum{}, x;
+      for (std::int64_t j = 0; j < e; j += L) load(x, s + j), sum += x;
+      f.l[r] = f.l[r] * f.bm[r] + horizontal_sum<A>(sum);
+      if (f.bm[r] != A(1))
+        for (std::int64_t i = 0; i < dp; ++i) f.o[r * dp + i] *= f.bm[r];
+    }
+    // O += P V_blk, over the keys the tile's last row sees (the others' P is 0 there).
+    for (std::int64_t i = 0; i < mp; i += tile_rows) {
+      const std::int64_t e = seen(t0 + i + tile_rows - 1, kb, nk);
+      if (e > 0) row_tile<true>(f.o + i * dp, dp, f.s + i * block, block, 1, v + kb * dp, dp, dp, e, A(1));
+    }
+  }
+}
+
 // The forward with the output in O (T, or acc_t when backward recomputes it unrounded); lse may
 // be null (only backward's recomputation, which has the caller's lse already).
 template <class T, class O>
@@ -69,64 +309,42 @@ void forward(O* out, acc_t<T>* lse, const T* qkv, const attention_shape& s) {
   using A = acc_t<T>;
   const std::int64_t B = s.batch, T_ = s.seq, H = s.heads, d = s.head_dim, G = s.group();
   const std::int64_t W = s.row_width(), k_off = s.q_width(), v_off = s.q_width() + s.kv_width();
+  const std::int64_t dp = round_up(d, width<A>), lp = round_up(T_, block), blocks = (T_ + block - 1) / block;
   const A scale = A(s.softmax_scale());
-  // Per thread: the current key/value head's K and V in acc_t, contiguous [T, d] (converted once
-  // per head a thread meets, not once per query row: unit-stride rows that stay in cache, and
-  // bf16/fp16 widened once), the row's scores then probabilities [T], its query [d] and output
-  // accumulator [d], so bf16/fp16 outputs round once.
-  const std::size_t per_thread = std::size_t(2 * T_ * d + T_ + 2 * d);
+  // Per thread: the current key/value head's kt and v (converted once per head a thread meets)
+  // and one query block's scratch.
   const int threads = openmp::max_threads();
-  std::vector<A> scratch(std::size_t(threads) * per_thread);
-  const std::int64_t rows = B * H * T_;
+  scratch_space<A> scratch(threads, std::size_t(2 * lp * dp) + forward_block_scratch<A>::size(dp));
+  const std::int64_t tasks = B * H * blocks;
 
-#pragma omp parallel num_threads(threads) if (rows * T_ * d > 65536)
+#pragma omp parallel num_threads(threads) if (tasks > 1 && B * H * T_ * T_ * d > 65536)
   {
-    A* ka = scratch.data() + std::size_t(openmp::thread_id()) * per_thread;
-    A* va = ka + T_ * d;
-    A* p = va + T_ * d;
-    A* qa = p + T_;
-    A* acc = qa + d;
-    std::int64_t cached = -1;  // b * KV + key/value head held in ka, va
+    A* kt = scratch.slice(openmp::thread_id());
+    A* v = kt + lp * dp;
+    forward_block_scratch<A> f(v + lp * dp, dp);
+    std::int64_t cached = -1;  // b * KV + key/value head held in kt, v
 #pragma omp for schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t t = r % T_, h = (r / T_) % H, b = r / (T_ * H);
-      const std::int64_t kvh = h / G;
+    for (std::int64_t task = 0; task < tasks; ++task) {
+      const std::int64_t qb = task % blocks, h = (task / blocks) % H, b = task / (blocks * H);
+      const std::int64_t kvh = h / G, t0 = qb * block, m = std::min(block, T_ - t0);
       const T* base = qkv + b * T_ * W;
       if (cached != b * s.kv_heads + kvh) {
         cached = b * s.kv_heads + kvh;
-        for (std::int64_t t2 = 0; t2 < T_; ++t2)
-          for (std::int64_t i = 0; i < d; ++i) {
-            ka[t2 * d + i] = convert<A>(base[t2 * W + k_off + kvh * d + i]);
-            va[t2 * d + i] = convert<A>(base[t2 * W + v_off + kvh * d + i]);
-          }
+        load_head(kt, static_cast<A*>(nullptr), v, base + k_off + kvh * d, base + v_off + kvh * d, W, T_, d, dp, lp);
       }
-      const T* q = base + t * W + h * d;
-      for (std::int64_t i = 0; i < d; ++i) qa[i] = convert<A>(q[i]);
-
-      A max_score = -INFINITY;
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-        p[t2] = dot<A>(qa, ka + t2 * d, d) * scale;
-        if (p[t2] > max_score) max_score = p[t2];
+      load_rows(f.q, base + t0 * W + h * d, W, m, d, dp);
+      forward_rows(f, t0, m, kt, v, T_, d, dp, lp, scale);
+      for (std::int64_t r = 0; r < m; ++r) {
+        const A inv_sum = A(1) / f.l[r];
+        O* o = out + (b * T_ + t0 + r) * H * d + h * d;
+        for (std::int64_t i = 0; i < d; ++i) o[i] = convert<O>(f.o[r * dp + i] * inv_sum);
+        if (lse) lse[(b * H + h) * T_ + t0 + r] = f.mx[r] + std::log(f.l[r]);
       }
-      A sum = 0;
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-        p[t2] = std::exp(p[t2] - max_score);
-        sum += p[t2];
-      }
-      for (std::int64_t i = 0; i < d; ++i) acc[i] = 0;
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-        const A* v = va + t2 * d;
-        const A pv = p[t2];
-        for (std::int64_t i = 0; i < d; ++i) acc[i] += pv * v[i];
-      }
-      const A inv_sum = A(1) / sum;
-      O* o = out + (b * T_ + t) * H * d + h * d;
-      for (std::int64_t i = 0; i < d; ++i) o[i] = convert<O>(acc[i] * inv_sum);
-      if (lse) lse[(b * H + h) * T_ + t] = max_score + std::log(sum);
     }
   }
 }
 
+// --- Backward -----------------------------------------------------------------------------
 // Accumulates (+=) into dqkv. For query row t of head h, with P[t2] = exp(score - lse[t]):
 //   dP[t2] = dout[t] . v[t2],  D = dout[t] . out[t]  (= sum_t2 P[t2] dP[t2])
 //   dS[t2] = P[t2] (dP[t2] - D) · scale
@@ -134,92 +352,93 @@ void forward(O* out, acc_t<T>* lse, const T* qkv, const attention_shape& s) {
 template <class T, class O>
 void backward(T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse, const O* out, const attention_shape& s) {
   using A = acc_t<T>;
+  constexpr std::int64_t L = width<A>;
   const std::int64_t B = s.batch, T_ = s.seq, H = s.heads, KV = s.kv_heads, d = s.head_dim, G = s.group();
   const std::int64_t W = s.row_width(), k_off = s.q_width(), v_off = s.q_width() + s.kv_width();
+  const std::int64_t dp = round_up(d, L), lp = round_up(T_, block);
   const A scale = A(s.softmax_scale());
-  // Per thread: the head's K and V in acc_t, contiguous [T, d] (converted once per task rather
-  // than once per query row), its dK and dV accumulators [T, d], and for a block of R query rows
-  // their q, dout and dq accumulators [R, d], D and lse [R].
-  constexpr std::int64_t R = 4;
-  static_assert(R == 4, "the unrolled dk/dv update below adds four rows");
-  const std::size_t per_thread = std::size_t(4 * T_ * d + 3 * R * d + 2 * R);
+  // Per thread: the head's kt and vt [d, lp] (transposed), k [lp, dp], its dK and dV
+  // accumulators [lp, dp]; for a query block its q, dout and dq accumulators [block, dp], P and
+  // dS [block, block], D and lse [block].
+  const std::size_t per_thread = std::size_t(5 * lp * dp + 3 * block * dp + 2 * block * block + 2 * block);
   const int threads = openmp::max_threads();
-  std::vector<A> scratch(std::size_t(threads) * per_thread);
+  scratch_space<A> scratch(threads, per_thread);
   const std::int64_t tasks = B * KV;
 
 #pragma omp parallel num_threads(threads) if (tasks > 1 && B * H * T_ * T_ * d > 65536)
   {
-    A* ka = scratch.data() + std::size_t(openmp::thread_id()) * per_thread;
-    A* va = ka + T_ * d;
-    A* dk = va + T_ * d;
-    A* dv = dk + T_ * d;
-    A* qa = dv + T_ * d;  // row r of the block at qa + r * d
-    A* dya = qa + R * d;
-    A* dq = dya + R * d;
-    A* D = dq + R * d;
-    A* L = D + R;
+    A* kt = scratch.slice(openmp::thread_id());
+    A* vt = kt + lp * dp;
+    A* k = vt + lp * dp;
+    A* dk = k + lp * dp;
+    A* dv = dk + lp * dp;
+    A* q = dv + lp * dp;
+    A* dy = q + block * dp;
+    A* dq = dy + block * dp;
+    A* p = dq + block * dp;
+    A* ds = p + block * block;
+    A* D = ds + block * block;
+    A* lse_r = D + block;
 #pragma omp for schedule(static)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / KV, kvh = task % KV;
       const T* base = qkv + b * T_ * W;
       T* dbase = dqkv + b * T_ * W;
-      for (std::int64_t t2 = 0; t2 < T_; ++t2)
-        for (std::int64_t i = 0; i < d; ++i) {
-          ka[t2 * d + i] = convert<A>(base[t2 * W + k_off + kvh * d + i]);
-          va[t2 * d + i] = convert<A>(base[t2 * W + v_off + kvh * d + i]);
-        }
-      for (std::int64_t i = 0; i < 2 * T_ * d; ++i) dk[i] = 0;  // dk and dv
+      load_head(kt, k, static_cast<A*>(nullptr), base + k_off + kvh * d, base, W, T_, d, dp, lp);
+      load_head(vt, static_cast<A*>(nullptr), static_cast<A*>(nullptr), base + v_off + kvh * d, base, W, T_, d, dp, lp);
+      for (std::int64_t i = 0; i < 2 * lp * dp; ++i) dk[i] = 0;  // dk and dv
 
-      // Query rows t0 .. t0 + R - 1 together: each key row's dk and dv are read and written once
-      // per block rather than once per query. Within a block the rows still add in t order, left
-      // to right, so every sum keeps the order of one row at a time: (b, h, t) ascending.
+      // Query heads of the group in order, query blocks in order, key blocks in order: every dK,
+      // dV and dQ element is summed in an order fixed by the shape.
       for (std::int64_t h = kvh * G; h < (kvh + 1) * G; ++h)
-        for (std::int64_t t0 = 0; t0 < T_; t0 += R) {
-          const std::int64_t rows = T_ - t0 < R ? T_ - t0 : R;
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t t = t0 + r;
-            const T* q = base + t * W + h * d;
-            const T* dy = dout + (b * T_ + t) * H * d + h * d;
-            const O* o = out + (b * T_ + t) * H * d + h * d;
-            for (std::int64_t i = 0; i < d; ++i) qa[r * d + i] = convert<A>(q[i]), dya[r * d + i] = convert<A>(dy[i]);
-            D[r] = dot<A>(dya + r * d, o, d);
-            L[r] = lse[(b * H + h) * T_ + t];
-            for (std::int64_t i = 0; i < d; ++i) dq[r * d + i] = 0;
+        for (std::int64_t t0 = 0; t0 < T_; t0 += block) {
+          const std::int64_t m = std::min(block, T_ - t0), mp = round_up(m, tile_rows);
+          load_rows(q, base + t0 * W + h * d, W, m, d, dp);
+          load_rows(dy, dout + (b * T_ + t0) * H * d + h * d, H * d, m, d, dp);
+          for (std::int64_t r = 0; r < mp; ++r) {
+            const bool row = r < m;  // the tile's padding rows: P = 0 (lse = inf), dout = 0
+            D[r] = row ? dot<A>(dy + r * dp, out + (b * T_ + t0 + r) * H * d + h * d, d) : A(0);
+            lse_r[r] = row ? lse[(b * H + h) * T_ + t0 + r] : A(INFINITY);
           }
+          for (std::int64_t i = 0; i < mp * dp; ++i) dq[i] = 0;
 
-          for (std::int64_t t2 = 0; t2 < t0 + rows; ++t2) {
-            const A* k = ka + t2 * d;
-            const A* v = va + t2 * d;
-            A* dk_row = dk + t2 * d;
-            A* dv_row = dv + t2 * d;
-            // Rows r with t0 + r >= t2 see key t2 (causal); below the diagonal that is all of them.
-            const std::int64_t first = t2 > t0 ? t2 - t0 : 0;
-            A pr[R] = {}, g[R] = {};
-            for (std::int64_t r = first; r < rows; ++r) {
-              pr[r] = std::exp(dot<A>(qa + r * d, k, d) * scale - L[r]);
-              g[r] = pr[r] * (dot<A>(dya + r * d, v, d) - D[r]) * scale;  // dS
-              A* dq_r = dq + r * d;
-              for (std::int64_t i = 0; i < d; ++i) dq_r[i] += g[r] * k[i];
+          for (std::int64_t kb = 0; kb < t0 + m; kb += block) {
+            const std::int64_t nk = std::min(block, T_ - kb);
+            // S = Q K_blkᵀ · scale then P = exp(S - lse); dP = dO V_blkᵀ.
+            for (std::int64_t i = 0; i < mp; i += tile_rows) {
+              const std::int64_t e = round_up(seen(t0 + i + tile_rows - 1, kb, nk), L);
+              if (e == 0) continue;
+              row_tile<false>(p + i * block, block, q + i * dp, dp, 1, kt + kb, lp, e, d, scale);
+              row_tile<false>(ds + i * block, block, dy + i * dp, dp, 1, vt + kb, lp, e, d, A(1));
             }
-            if (first == 0 && rows == R) {
-              const A *q0 = qa, *q1 = qa + d, *q2 = qa + 2 * d, *q3 = qa + 3 * d;
-              const A *y0 = dya, *y1 = dya + d, *y2 = dya + 2 * d, *y3 = dya + 3 * d;
-              for (std::int64_t i = 0; i < d; ++i)
-                dk_row[i] = dk_row[i] + g[0] * q0[i] + g[1] * q1[i] + g[2] * q2[i] + g[3] * q3[i];
-              for (std::int64_t i = 0; i < d; ++i)
-                dv_row[i] = dv_row[i] + pr[0] * y0[i] + pr[1] * y1[i] + pr[2] * y2[i] + pr[3] * y3[i];
-            } else {
-              for (std::int64_t r = first; r < rows; ++r) {
-                const A* q_r = qa + r * d;
-                const A* y_r = dya + r * d;
-                for (std::int64_t i = 0; i < d; ++i) dk_row[i] += g[r] * q_r[i];
-                for (std::int64_t i = 0; i < d; ++i) dv_row[i] += pr[r] * y_r[i];
+            // dS = P (dP - D) · scale; both 0 where the row does not see the key.
+            for (std::int64_t r = 0; r < mp; ++r) {
+              const std::int64_t e = seen(t0 + r, kb, nk);
+              A* pr = p + r * block;
+              A* dsr = ds + r * block;
+              const A Lr = lse_r[r], Dr = D[r];
+              for (std::int64_t j = 0; j < block; ++j) {
+                const A pj = j < e ? exp_fast(pr[j] - Lr) : A(0);
+                pr[j] = pj;
+                dsr[j] = j < e ? pj * (dsr[j] - Dr) * scale : A(0);
               }
             }
+            // dQ += dS K_blk over the keys each tile sees.
+            for (std::int64_t i = 0; i < mp; i += tile_rows) {
+              const std::int64_t e = seen(t0 + i + tile_rows - 1, kb, nk);
+              if (e > 0) row_tile<true>(dq + i * dp, dp, ds + i * block, block, 1, k + kb * dp, dp, dp, e, A(1));
+            }
+            // dK_blk += dSᵀ Q and dV_blk += Pᵀ dO, over the query rows that see the tile's keys.
+            for (std::int64_t j = 0; j < nk; j += tile_rows) {
+              const std::int64_t r0 = std::clamp<std::int64_t>(kb + j - t0, 0, mp);
+              if (r0 == mp) break;
+              row_tile<true>(dk + (kb + j) * dp, dp, ds + r0 * block + j, 1, block, q + r0 * dp, dp, dp, mp - r0, A(1));
+              row_tile<true>(dv + (kb + j) * dp, dp, p + r0 * block + j, 1, block, dy + r0 * dp, dp, dp, mp - r0, A(1));
+            }
           }
-          for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t r = 0; r < m; ++r) {
             T* dq_out = dbase + (t0 + r) * W + h * d;
-            for (std::int64_t i = 0; i < d; ++i) dq_out[i] = convert<T>(convert<A>(dq_out[i]) + dq[r * d + i]);
+            for (std::int64_t i = 0; i < d; ++i) dq_out[i] = convert<T>(convert<A>(dq_out[i]) + dq[r * dp + i]);
           }
         }
 
@@ -227,8 +446,8 @@ void backward(T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse, const O
         T* dk_out = dbase + t2 * W + k_off + kvh * d;
         T* dv_out = dbase + t2 * W + v_off + kvh * d;
         for (std::int64_t i = 0; i < d; ++i) {
-          dk_out[i] = convert<T>(convert<A>(dk_out[i]) + dk[t2 * d + i]);
-          dv_out[i] = convert<T>(convert<A>(dv_out[i]) + dv[t2 * d + i]);
+          dk_out[i] = convert<T>(convert<A>(dk_out[i]) + dk[t2 * dp + i]);
+          dv_out[i] = convert<T>(convert<A>(dv_out[i]) + dv[t2 * dp + i]);
         }
       }
     }

@@ -8,13 +8,14 @@
 //                                   on entry; the new tokens' are written at pos .. pos + n - 1 first
 //   out      [B, n, H·d]            new token i attends to positions 0 .. pos + i
 //
-// Each (b, h, i) row runs the operations of attention_forward's row at position pos + i in the
-// same order (the same dot, running max, exponentials, sum and weighted sum, on the same stored
-// keys and values), so given the same qkv the output is bit for bit the full forward's; only the
-// projections around it see another row count. The keys and values are read where the cache
-// keeps them (widening bf16/fp16 is exact, so no converted copy is needed). One row per task and
+// Each new token's row runs attention_forward's block code (attention_detail::forward_rows) at
+// its position, against the same keys and values widened to acc_t: the key blocks start at
+// multiples of 64 as there, and a row's result depends on its own query, position and keys
+// alone, so given the same qkv the output is bit for bit the full forward's; only the
+// projections around it see another row count. One (b, h, block of new tokens) per task and
 // nothing summed across threads: the result does not depend on the thread count.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -48,47 +49,36 @@ void cached_attention_forward(host, T* out, T* k_cache, T* v_cache, const T* qkv
       for (std::int64_t j = 0; j < KVd; ++j) k[j] = row[k_off + j], v[j] = row[v_off + j];
     }
 
-  // Per thread: the row's scores then probabilities [pos + n], its query [d] and output
-  // accumulator [d], so bf16/fp16 outputs round once.
-  const std::int64_t len = pos + n;
-  const std::size_t per_thread = std::size_t(len + 2 * d);
+  // Per thread: the current key/value head's keys (transposed) and values in acc_t, converted
+  // once per head a thread meets, and one block of new tokens' scratch.
+  namespace ad = attention_detail;
+  const std::int64_t len = pos + n, dp = ad::round_up(d, ad::width<A>), lp = ad::round_up(len, ad::block);
+  const std::int64_t blocks = (n + ad::block - 1) / ad::block, tasks = B * H * blocks;
   const int threads = openmp::max_threads();
-  std::vector<A> scratch(std::size_t(threads) * per_thread);
-  const std::int64_t rows = B * H * n;
+  ad::scratch_space<A> scratch(threads, std::size_t(2 * lp * dp) + ad::forward_block_scratch<A>::size(dp));
 
-#pragma omp parallel num_threads(threads) if (rows * len * d > 65536)
+#pragma omp parallel num_threads(threads) if (tasks > 1 && B * H * n * len * d > 65536)
   {
-    A* p = scratch.data() + std::size_t(openmp::thread_id()) * per_thread;
-    A* qa = p + len;
-    A* acc = qa + d;
+    A* kt = scratch.slice(openmp::thread_id());
+    A* v = kt + lp * dp;
+    ad::forward_block_scratch<A> f(v + lp * dp, dp);
+    std::int64_t cached = -1;  // b * KV + key/value head held in kt, v
 #pragma omp for schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t i = r % n, h = (r / n) % H, b = r / (n * H);
-      const std::int64_t kvh = h / G, last = pos + i;
-      const T* keys = k_cache + b * capacity * KVd + kvh * d;
-      const T* values = v_cache + b * capacity * KVd + kvh * d;
-      const T* q = qkv + (b * n + i) * W + h * d;
-      for (std::int64_t j = 0; j < d; ++j) qa[j] = convert<A>(q[j]);
-
-      A max_score = -INFINITY;
-      for (std::int64_t t2 = 0; t2 <= last; ++t2) {
-        p[t2] = attention_detail::dot<A>(qa, keys + t2 * KVd, d) * scale;
-        if (p[t2] > max_score) max_score = p[t2];
+    for (std::int64_t task = 0; task < tasks; ++task) {
+      const std::int64_t qb = task % blocks, h = (task / blocks) % H, b = task / (blocks * H);
+      const std::int64_t kvh = h / G, i0 = qb * ad::block, m = std::min(ad::block, n - i0);
+      if (cached != b * s.kv_heads + kvh) {
+        cached = b * s.kv_heads + kvh;
+        const std::int64_t at = b * capacity * KVd + kvh * d;
+        ad::load_head(kt, static_cast<A*>(nullptr), v, k_cache + at, v_cache + at, KVd, len, d, dp, lp);
       }
-      A sum = 0;
-      for (std::int64_t t2 = 0; t2 <= last; ++t2) {
-        p[t2] = std::exp(p[t2] - max_score);
-        sum += p[t2];
+      ad::load_rows(f.q, qkv + (b * n + i0) * W + h * d, W, m, d, dp);
+      ad::forward_rows(f, pos + i0, m, kt, v, len, d, dp, lp, scale);
+      for (std::int64_t r = 0; r < m; ++r) {
+        const A inv_sum = A(1) / f.l[r];
+        T* o = out + (b * n + i0 + r) * H * d + h * d;
+        for (std::int64_t j = 0; j < d; ++j) o[j] = convert<T>(f.o[r * dp + j] * inv_sum);
       }
-      for (std::int64_t j = 0; j < d; ++j) acc[j] = 0;
-      for (std::int64_t t2 = 0; t2 <= last; ++t2) {
-        const T* v = values + t2 * KVd;
-        const A pv = p[t2];
-        for (std::int64_t j = 0; j < d; ++j) acc[j] += pv * convert<A>(v[j]);
-      }
-      const A inv_sum = A(1) / sum;
-      T* o = out + (b * n + i) * H * d + h * d;
-      for (std::int64_t j = 0; j < d; ++j) o[j] = convert<T>(acc[j] * inv_sum);
     }
   }
 }

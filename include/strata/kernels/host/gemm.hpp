@@ -8,8 +8,9 @@
 // fp16 are widened to fp32, multiplied with fp32 accumulation, and each output is rounded back
 // once. With beta == 0, C is not read, so an uninitialised (even NaN) C is fine, as for BLAS.
 //
-// The path is STRATA_HOST_BLAS: 1 calls cblas_sgemm/dgemm (bf16/fp16 through fp32 copies in the
-// workspace, slots 0, 1, 2); 0 calls gemm_detail::reference_gemm. Left undefined, it is 1 exactly
+// The path is STRATA_HOST_BLAS: 1 calls cblas_sgemm/dgemm (fp16, and bf16 without AMX,
+// through fp32 copies in the workspace, slots 0, 1, 2; bf16 with it through gemm_bf16.hpp's
+// kernel, fp32 result in slot 2); 0 calls gemm_detail::reference_gemm. Left undefined, it is 1 exactly
 // when <cblas.h> can be included. strata::strata links OpenBLAS and puts its cblas.h on the
 // include path; a program without a BLAS (a CUDA-only build, whose st::cuda policy never
 // multiplies on the host) either has no cblas.h or defines STRATA_HOST_BLAS=0, and needs no stub
@@ -22,17 +23,8 @@
 // the thread count.
 #pragma once
 
-#ifndef STRATA_HOST_BLAS
-#if __has_include(<cblas.h>)
-#define STRATA_HOST_BLAS 1
-#else
-#define STRATA_HOST_BLAS 0
-#endif
-#endif
-
-#if STRATA_HOST_BLAS
-#include <cblas.h>
-#endif
+#include "strata/kernels/host/blas_core.hpp"  // STRATA_HOST_BLAS and <cblas.h>
+#include "strata/kernels/host/gemm_bf16.hpp"  // STRATA_HOST_BF16_GEMM
 
 #include <algorithm>
 #include <cstddef>
@@ -165,6 +157,7 @@ void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std:
 #if STRATA_HOST_BLAS
   gemm_detail::check_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
+  blas_core::ensure_selected();
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
   const int m = int(M), n = int(N), k = int(K);
@@ -174,6 +167,23 @@ void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std:
   } else if constexpr (std::is_same_v<T, double>) {
     cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
   } else {
+#if STRATA_HOST_BF16_GEMM
+    if constexpr (std::is_same_v<T, bf16>) {
+      // Below a million multiply-adds the packing costs more than the tiles save.
+      if (M * N * K >= (std::int64_t(1) << 20) && gemm_bf16::available()) {
+        // The bf16 inputs as they are (gemm_bf16.hpp), summed into fp32; then alpha, beta, one rounding.
+        float* c32 = ws.floats(std::size_t(M * N), 2);
+        gemm_bf16::product(trans_a, trans_b, M, N, K, A, lda, B, ldb, c32);
+#pragma omp parallel for schedule(static) if (M * N > 32768)
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j) {
+            const float product = alpha * c32[i * N + j];
+            C[i * ldc + j] = convert<T>(beta == 0.0f ? product : product + beta * convert<float>(C[i * ldc + j]));
+          }
+        return;
+      }
+    }
+#endif
     // Stored shapes of A and B; the fp32 copies are dense, so their leading dimension is cols.
     const std::int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
     const std::int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;

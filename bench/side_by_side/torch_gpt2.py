@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The PyTorch side of bench/side_by_side: a plain GPT-2 (pre-LayerNorm blocks, GELU-tanh MLP,
+causal SDPA attention, tied embedding/head) trained with AdamW in eager mode, timed the way
+bench_train_step times strata's step: one untimed warm-up step, then whole steps on one batch.
+
+Prints one JSON line: {"tokens_per_s": ..., "step_ms": ..., "threads": ..., "torch": ...}.
+"""
+import argparse
+import json
+import math
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--layers", type=int, required=True)
+    ap.add_argument("--d-model", type=int, required=True)
+    ap.add_argument("--heads", type=int, required=True)
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--vocab", type=int, required=True)
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--min-time", type=float, default=3.0, help="seconds of timed steps, at least")
+    a = ap.parse_args()
+
+    try:
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+    except ImportError:
+        print(json.dumps({"skipped": "torch is not installed (pip install torch)"}))
+        return 0
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    C, H = a.d_model, a.heads
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(C)
+            self.c_attn = nn.Linear(C, 3 * C)
+            self.c_proj = nn.Linear(C, C)
+            self.ln_2 = nn.LayerNorm(C)
+            self.c_fc = nn.Linear(C, 4 * C)
+            self.mlp_proj = nn.Linear(4 * C, C)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(a.vocab, C)
+            self.wpe = nn.Embedding(a.seq, C)
+            self.h = nn.ModuleList(Block() for _ in range(a.layers))
+            self.ln_f = nn.LayerNorm(C)
+            for p in self.parameters():
+                if p.dim() >= 2:
+                    nn.init.normal_(p, std=0.02)
+
+        def forward(self, idx, targets):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+            for block in self.h:
+                x = block(x)
+            logits = self.ln_f(x) @ self.wte.weight.t()
+            return F.cross_entropy(logits.view(-1, a.vocab), targets.view(-1))
+
+    model = GPT()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    idx = torch.randint(0, a.vocab, (a.batch, a.seq))
+    targets = torch.randint(0, a.vocab, (a.batch, a.seq))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model(idx, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    step()  # warm-up: allocations and the optimizer's state
+    steps, start = 0, time.perf_counter()
+    while True:
+        loss = step()
+        steps += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= a.min_time and steps >= 3:
+            break
+    assert math.isfinite(loss.item())
+    print(json.dumps({"tokens_per_s": steps * a.batch * a.seq / elapsed, "step_ms": 1000 * elapsed / steps,
+                      "steps": steps, "threads": torch.get_num_threads(), "torch": torch.__version__}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+// strata/kernels/host/gemm_bf16.hpp - bf16 GEMM on CPUs with AMX (Intel's tile matrix unit),
+// for kernels::gemm<bf16>: the inputs are never widened to fp32 copies.
+//
+//   c32[M,N] = op(A)[M,K] · op(B)[K,N], A and B bf16, c32 fp32 (kernels::gemm then forms
+//   alpha · c32 + beta · C and rounds once to bf16)
+//
+// One AMX instruction (tdpbf16ps) multiplies a 16 x 32 bf16 tile by a 32 x 16 one into a 16 x 16
+// fp32 tile: bf16 products exact, accumulated in fp32. The usual blocking: per (MC x KC) block
+// op(A) is packed into 16 x 32 tiles (rows of 32 k), per (KC x NC) block op(B) into 16 x 16
+// tiles with each k pair interleaved (the layout tdpbf16ps reads); a micro-kernel keeps a
+// 32 x 32 block of C in four tile registers over the K block. A task owns one (MC x NC) block of
+// C and sums its K blocks in order, so every element's sum runs in an order fixed by the shape
+// alone: the result does not depend on the thread count. Edges of M, N and K are zero-padded in
+// the packs.
+//
+// Precision: kernels::gemm's contract (fp32 accumulation of exact products); the unit flushes
+// subnormal inputs and results (below 1.2e-38) to zero.
+//
+// Compiled where the compiler targets AMX (-march=native on such a CPU) and used when the kernel
+// grants the process the tile state (Linux 5.16+, arch_prctl ARCH_REQ_XCOMP_PERM); otherwise
+// available() is false and bf16 goes through fp32 copies and sgemm.
+#pragma once
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define STRATA_HOST_BF16_GEMM 1
+#else
+#define STRATA_HOST_BF16_GEMM 0
+#endif
+
+#if STRATA_HOST_BF16_GEMM
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "strata/core/dtype.hpp"
+#include "strata/kernels/host/openmp.hpp"
+
+namespace strata::kernels::gemm_bf16 {
+
+inline constexpr std::int64_t TK = 32;                        // k per tile
+inline constexpr std::int64_t KC = 384, MC = 192, NC = 256;  // multiples of 32
+
+// Whether this process may use the tile registers (asked of the kernel once).
+inline bool available() {
+  static std::once_flag once;
+  static bool granted = false;
+  std::call_once(once, [] {
+    constexpr long req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    granted = syscall(SYS_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0;
+  });
+  return granted;
+}
+
+// Every tile 16 rows of 64 bytes: C (0-3) 16 x 16 fp32, A (4, 5) 16 x 32 bf16, B (6, 7) 16 pairs x 16.
+struct alignas(64) tile_config {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// op(X)[r, c] of a row-major X with leading dimension ld (op(X) = Xᵀ when trans).
+inline std::uint16_t at(const bf16* x, std::int64_t ld, bool trans, std::int64_t r, std::int64_t c) {
+  return trans ? x[c * ld + r].bits : x[r * ld + c].bits;
+}
+
+// op(A)[i0 .. i0+mc, k0 .. k0+kc] as 16 x 32 tiles: tile (g, s) holds rows i0 + 16g .., k from
+// k0 + 32s; outside the block, zeros. Whole tiles copy rows (or gather columns of a transposed A).
+inline void pack_a(std::uint16_t* dst, const bf16* A, std::int64_t lda, bool trans, std::int64_t i0, std::int64_t mc,
+                   std::int64_t k0, std::int64_t kc) {
+  const std::int64_t groups = (mc + 15) / 16, steps = (kc + TK - 1) / TK;
+  for (std::int64_t g = 0; g < groups; ++g)
+    for (std::int64_t s = 0; s < steps; ++s) {
+      std::uint16_t* tile = dst + (g * steps + s) * 16 * TK;
+      const std::int64_t row0 = i0 + g * 16, col0 = k0 + s * TK;
+      if (g * 16 + 16 <= mc && s * TK + TK <= kc) {
+        if (!trans) {
+          for (std::int64_t r = 0; r < 16; ++r) std::memcpy(tile + r * TK, A + (row0 + r) * lda + col0, TK * 2);
+        } else {
+          for (std::int64_t kk = 0; kk < TK; ++kk) {
+            const bf16* src = A + (col0 + kk) * lda + row0;
+            for (std::int64_t r = 0; r < 16; ++r) tile[r * TK + kk] = src[r].bits;
+          }
+        }
+        continue;
+      }
+      for (std::int64_t r = 0; r < 16; ++r) {
+        const std::int64_t row = g * 16 + r;
+        for (std::int64_t kk = 0; kk < TK; ++kk) {
+          const std::int64_t k = s * TK + kk;
+          tile[r * TK + kk] = row < mc && k < kc ? at(A, lda, trans, i0 + row, k0 + k) : 0;
+        }
+      }
+    }
+}
+
+// op(B)[k0 .. k0+kc, j0 .. j0+nc] as tiles of 16 k pairs x 16 columns: tile (h, s), row p holds
+// for each column c the values at k0 + 32s + 2p and + 1; outside the block, zeros. Whole tiles
+// interleave two rows of B (or, for a transposed B, move each column's pairs as 32-bit words).
+inline void pack_b(std::uint16_t* dst, const bf16* B, std::int64_t ldb, bool trans, std::int64_t k0, std::int64_t kc,
+                   std::int64_t j0, std::int64_t nc) {
+  const std::int64_t groups = (nc + 15) / 16, steps = (kc + TK - 1) / TK;
+  for (std::int64_t h = 0; h < groups; ++h)
+    for (std::int64_t s = 0; s < steps; ++s) {
+      std::uint16_t* tile = dst + (h * steps + s) * 16 * TK;
+      const std::int64_t row0 = k0 + s * TK, col0 = j0 + h * 16;
+      if (h * 16 + 16 <= nc && s * TK + TK <= kc) {
+        if (trans) {
+          for (std::int64_t c = 0; c < 16; ++c) {
+            const bf16* src = B + (col0 + c) * ldb + row0;  // op(B)'s column: contiguous in k
+            for (std::int64_t p = 0; p < TK / 2; ++p) std::memcpy(tile + p * TK + 2 * c, src + 2 * p, 4);
+          }
+        } else {
+          for (std::int64_t p = 0; p < TK / 2; ++p) {
+            const bf16* even = B + (row0 + 2 * p) * ldb + col0;
+            const bf16* odd = even + ldb;
+            for (std::int64_t c = 0; c < 16; ++c) {
+              tile[p * TK + 2 * c] = even[c].bits;
+              tile[p * TK + 2 * c + 1] = odd[c].bits;
+            }
+          }
+        }
+        continue;
+      }
+      for (std::int64_t c = 0; c < 16; ++c) {
+        const std::int64_t col = h * 16 + c;
+        for (std::int64_t kk = 0; kk < TK; ++kk) {
+          const std::int64_t k = s * TK + kk;
+          tile[(kk / 2) * TK + 2 * c + (kk % 2)] = col < nc && k < kc ? at(B, ldb, trans, k0 + k, j0 + col) : 0;
+        }
+      }
+    }
+}
+
+// block[32 x 32] (+)= A rows of tile groups g, g+1 · B columns of groups h, h+1 over `steps`
+// k tiles. Absent groups (past the block) are read as padding the packs hold.
+inline void micro_kernel(std::int64_t steps, const std::uint16_t* a0, const std::uint16_t* a1, const std::uint16_t* b0,
+                         const std::uint16_t* b1, float* block, bool accumulate) {
+  constexpr int stride = 32 * sizeof(float);
+  if (accumulate) {
+    _tile_loadd(0, block, stride);
+    _tile_loadd(1, block + 16, stride);
+    _tile_loadd(2, block + 16 * 32, stride);
+    _tile_loadd(3, block + 16 * 32 + 16, stride);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (std::int64_t s = 0; s < steps; ++s) {
+    const std::int64_t at_step = s * 16 * TK;
+    _tile_loadd(4, a0 + at_step, TK * 2);
+    _tile_loadd(5, a1 + at_step, TK * 2);
+    _tile_loadd(6, b0 + at_step, TK * 2);
+    _tile_loadd(7, b1 + at_step, TK * 2);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, block, stride);
+  _tile_stored(1, block + 16, stride);
+  _tile_stored(2, block + 16 * 32, stride);
+  _tile_stored(3, block + 16 * 32 + 16, stride);
+}
+
+// c32[M, N] (leading dimension N) = op(A) · op(B). Call only when available().
+inline void product(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, const bf16* A,
+                    std::int64_t lda, const bf16* B, std::int64_t ldb, float* c32) {
+  const std::int64_t blocks_m = (M + MC - 1) / MC, blocks_n = (N + NC - 1) / NC, tasks = blocks_m * blocks_n;
+  const int threads = openmp::max_threads();
+#pragma omp parallel num_threads(threads) if (tasks > 1 && M * N * K > 262144)
+  {
+    // Per thread: the tile configuration (per thread state), one block of each pack (an odd
+    // group count is padded by one zero group; kept between calls, as OpenMP keeps its threads),
+    // and one 32 x 32 block of C.
+    const tile_config config;
+    _tile_loadconfig(&config);
+    thread_local std::vector<std::uint16_t> a_pack, b_pack;
+    a_pack.resize(std::max(a_pack.size(), std::size_t((MC + 16) * KC)));
+    b_pack.resize(std::max(b_pack.size(), std::size_t((NC + 16) * KC)));
+    alignas(64) float block[32 * 32];
+#pragma omp for schedule(static)
+    for (std::int64_t task = 0; task < tasks; ++task) {
+      const std::int64_t i0 = (task % blocks_m) * MC, j0 = (task / blocks_m) * NC;
+      const std::int64_t mc = std::min(MC, M - i0), nc = std::min(NC, N - j0);
+      if (K == 0) {
+        for (std::int64_t r = 0; r < mc; ++r) std::fill(c32 + (i0 + r) * N + j0, c32 + (i0 + r) * N + j0 + nc, 0.0f);
+        continue;
+      }
+      for (std::int64_t k0 = 0; k0 < K; k0 += KC) {
+        const std::int64_t kc = std::min(KC, K - k0), steps = (kc + TK - 1) / TK;
+        const bool first = k0 == 0;
+        // Pack 32-row and 32-column granules: the micro-kernel reads groups in pairs.
+        pack_a(a_pack.data(), A, lda, trans_a, i0, mc, k0, kc);
+        pack_b(b_pack.data(), B, ldb, trans_b, k0, kc, j0, nc);
+        const std::int64_t groups_m = (mc + 15) / 16, groups_n = (nc + 15) / 16;
+        if (groups_m % 2) std::fill_n(a_pack.data() + groups_m * steps * 16 * TK, steps * 16 * TK, std::uint16_t(0));
+        if (groups_n % 2) std::fill_n(b_pack.data() + groups_n * steps * 16 * TK, steps * 16 * TK, std::uint16_t(0));
+        for (std::int64_t jr = 0; jr < nc; jr += 32)
+          for (std::int64_t ir = 0; ir < mc; ir += 32) {
+            const std::int64_t rows = std::min<std::int64_t>(32, mc - ir), cols = std::min<std::int64_t>(32, nc - jr);
+            if (!first)
+              for (std::int64_t r = 0; r < rows; ++r)
+                std::memcpy(block + r * 32, c32 + (i0 + ir + r) * N + j0 + jr, std::size_t(cols) * sizeof(float));
+            const std::uint16_t* a = a_pack.data() + (ir / 16) * steps * 16 * TK;
+            const std::uint16_t* b = b_pack.data() + (jr / 16) * steps * 16 * TK;
+            micro_kernel(steps, a, a + steps * 16 * TK, b, b + steps * 16 * TK, block, !first);
+            for (std::int64_t r = 0; r < rows; ++r)
+              std::memcpy(c32 + (i0 + ir + r) * N + j0 + jr, block + r * 32, std::size_t(cols) * sizeof(float));
+          }
+      }
+    }
+    _tile_release();
+  }
+}
+
+}  // namespace strata::kernels::gemm_bf16
+
+#endif  // STRATA_HOST_BF16_GEMM

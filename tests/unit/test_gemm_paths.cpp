@@ -1,0 +1,105 @@
+// The host GEMM's machine-specific paths: OpenBLAS's core selection (kernels/host/blas_core.hpp)
+// and the AMX bf16 kernel (kernels/host/gemm_bf16.hpp), at sizes that cross every block edge.
+// On a machine without AMX the bf16 cases run the fp32-copy path and still hold.
+#include <doctest/doctest.h>
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "strata/core/init.hpp"
+#include "strata/core/memory.hpp"
+#include "strata/kernels/all.hpp"
+
+namespace {
+
+namespace k = strata::kernels;
+using strata::bf16;
+using strata::host;
+
+std::vector<bf16> random_bf16(std::int64_t n, std::uint64_t stream) {
+  std::vector<bf16> v(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = bf16(float(strata::counter_normal(11, stream, i)));
+  return v;
+}
+
+double value(const std::vector<bf16>& x, std::int64_t ld, bool trans, std::int64_t r, std::int64_t c) {
+  return double(float(trans ? x[static_cast<std::size_t>(c * ld + r)] : x[static_cast<std::size_t>(r * ld + c)]));
+}
+
+}  // namespace
+
+TEST_CASE("the bf16 GEMM is within one rounding of the exact product plus fp32 accumulation, at every edge") {
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+#if STRATA_HOST_BF16_GEMM
+  MESSAGE("AMX bf16 kernel ", k::gemm_bf16::available() ? "in use" : "compiled, but the kernel refused the tile state");
+#else
+  MESSAGE("no AMX in this build: bf16 runs through fp32 copies");
+#endif
+  // M, N, K past the kernel's 192 x 256 x 384 blocks, none a multiple of 16 or 32, K odd.
+  const std::int64_t M = 203, N = 270, K = 401;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 0.5f}) {
+        const std::int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        const auto A = random_bf16(M * K, 1), B = random_bf16(K * N, 2), C0 = random_bf16(M * N, 3);
+        auto C = C0;
+        const float alpha = 0.75f;
+        k::gemm<bf16>(host{}, ws, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), N);
+        double worst = 0;
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j) {
+            double exact = 0, magnitude = 0;
+            for (std::int64_t p = 0; p < K; ++p) {
+              const double t = value(A, lda, ta, i, p) * value(B, ldb, tb, p, j);
+              exact += t;
+              magnitude += std::fabs(t);
+            }
+            const double c0 = double(float(C0[static_cast<std::size_t>(i * N + j)]));
+            exact = alpha * exact + beta * c0;
+            // One bf16 rounding of the result, plus fp32 accumulation over K terms (and alpha, beta).
+            const double bound = std::fabs(exact) / 256 + (K + 3) * std::ldexp(1.0, -24) * (alpha * magnitude + beta * std::fabs(c0));
+            const double got = double(float(C[static_cast<std::size_t>(i * N + j)]));
+            worst = std::max(worst, std::fabs(got - exact) / bound);
+          }
+        INFO("ta ", ta, " tb ", tb, " beta ", beta, ": worst error / bound ", worst);
+        CHECK(worst <= 1.0);
+      }
+}
+
+TEST_CASE("the bf16 GEMM gives the same bits at 1, 2 and 3 threads") {
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  const std::int64_t M = 400, N = 530, K = 800;
+  const auto A = random_bf16(M * K, 4), B = random_bf16(K * N, 5);
+  std::vector<std::vector<bf16>> results;
+  const int before = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<bf16> C(static_cast<std::size_t>(M * N));
+    k::gemm<bf16>(host{}, ws, false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
+    results.push_back(C);
+  }
+  omp_set_num_threads(before);
+  for (std::size_t r = 1; r < results.size(); ++r)
+    CHECK(std::memcmp(results[0].data(), results[r].data(), results[0].size() * sizeof(bf16)) == 0);
+}
+
+TEST_CASE("OpenBLAS runs kernels the CPU supports, and the choice is described") {
+  const std::string line = k::blas_core::describe();
+  MESSAGE("host BLAS: ", line.empty() ? "(not OpenBLAS)" : line);
+#if STRATA_OPENBLAS_CORE_SELECTION
+  CHECK(line.find("OpenBLAS") == 0);
+  const auto& c = k::blas_core::ensure_selected();
+  // Whatever OpenBLAS detected, a CPU with AVX2 never runs a pre-AVX2 core unless the user forced one.
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !std::getenv("OPENBLAS_CORETYPE") &&
+      !std::getenv("STRATA_OPENBLAS_CORE"))
+    CHECK_FALSE(k::blas_core::detail::pre_avx2(c.selected.empty() ? c.detected : c.selected));
+#endif
+}
