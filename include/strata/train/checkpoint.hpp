@@ -331,18 +331,8 @@ inline std::optional<nlohmann::json> read_run_file(const std::string& dir) {
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
   const auto bytes = read_whole_file(path);
-  nlohmann::json r;
-  try {
-    // A run file is a handful of fields: anything nested deeper is not one (and a deep DOM
-    // would overflow the stack when compared or shown).
-    const auto shallow = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-      STRATA_CHECK(depth <= 16, "checkpoint run file '", path, "' nests deeper than 16 levels");
-      return true;
-    };
-    r = nlohmann::json::parse(bytes.begin(), bytes.end(), shallow);
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint run file '", path, "' is not valid JSON: ", e.what());
-  }
+  // A run file is a handful of fields: anything nested deeper is not one.
+  nlohmann::json r = parse_untrusted_json(bytes.begin(), bytes.end(), "checkpoint run file '" + path + "'");
   const auto bad = [&](const char* field, const char* expected) {
     fail("checkpoint run file '", path, "': ", field, " is missing or not ", expected,
          "; it is not a strata run file (remove it only if no run uses '", dir, "')");
