@@ -496,6 +496,8 @@ BENCHMARK_TEMPLATE(BM_scale_in_place, float)->MinTime(min_time)->UseRealTime()->
 BENCHMARK_TEMPLATE(BM_scale_in_place, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_convert_array, bf16, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_convert_array, float, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_convert_array, strata::fp16, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_convert_array, float, strata::fp16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

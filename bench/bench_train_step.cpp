@@ -7,8 +7,12 @@
 //   bench_train_step --profile [steps] [cpu]  per-op time of each shape and precision
 //                                             (core/profile.hpp), the tables of docs/profiling.md;
 //                                             cpu: by process CPU time rather than wall time
+//   bench_train_step --serve SHAPE PRECISION  for bench/side_by_side/run.py: builds the run, says
+//                                             "ready", then for each N read from stdin runs N steps
+//                                             and prints their seconds (0 or end of input: exit)
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -87,7 +91,31 @@ static void profile(const shape& s, const char* precision, int steps, st::profil
   std::cout << "\n";
 }
 
+// Steps on request, so another program can interleave its own (one line in, one line out).
+template <class Precision>
+static int serve(const shape& s) {
+  run<Precision> r(s);
+  std::cout << "ready" << std::endl;
+  long steps = 0;
+  while (std::cin >> steps && steps > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < steps; ++i) r.train.step(r.batch);
+    std::cout << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << std::endl;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "--serve") == 0) {
+    const std::string name = argv[2], precision = argv[3];
+    const shape* s = name == "small" ? &small : name == "medium" ? &medium : nullptr;
+    if (!s || (precision != "fp32" && precision != "bf16")) {
+      std::cerr << "bench_train_step --serve: expected small|medium and fp32|bf16, got '" << name << "' '" << precision
+                << "'\n";
+      return 2;
+    }
+    return precision == "fp32" ? serve<st::fp32>(*s) : serve<st::mixed<st::bf16, float>>(*s);
+  }
   if (argc >= 2 && std::strcmp(argv[1], "--profile") == 0) {
     const int steps = argc >= 3 ? std::stoi(argv[2]) : 10;
     const auto clock = argc >= 4 && std::strcmp(argv[3], "cpu") == 0 ? st::profiler::clock::process_cpu

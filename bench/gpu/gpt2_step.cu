@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
 
     st::memory_ledger ledger;
     st::workspace ws(ledger);
-    gpu::amp_options amp_opt;
+    st::step_rules amp_opt;
     amp_opt.max_norm = 1.0;
     gpu::amp amp(amp_opt, 1.0);
     const k::adamw_hyper hyper{6e-4, amp_opt.beta1, amp_opt.beta2, 1e-8, 0.1};
@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
       {
         gpu::nvtx_range r("optimizer");
         k::grad_norm_squared(D, g, P.total, amp.state());
-        k::amp_advance(D, amp.state(), amp.options());
+        k::advance_step(D, amp.state(), amp.options());
         k::adamw_update(D, master.get(), w, g, m.get(), v.get(), P.total, hyper, amp.state());
       }
     };
@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
     const double ms = time_ms(step, steps, 0);
     gpu::check_device_errors();
     const double last_loss = mean_loss();
-    const gpu::amp_state st_ = amp.read();
+    const st::step_state st_ = amp.read();
 
     const double tokens_per_s = double(N) / (ms * 1e-3);
     const double flops_per_token = 6.0 * double(P.total) + 6.0 * double(L) * double(C) * double(T);

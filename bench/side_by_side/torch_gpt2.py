@@ -4,6 +4,8 @@ causal SDPA attention, tied embedding/head) trained with AdamW in eager mode, ti
 bench_train_step times strata's step: one untimed warm-up step, then whole steps on one batch.
 
 Prints one JSON line: {"tokens_per_s": ..., "step_ms": ..., "threads": ..., "torch": ...}.
+With --serve: says "ready" after the warm-up, then for each N read from stdin runs N steps and
+prints their seconds (0 or end of input: exit), so run.py can interleave it with strata's steps.
 """
 import argparse
 import json
@@ -22,6 +24,7 @@ def main():
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--min-time", type=float, default=3.0, help="seconds of timed steps, at least")
+    ap.add_argument("--serve", action="store_true", help="run steps on request (see above)")
     a = ap.parse_args()
 
     try:
@@ -89,6 +92,18 @@ def main():
         return loss
 
     step()  # warm-up: allocations and the optimizer's state
+    if a.serve:
+        print("ready", flush=True)
+        for line in sys.stdin:
+            n = int(line)
+            if n <= 0:
+                break
+            start = time.perf_counter()
+            for _ in range(n):
+                loss = step()
+            assert math.isfinite(loss.item())
+            print(time.perf_counter() - start, flush=True)
+        return 0
     steps, start = 0, time.perf_counter()
     while True:
         loss = step()

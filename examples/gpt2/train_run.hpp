@@ -303,7 +303,8 @@ int train(const run_options& o, st::world& world, const device_hooks& dev) {
   if (lead && !last_saved.empty()) std::printf("checkpoint: %s\n", last_saved.c_str());
   if (dev.after_steps) dev.after_steps();
   if (lead && dev.crossings)
-    std::printf("%s memory: at most %ld copies between it and the host per step (the batch in, the loss out)\n",
+    std::printf("%s memory: at most %ld copies between it and the host per step (the batch in; the loss and the "
+                "step's norm and decision out)\n",
                 dev.memory->name, step_crossings);
   if (lead && dev.memory)
     std::printf("%s memory: %.1f MB at the peak on rank 0 (parameters, gradients, optimizer state, activations)\n",

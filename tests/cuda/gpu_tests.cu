@@ -605,8 +605,8 @@ void test_cross_entropy(std::int64_t N, std::int64_t V, std::int64_t Vp) {
   check("cross_entropy_forward_backward (loss)", dt, sh, rel_error(dloss.host(), losses), tol_for<T>() < 1e-4 ? 1e-5 : 1e-3);
   check("cross_entropy_forward_backward (dlogits)", dt, sh, rel_error(dl.host(), grad), tol_for<T>());
 
-  // With the loss scale read from a device amp_state.
-  gpu::amp amp(gpu::amp_options{.dynamic = true}, 8.0);
+  // With the loss scale read from a device step_state.
+  gpu::amp amp(st::step_rules{.dynamic = true}, 8.0);
   auto grad8 = logits;
   k::cross_entropy_forward_backward(H, losses.data(), grad8.data(), targets.data(), N, V, Vp, scale * 8.0f);
   dvec<T> dl8(logits);
@@ -851,13 +851,13 @@ void test_adamw(std::int64_t n) {
   check("adamw_update (weights)", dt, sh, rel_error(dw.host(), w), tol_for<T>());
 }
 
-// The device-driven step: grad norm -> amp_step on the GPU -> AdamW reading the state; the host
-// runs gpu::amp_step (the same function) and the host AdamW with the resulting scalars.
+// The device-driven step: grad norm -> advance_step on the GPU -> AdamW reading the state; the host
+// runs advance_step (the same function) and the host AdamW with the resulting scalars.
 template <class T>
 void test_amp(std::int64_t n) {
   const std::string dt = std::string(st::dtype_name<T>()) + "/fp32", sh = shape_str({n});
   const double loss_scale = 1024.0;
-  gpu::amp_options opt;
+  st::step_rules opt;
   opt.dynamic = true;
   opt.max_norm = 1.0;
   opt.growth_interval = 2;
@@ -874,14 +874,14 @@ void test_amp(std::int64_t n) {
     dvec<float> dmaster(master0), dm(m0), dv(v0);
     dvec<T> dw(w0), dg(grad);
     k::grad_norm_squared(D, dg.get(), n, amp.state());
-    k::amp_advance(D, amp.state(), amp.options());
+    k::advance_step(D, amp.state(), amp.options());
     k::adamw_update(D, dmaster.get(), dw.get(), dg.get(), dm.get(), dv.get(), n, h, amp.state());
-    const gpu::amp_state got = amp.read();
+    const st::step_state got = amp.read();
 
-    gpu::amp_state ref;
+    st::step_state ref;
     ref.scale = loss_scale;
     ref.sumsq = k::sum_of_squares(H, grad.data(), n);
-    gpu::amp_step(ref, opt);
+    st::advance_step(ref, opt);
     auto master = master0, m = m0, v = v0;
     auto w = w0;
     if (ref.apply) k::adamw_update(H, master.data(), w.data(), grad.data(), m.data(), v.data(), n, h, ref.step, ref.grad_mult);
@@ -1071,7 +1071,7 @@ void run_benchmarks() {
     const k::adamw_hyper h{6e-4, 0.9, 0.95, 1e-8, 0.1};
     double ms = time_ms([&] { k::adamw_update(D, master.get(), wts.get(), g.get(), m.get(), v.get(), P, h, 1, 1.0); });
     bench_row("adamw_update", shape_str({P}), ms, 28.0 * double(P), false, c, "bytes: 3 fp32 rw + bf16 grad r + bf16 w");
-    gpu::amp amp(gpu::amp_options{}, 1.0);
+    gpu::amp amp(st::step_rules{}, 1.0);
     ms = time_ms([&] { k::grad_norm_squared(D, g.get(), P, amp.state()); });
     bench_row("grad_norm_squared (sum_of_squares)", shape_str({P}), ms, 2.0 * double(P), false, c);
   }

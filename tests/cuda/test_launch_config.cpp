@@ -1,7 +1,7 @@
 // tests/cuda/test_launch_config.cpp - the CUDA backend's host-side decisions, tested on the CPU
 // (no GPU, no nvcc): launch arithmetic, the deterministic reduction splits, the row-major to
 // cuBLASLt column-major GEMM mapping, the precision rules, the attention tiling and its shared
-// memory layout, and the device-resident mixed-precision step rule (gpu::amp_step), which the
+// memory layout, and the device-resident mixed-precision step rule (advance_step), which the
 // GPU runs as is.
 #include <doctest/doctest.h>
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "strata/core/dtype.hpp"
-#include "strata/kernels/cuda/amp_state.hpp"
+#include "strata/optim/step_state.hpp"
 #include "strata/kernels/cuda/launch_config.hpp"
 #include "strata/kernels/host/adamw.hpp"
 #include "strata/optim/loss_scaler.hpp"
@@ -259,8 +259,8 @@ TEST_CASE("cuda attention tiling: WMMA constraints and disjoint regions for ever
   CHECK_FALSE(gpu::plan_attention(40, 2, true, 227 * 1024).tensor_cores);
 }
 
-TEST_CASE("cuda amp: the device step rule equals strata::loss_scaler and the trainer's arithmetic") {
-  gpu::amp_options o;
+TEST_CASE("step state: the rule the trainer runs on every device equals strata::loss_scaler") {
+  strata::step_rules o;
   o.dynamic = true;
   o.growth_interval = 3;
   o.max_norm = 1.0;
@@ -269,7 +269,7 @@ TEST_CASE("cuda amp: the device step rule equals strata::loss_scaler and the tra
   lo.initial_scale = 1024;
   lo.growth_interval = 3;
   strata::loss_scaler host(lo);
-  gpu::amp_state s;
+  strata::step_state s;
   s.scale = 1024;
   // finite, finite, inf, finite x4, NaN, finite
   const std::vector<double> sumsq = {4.0, 9.0e6, INFINITY, 1.0, 2.0, 3.0, 4.0, NAN, 16.0};
@@ -278,7 +278,7 @@ TEST_CASE("cuda amp: the device step rule equals strata::loss_scaler and the tra
     const double used = s.scale;
     CHECK(used == host.scale());
     s.sumsq = q;
-    gpu::amp_step(s, o);
+    strata::advance_step(s, o);
     const bool finite = std::isfinite(std::sqrt(q));
     const bool apply = host.update(finite);
     CHECK(bool(s.apply) == apply);
@@ -299,28 +299,28 @@ TEST_CASE("cuda amp: the device step rule equals strata::loss_scaler and the tra
   CHECK(applied == 7);
 
   // Without dynamic scaling a non-finite norm is counted (the host trainer throws) and skipped.
-  gpu::amp_options plain;
-  gpu::amp_state p;
+  strata::step_rules plain;
+  strata::step_state p;
   p.sumsq = INFINITY;
-  gpu::amp_step(p, plain);
+  strata::advance_step(p, plain);
   CHECK(p.apply == 0);
   CHECK(p.nonfinite_unscaled == 1);
   CHECK(p.scale == 1.0);
   // Backing off stops at min_scale.
-  gpu::amp_options lowest = o;
+  strata::step_rules lowest = o;
   lowest.min_scale = 256;
-  gpu::amp_state q;
+  strata::step_state q;
   q.scale = 300;
   q.sumsq = NAN;
-  gpu::amp_step(q, lowest);
+  strata::advance_step(q, lowest);
   CHECK(q.scale == 256);
-  CHECK(gpu::amp_clip_coefficient(0.5, 1.0) == 1.0);
-  CHECK(gpu::amp_clip_coefficient(2.0, 0.0) == 1.0);
-  CHECK(gpu::amp_clip_coefficient(4.0, 1.0) == doctest::Approx(1.0 / (4.0 + 1e-6)));
-  CHECK(gpu::hd::is_finite(1e308));
-  CHECK_FALSE(gpu::hd::is_finite(INFINITY));
-  CHECK_FALSE(gpu::hd::is_finite(-INFINITY));
-  CHECK_FALSE(gpu::hd::is_finite(NAN));
+  CHECK(strata::clip_coefficient(0.5, 1.0) == 1.0);
+  CHECK(strata::clip_coefficient(2.0, 0.0) == 1.0);
+  CHECK(strata::clip_coefficient(4.0, 1.0) == doctest::Approx(1.0 / (4.0 + 1e-6)));
+  CHECK(strata::hd::is_finite(1e308));
+  CHECK_FALSE(strata::hd::is_finite(INFINITY));
+  CHECK_FALSE(strata::hd::is_finite(-INFINITY));
+  CHECK_FALSE(strata::hd::is_finite(NAN));
 }
 
 TEST_CASE("cuda adamw: the shared step scalars reproduce the host AdamW") {

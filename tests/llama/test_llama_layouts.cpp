@@ -84,7 +84,7 @@ TEST_CASE("the Llama example trains under every layout as it does serially") {
   CHECK(ran > 0);
 }
 
-TEST_CASE("every layout in a memory space that is not host memory: bit for bit, tokens in and losses out only") {
+TEST_CASE("every layout in a memory space that is not host memory: bit for bit, tokens in and losses and step states out only") {
   const int world = strata_test::world().size();
   for (const auto& [size, c] : cases) {
     if (size != world) continue;

@@ -2,7 +2,8 @@
 // it (tests/unit/counting_space.hpp), as a GPU's would: its layers (rotary grouped-query
 // attention, RMSNorm, SwiGLU, an embedding with no position table, an untied head) allocate, free
 // and move every byte through the space, cross it only with each parameter's initial values,
-// the tokens and targets in and the losses out, and train bit for bit as on the host.
+// the tokens and targets in and the losses and each step's state out, and train bit for bit as
+// on the host.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -45,7 +46,7 @@ run_result train_run(int steps, const st::memory_space& space) {
 
 }  // namespace
 
-TEST_CASE("the Llama example in another memory space moves only tokens in and losses out, and trains alike") {
+TEST_CASE("the Llama example in another memory space moves only tokens in and losses and step states out, and trains alike") {
   auto& counts = strata_test::counts;
   counts = {};
   const auto other = train_run(3, strata_test::counting_space());
@@ -56,9 +57,9 @@ TEST_CASE("the Llama example in another memory space moves only tokens in and lo
   CHECK(counts.frees == counts.allocations);  // every buffer went back through the space
   CHECK(counts.live.empty());
   // Uploads: each parameter's initial values (wte; per block ln_1, qkv, proj, ln_2, gate_up, down;
-  // norm, lm_head), then tokens and targets per micro-batch (2 x 2 x 3); downloads: each
-  // micro-batch's loss.
+  // norm, lm_head) and the trainer's step state, then tokens and targets per micro-batch
+  // (2 x 2 x 3); downloads: each micro-batch's loss, and the step state once per step.
   const long params = 1 + 6 * tiny.layers + 2;
-  CHECK(counts.uploads == params + 2 * 2 * 3);
-  CHECK(counts.downloads == 2 * 3);
+  CHECK(counts.uploads == params + 1 + 2 * 2 * 3);
+  CHECK(counts.downloads == 2 * 3 + 3);
 }

@@ -2,7 +2,8 @@
 // (tests/unit/counting_space.hpp: host memory that claims not to be, and counts what crosses it),
 // as a GPU's memory would hold it, and the only crossings a step may make: per micro-batch, the
 // tokens up on the stage with the embedding, the targets up and the loss down on the stage with
-// the head. The equivalence suites (tests/dp, tp, pp, llama) run their layouts in it and compare
+// the head; per step, on every rank, one read of the trainer's step state after the update (its
+// norm and decision, never read before it). The equivalence suites (tests/dp, tp, pp, llama) run their layouts in it and compare
 // with the same layouts in host memory, bit for bit.
 #pragma once
 #include <doctest/doctest.h>
@@ -46,11 +47,11 @@ counting_space_result run_in_counting_space(strata::mpi_communicator& world, con
   return r;
 }
 
-// Nothing but the batches in and the losses out crossed during the steps.
+// Nothing but the batches in, the losses and each step's state out crossed during the steps.
 inline void check_only_batches_cross(const counting_space_result& r, int steps) {
   const long per_step = r.microbatches * steps;
   CHECK(r.uploads == per_step * ((r.first_stage ? 1 : 0) + (r.last_stage ? 1 : 0)));
-  CHECK(r.downloads == per_step * (r.last_stage ? 1 : 0));
+  CHECK(r.downloads == per_step * (r.last_stage ? 1 : 0) + steps);
 }
 
 }  // namespace strata_test

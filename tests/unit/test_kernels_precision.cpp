@@ -136,6 +136,33 @@ TEST_CASE("fp16: every bit pattern widens exactly and narrows back to itself") {
   }
 }
 
+TEST_CASE("fp16: the hardware conversions (F16C) round as the portable code does") {
+  // Every half widens to the same float; floats narrow to the same half: every 97th bit
+  // pattern of the whole float range, and every pattern around fp16's subnormal, normal and
+  // overflow boundaries. Only NaN payloads may differ (both stay NaN).
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    const float hw = fp16::to_float(std::uint16_t(bits)), sw = fp16::to_float_portable(std::uint16_t(bits));
+    if (std::isnan(sw)) CHECK(std::isnan(hw));
+    else if (std::memcmp(&hw, &sw, 4) != 0) CHECK(std::memcmp(&hw, &sw, 4) == 0);
+  }
+  auto check_narrow = [](std::uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    const std::uint16_t hw = fp16::from_float(f), sw = fp16::from_float_portable(f);
+    if (std::isnan(f)) CHECK(std::isnan(fp16::to_float_portable(hw)));
+    else if (hw != sw) CHECK(hw == sw);
+  };
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 97) check_narrow(std::uint32_t(u));
+  for (std::uint32_t edge : {0x33000000u, 0x38800000u, 0x477fe000u, 0x7f800000u})
+    for (std::uint32_t d = 0; d < 0x4000u; ++d)
+      for (std::uint32_t sign : {0u, 0x80000000u}) {
+        check_narrow(sign | (edge + d));
+        check_narrow(sign | (edge - d));
+      }
+  const std::string path = STRATA_HOST_F16C ? "F16C instructions" : "portable code (no F16C in this build)";
+  MESSAGE("fp16 conversions: " << path);
+}
+
 TEST_CASE("bf16: every bit pattern widens exactly and narrows back to itself") {
   for (std::uint32_t bits = 0; bits < 65536; ++bits) {
     const auto b = bf16::from_bits(std::uint16_t(bits));
@@ -571,6 +598,51 @@ TEST_CASE_TEMPLATE("adamw with fp32 master and 16-bit weights", T, bf16, fp16) {
   }
 }
 
+TEST_CASE_TEMPLATE("adamw driven by a step_state: the step-count form bit for bit, nothing when not applied", T, float,
+                   bf16) {
+  // The trainer's form: advance_step decides and the update reads t, the bias corrections and
+  // the multiplier from the state. Over 3 applied steps and one skipped, it equals the form with
+  // the step count and grad_scale given (clip / scale) bit for bit.
+  const k::adamw_hyper hyper{.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.05};
+  const std::int64_t n = 100;
+  fvec master_a = randn(sz(n), 190), m_a(sz(n)), v_a(sz(n));
+  fvec master_b = master_a, m_b = m_a, v_b = v_a;
+  std::vector<T> w_a(sz(n)), w_b(sz(n));
+  strata::step_rules rules;
+  rules.dynamic = true;
+  rules.max_norm = 0.5;
+  rules.beta1 = hyper.beta1;
+  rules.beta2 = hyper.beta2;
+  strata::step_state state;
+  state.scale = 8.0;
+  int applied = 0;
+  for (int s = 0; s < 4; ++s) {
+    const std::vector<T> grad = narrow<T>(randn(sz(n), 191 + std::uint64_t(s)));
+    const double sumsq = s == 2 ? INFINITY : k::sum_of_squares(host{}, grad.data(), n);
+    k::sum_of_squares_into(host{}, grad.data(), n, &state.sumsq);
+    if (s == 2) state.sumsq = sumsq;  // an overflowed step
+    const double used = state.scale;
+    k::advance_step(host{}, &state, rules);
+    k::adamw_update(host{}, master_a.data(), w_a.data(), grad.data(), m_a.data(), v_a.data(), n, hyper, &state);
+    if (s == 2) {
+      CHECK(state.apply == 0);
+      CHECK(state.scale == used / 2);
+      CHECK(master_a == master_b);  // skipped: nothing moved
+      continue;
+    }
+    ++applied;
+    CHECK(state.step == applied);
+    const double norm = std::sqrt(sumsq) / used;
+    k::adamw_update(host{}, master_b.data(), w_b.data(), grad.data(), m_b.data(), v_b.data(), n, hyper, applied,
+                    strata::clip_coefficient(norm, rules.max_norm) / used);
+    CHECK(master_a == master_b);
+    CHECK(m_a == m_b);
+    CHECK(v_a == v_b);
+    for (std::int64_t i = 0; i < n; ++i) CHECK(convert<float>(w_a[sz(i)]) == convert<float>(w_b[sz(i)]));
+  }
+  CHECK(applied == 3);
+}
+
 // ---------------------------------------------------------------------------------------------
 // reduce.hpp
 // ---------------------------------------------------------------------------------------------
@@ -582,6 +654,14 @@ TEST_CASE("sum_of_squares, all_finite, scale_in_place, convert_array") {
   for (float e : x) expected += (long double)e * e;
   CHECK(k::sum_of_squares(host{}, x.data(), n) == doctest::Approx(double(expected)).epsilon(1e-13));
   CHECK(k::sum_of_squares(host{}, x.data(), 0) == 0.0);
+  // The in-place form the trainer uses: written, accumulated with a weight, or zeroed by n = 0.
+  double into = 123.0;
+  k::sum_of_squares_into(host{}, x.data(), n, &into);
+  CHECK(into == k::sum_of_squares(host{}, x.data(), n));
+  k::sum_of_squares_into(host{}, x.data(), 100, &into, true, 0.5);
+  CHECK(into == k::sum_of_squares(host{}, x.data(), n) + 0.5 * k::sum_of_squares(host{}, x.data(), 100));
+  k::sum_of_squares_into(host{}, static_cast<const float*>(nullptr), 0, &into);
+  CHECK(into == 0.0);
 
   auto xb = narrow<bf16>(x);
   auto xh = narrow<fp16>(x);

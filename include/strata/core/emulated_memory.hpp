@@ -5,8 +5,8 @@
 // allocate, free and move every buffer through the space's functions, as it must on a GPU
 // (gpu::device_memory()); host kernels still work on it, since it is host memory underneath. The
 // counts show what a step moves between the host and the "device": a run on a GPU should move only
-// its batches in and its losses out. Not a sandbox: code that reads such a buffer directly on the
-// host is not caught (it would be on a GPU).
+// its batches in, its losses and its step state out. Not a sandbox: code that reads such a buffer
+// directly on the host is not caught (it would be on a GPU).
 #pragma once
 #include <cstddef>
 #include <cstring>

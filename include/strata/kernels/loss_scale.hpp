@@ -1,14 +1,21 @@
-// strata/kernels/loss_scale.hpp - the mixed-precision step kept on the GPU: the loss scale, the
-// global gradient norm and the clip factor in device memory (gpu::amp_state, advanced by the rule
-// gpu::amp_step), and, under nvcc, gpu::amp, grad_norm_squared(cuda, ...), amp_advance(cuda, ...).
-//
-// CUDA only: on the host the same step is strata::loss_scaler (optim/loss_scaler.hpp) over
-// kernels::sum_of_squares (kernels/reduce.hpp). amp_state.hpp is plain C++, so every translation
-// unit can name the state and its options; the kernels that run it need nvcc, and like every
-// per-op header this one declares them before any template that calls them.
+// strata/kernels/loss_scale.hpp - advance_step(device, state, rules): a step's loss scale,
+// gradient norm, clip factor and apply decision (optim/step_state.hpp), computed where the
+// state lives. On the host (and any space the host can read: the emulated device) it runs
+// strata::advance_step directly; on a GPU one device thread runs the same code
+// (kernels/cuda/loss_scale.cuh, which also has gpu::amp, an owner of one state in device memory
+// for loops written by hand). Like every per-op header it declares both overloads before any
+// template that calls them.
 #pragma once
 
-#include "strata/kernels/cuda/amp_state.hpp"
+#include "strata/optim/step_state.hpp"
+#include "strata/policy/device.hpp"
+
+namespace strata::kernels {
+
+inline void advance_step(host, step_state* state, const step_rules& rules) { strata::advance_step(*state, rules); }
+
+}  // namespace strata::kernels
+
 #if defined(__CUDACC__)
 #include "strata/kernels/cuda/loss_scale.cuh"
 #endif

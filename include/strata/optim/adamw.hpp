@@ -18,6 +18,7 @@
 #include "strata/kernels/adamw.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/layers/parameters.hpp"
+#include "strata/optim/step_state.hpp"
 #include "strata/parallel/dp_layout.hpp"
 #include "strata/parallel/gradient_synchronizer.hpp"
 
@@ -73,21 +74,23 @@ class adamw {
     })
   adamw(Model& model, adamw_options o) : adamw(model.parameters(), o) {}
 
-  // One update with learning rate `lr`; every gradient is first multiplied by `grad_scale`
-  // (gradient clipping's coefficient divided by the loss scale). Gradients are read from the
-  // flat gradient buffer, or from `state_grads` (indexed like the optimizer state) when given:
-  // a ZeRO shard's reduced gradients.
-  void step(double lr, double grad_scale = 1.0, const T* state_grads = nullptr) {
+  // One update with learning rate `lr`, as the trainer's step_state decided
+  // (optim/step_state.hpp): none when state->apply is 0; otherwise step state->step with its
+  // bias corrections, every gradient first multiplied by state->grad_mult (gradient clipping's
+  // coefficient divided by the loss scale). The state lives in the model's memory space and is
+  // read there (on a GPU by the update kernels: the host does not wait for the norm); the
+  // trainer brings steps_taken() up to date when it reads the state after the step. Gradients
+  // are read from the flat gradient buffer, or from `state_grads` (indexed like the optimizer
+  // state) when given: a ZeRO shard's reduced gradients.
+  void step(double lr, const step_state* state, const T* state_grads = nullptr) {
     STRATA_PROFILE("adamw");
-    ++step_;
     const T* g = state_grads ? nullptr : params_->grads_data();
     for (const auto& s : segments_) {
       kernels::adamw_hyper h{lr, opt_.beta1, opt_.beta2, opt_.eps, s.decay ? opt_.weight_decay : 0.0};
       T* w = weights_of(s);
       M* master = master_data(w, s);
       const T* grad = state_grads ? state_grads + s.state : g + s.flat;
-      kernels::adamw_update(device{}, master, w, grad, m_.data() + s.state, v_.data() + s.state, s.count, h,
-                            step_, grad_scale);
+      kernels::adamw_update(device{}, master, w, grad, m_.data() + s.state, v_.data() + s.state, s.count, h, state);
     }
   }
 
@@ -106,6 +109,7 @@ class adamw {
   std::span<M> second_moments() { return {v_.data(), v_.size()}; }
   std::span<M> master_weights() { return {master_.data(), master_.size()}; }
   T* segment_weights(const owned_segment& s) { return weights_of(s); }
+  // The count a checkpoint or the trainer's step_state holds.
   void restore_steps_taken(int steps) {
     STRATA_CHECK(steps >= 0, "adamw: a step count of ", steps, " cannot be restored");
     step_ = steps;

@@ -1,15 +1,16 @@
 // strata/optim/grad_clip.hpp - the gradient-clipping coefficient.
 //
 // The norm is taken over every gradient element of the model (all shards, once the parallel
-// layouts exist), so clipping never depends on how the model is split.
+// layouts exist), so clipping never depends on how the model is split. STRATA_HD: the step's
+// bookkeeping (optim/step_state.hpp) calls it on the GPU too.
 #pragma once
-#include <cmath>
+#include "strata/core/config.hpp"
 
 namespace strata {
 
 // The factor that brings a norm down to max_norm (1 when it is already below, or when
 // clipping is off with max_norm <= 0).
-inline double clip_coefficient(double norm, double max_norm) {
+STRATA_HD inline double clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0 || !(norm > max_norm)) return 1.0;
   return max_norm / (norm + 1e-6);
 }

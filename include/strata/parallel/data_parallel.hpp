@@ -239,34 +239,39 @@ class data_parallel {
     return n;
   }
 
-  // Σ g² over the whole model's (reduced) gradients, the same on every rank.
-  double grad_sum_of_squares() {
+  // *out = Σ g² over the whole model's (reduced) gradients, the same on every rank. out is in the
+  // model's memory space; the sums and the group reductions happen there (on a GPU: kernels and
+  // collectives on the stream), and the host never waits for the value.
+  void grad_sum_of_squares_into(double* out) {
     STRATA_PROFILE("grad_norm");
     auto& tp = opt_.tensor_group;
     auto& pp = opt_.pipeline_group;
+    const std::span<double> sum(out, 1);
     if (tp.size() == 1 && pp.size() == 1) {
-      if (opt_.zero_stage == 0)
-        return kernels::sum_of_squares(device{}, params_->grads_data(), params_->size());
+      if (opt_.zero_stage == 0) {
+        kernels::sum_of_squares_into(device{}, params_->grads_data(), params_->size(), out);
+        return;
+      }
       // ZeRO 1 and 2: the owned pieces, then summed over the group.
-      double local = kernels::sum_of_squares(device{}, reduced_.data(), layout_.owned_elements());
-      group_->all_reduce(std::span<double>(&local, 1), reduce_op::sum);
-      return local;
+      kernels::sum_of_squares_into(device{}, reduced_.data(), layout_.owned_elements(), out);
+      group_->all_reduce(sum, reduce_op::sum);
+      return;
     }
-    // Parameter by parameter (segment by segment), each weighted by how often it is counted.
-    double local = 0;
+    // Parameter by parameter (segment by segment), each weighted by how often it is counted,
+    // added to a sum that starts at 0 (an empty sum writes it).
+    kernels::sum_of_squares_into(device{}, static_cast<const T*>(nullptr), 0, out);
     if (opt_.zero_stage == 0) {
       const T* g = params_->grads_data();
-      for (const auto& e : params_->entries()) local += weighted_squares(e, g + e.offset, 0, e.numel);
+      for (const auto& e : params_->entries()) add_weighted_squares(e, g + e.offset, 0, e.numel, out);
     } else {
       for (const auto& seg : layout_.owned_segments()) {
         const param_info& e = entry_at(seg.flat);
-        local += weighted_squares(e, reduced_.data() + seg.state, seg.flat - e.offset, seg.count);
+        add_weighted_squares(e, reduced_.data() + seg.state, seg.flat - e.offset, seg.count, out);
       }
-      group_->all_reduce(std::span<double>(&local, 1), reduce_op::sum);
+      group_->all_reduce(sum, reduce_op::sum);
     }
-    tp.all_reduce(std::span<double>(&local, 1), reduce_op::sum);
-    pp.all_reduce(std::span<double>(&local, 1), reduce_op::sum);
-    return local;
+    tp.all_reduce(sum, reduce_op::sum);
+    pp.all_reduce(sum, reduce_op::sum);
   }
 
   // Reduced gradients indexed like the optimizer state (ZeRO-1), or null (read the flat buffer).
@@ -297,17 +302,18 @@ class data_parallel {
     if (e.replica) return 0.0;
     return e.shard.sharded() ? 1.0 : 1.0 / opt_.tensor_group.size();
   }
-  // The weighted squares of e's gradient elements [first, first + count), held at `g`: an element
-  // that several ranks of the tensor group hold alike (a shared key/value head) counts 1/holders
-  // on each of them.
-  double weighted_squares(const param_info& e, const T* g, std::int64_t first, std::int64_t count) const {
-    if (!e.shard.has_shared_pieces()) return norm_weight(e) * kernels::sum_of_squares(device{}, g, count);
-    double sum = 0;
+  // *out += the weighted squares of e's gradient elements [first, first + count), held at `g`: an
+  // element that several ranks of the tensor group hold alike (a shared key/value head) counts
+  // 1/holders on each of them.
+  void add_weighted_squares(const param_info& e, const T* g, std::int64_t first, std::int64_t count, double* out) const {
+    if (!e.shard.has_shared_pieces()) {
+      kernels::sum_of_squares_into(device{}, g, count, out, true, norm_weight(e));
+      return;
+    }
     for (const auto& run : e.shard.holder_runs()) {
       const std::int64_t begin = std::max(run.begin, first), end = std::min(run.end, first + count);
-      if (begin < end) sum += kernels::sum_of_squares(device{}, g + (begin - first), end - begin) / run.holders;
+      if (begin < end) kernels::sum_of_squares_into(device{}, g + (begin - first), end - begin, out, true, 1.0 / run.holders);
     }
-    return sum;
   }
 
   // The mean of a per-rank value (the loss) over the group.

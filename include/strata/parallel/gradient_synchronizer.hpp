@@ -2,9 +2,10 @@
 // and weights agree across ranks, and the synchronizer of a rank that trains alone.
 //
 // A synchronizer picks this rank's rows of a global batch, reduces gradients around each
-// backward, gives the global gradient norm, says which pieces of the flat parameter buffer this
-// rank's optimizer updates (and where their reduced gradients and, under ZeRO-3, their weights
-// are), and shares the updated weights. data_parallel (data_parallel.hpp) is the one for any
+// backward, writes the global gradient norm's square where the model lives (the same on every
+// rank, never read back by the host: grad_sum_of_squares_into), says which pieces of the flat
+// parameter buffer this rank's optimizer updates (and where their reduced gradients and, under
+// ZeRO-3, their weights are), and shares the updated weights. data_parallel (data_parallel.hpp) is the one for any
 // layout; no_sync is the one for a single rank. An optimizer is built from its synchronizer
 // (adamw<P> opt(sync, {...})), and the trainer refuses a pair that disagrees, naming both.
 #pragma once
@@ -35,8 +36,8 @@ concept has_step_hooks = requires(S& s, bool last) {
   s.share_weights();
 };
 template <class S>
-concept has_global_norm = requires(S& s, double v) {
-  { s.grad_sum_of_squares() } -> std::convertible_to<double>;
+concept has_global_norm = requires(S& s, double v, double* in_space) {
+  s.grad_sum_of_squares_into(in_space);
   { s.mean(v) } -> std::convertible_to<double>;
 };
 template <class S>
@@ -59,8 +60,8 @@ consteval bool check_gradient_synchronizer() {
                                     "local_rows(int64_t batch) const` (this rank's first row and row count)");
   static_assert(has_step_hooks<S>, "strata gradient synchronizer: missing one of begin_step(), after_forward(), "
                                    "before_backward(bool last), after_backward(bool last), share_weights()");
-  static_assert(has_global_norm<S>, "strata gradient synchronizer: missing `double grad_sum_of_squares()` or "
-                                    "`double mean(double)`");
+  static_assert(has_global_norm<S>, "strata gradient synchronizer: missing `void grad_sum_of_squares_into(double*)` "
+                                    "or `double mean(double)`");
   static_assert(has_optimizer_share<S>, "strata gradient synchronizer: missing one of optimizer_segments(), "
                                         "optimizer_elements(), state_weights(), state_gradients(), parameters(), "
                                         "description()");
@@ -80,9 +81,9 @@ class no_sync {
   void after_forward() {}
   void before_backward(bool /*last*/) {}
   void after_backward(bool /*last*/) {}
-  double grad_sum_of_squares() {
+  void grad_sum_of_squares_into(double* out) {
     STRATA_PROFILE("grad_norm");
-    return kernels::sum_of_squares(typename P::device{}, params_->grads_data(), params_->size());
+    kernels::sum_of_squares_into(typename P::device{}, params_->grads_data(), params_->size(), out);
   }
   const T* state_gradients() const { return nullptr; }
   T* state_weights() { return nullptr; }

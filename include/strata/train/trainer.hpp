@@ -4,7 +4,10 @@
 // loss_scale / micro-batches) and backward, so the gradients sum to those of the mean loss
 // over the global batch; take the global gradient norm; skip the step if the norm is not finite
 // (in every precision: a non-finite gradient is never applied), and with fp16 back the loss
-// scale off; clip; let the optimizer update with the schedule's learning rate.
+// scale off; clip; let the optimizer update with the schedule's learning rate. Norm, decision,
+// clip factor and loss scale live where the model does (a step_state, optim/step_state.hpp): on
+// a GPU the update is queued without waiting for the norm, and the host reads the state once,
+// after the update, for the step's result.
 //
 // A skipped step changes nothing but the step count (and, under fp16, the scaler). Steps that
 // no smaller loss scale could have saved (fp32 and bf16: every non-finite one; fp16: those at
@@ -30,11 +33,13 @@
 #include <utility>
 
 #include "strata/core/error.hpp"
+#include "strata/core/memory.hpp"
+#include "strata/kernels/loss_scale.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/optim/adamw.hpp"
-#include "strata/optim/grad_clip.hpp"
 #include "strata/optim/loss_scaler.hpp"
 #include "strata/optim/lr_schedule.hpp"
+#include "strata/optim/step_state.hpp"
 #include "strata/parallel/gradient_synchronizer.hpp"
 #include "strata/train/token_data.hpp"
 #include "strata/train/trainable_model.hpp"
@@ -143,20 +148,25 @@ class trainer {
     }
     r.loss = sync_->mean(loss_sum / static_cast<double>(n_micro));
 
-    // The norm is the same on every rank (reduced over the whole model), so is the decision. The
-    // unscaled norm and the multiplier are checked too: whatever the scale, inf or NaN never
-    // reaches the weights.
-    const double scaled_norm = std::sqrt(sync_->grad_sum_of_squares());
-    r.grad_norm = scaled_norm / r.loss_scale;
+    // Norm, skip decision, clip factor and loss-scale update are made where the model lives
+    // (optim/step_state.hpp): on a GPU the host queues the update without waiting for the norm.
+    // The norm is the same on every rank (reduced over the whole model), so is the decision; a
+    // skipped update leaves every weight as it was, so sharing them changes nothing.
+    step_state* state = state_.data();
+    sync_->grad_sum_of_squares_into(&state->sumsq);
+    kernels::advance_step(device{}, state, rules_);
     r.lr = opt_s_.schedule(step_);
-    const double multiplier = clip_coefficient(r.grad_norm, opt_s_.grad_clip) / r.loss_scale;
-    const bool finite = std::isfinite(scaled_norm) && std::isfinite(r.grad_norm) && std::isfinite(multiplier);
-    const bool unsavable = !finite && scaler_.at_minimum();  // before update() backs the scale off
-    r.applied = scaler_.update(finite) && finite;
-    if (r.applied) {
-      opt_->step(r.lr, multiplier, sync_->state_gradients());
-      sync_->share_weights();
-    }
+    opt_->step(r.lr, state, sync_->state_gradients());
+    sync_->share_weights();
+    // The one read of the state per step: this step's result, and the host's copies of the
+    // scaler and the optimizer's step count (what a checkpoint saves).
+    step_state after;
+    state_.download(&after, 1);
+    r.grad_norm = after.norm;
+    r.applied = after.apply == 1;
+    const bool unsavable = after.found_inf == 1 && scaler_.at_minimum();  // at the scale this step used
+    scaler_.restore({after.scale, after.clean_steps, static_cast<long>(after.skipped)});
+    opt_->restore_steps_taken(after.step);
     nonfinite_in_a_row_ = unsavable ? nonfinite_in_a_row_ + 1 : 0;
     STRATA_CHECK(opt_s_.nonfinite_step_limit <= 0 || nonfinite_in_a_row_ < opt_s_.nonfinite_step_limit, "trainer: ",
                  nonfinite_in_a_row_, " steps in a row (the last: step ", step_ + 1, " of the run) had a non-finite gradient norm (",
@@ -173,17 +183,20 @@ class trainer {
   // Steps in a row skipped for a non-finite gradient that no loss scale could fix (see above).
   int nonfinite_steps_in_a_row() const { return nonfinite_in_a_row_; }
   // Continue a run from a checkpoint: `step` steps done, the loss scaler as it was then.
+  // Load the optimizer's state first: its step count goes into the step state too.
   void resume_at(int step, const loss_scaler::state& scaler) {
     STRATA_CHECK(step >= 0, "trainer: cannot resume at step ", step);
     scaler_.restore(scaler);
     step_ = step;
     nonfinite_in_a_row_ = 0;
+    upload_state();
   }
 
  private:
   // `given` null: the trainer's own synchronizer of a single rank.
   trainer(Model& model, Optimizer& opt, trainer_options o, Sync* given)
-      : model_(&model), opt_(&opt), opt_s_(o), scaler_(scaler_options(o)),
+      : model_(&model), opt_(&opt), opt_s_(o), scaler_(scaler_options(o)), rules_(step_rules_of(o, opt)),
+        state_(model.parameters().ledger(), memory_category::workspace, 1),
         own_sync_(own_sync(model, given == nullptr)), sync_(pick(given, own_sync_)) {
     const bool own = given == nullptr;
     o.schedule.validate();
@@ -192,6 +205,7 @@ class trainer {
     STRATA_CHECK(!scaler_.enabled() || (std::isfinite(o.initial_loss_scale) && o.initial_loss_scale > 0),
                  "trainer: initial_loss_scale (", o.initial_loss_scale, ") must be positive and finite");
     check_wiring();
+    upload_state();
     if (is_pipelined()) {
       if constexpr (requires { sync_->zero_stage(); })
         STRATA_CHECK(sync_->zero_stage() <= 1, "trainer: pipeline parallelism works with ZeRO 0 or 1, not ", sync_->zero_stage(),
@@ -235,6 +249,29 @@ class trainer {
     if constexpr (std::is_same_v<Sync, own_sync_type>) return given ? given : &*own;
     else return given;
   }
+  // The host's scaler and step count, into the step state where the model lives.
+  void upload_state() {
+    const auto s = scaler_.snapshot();
+    step_state init;
+    init.scale = s.scale;
+    init.clean_steps = s.clean_steps;
+    init.skipped = s.skipped;
+    init.step = opt_->steps_taken();
+    state_.upload(&init, 1);
+  }
+  static step_rules step_rules_of(const trainer_options& o, const Optimizer& opt) {
+    const auto s = scaler_options(o);
+    step_rules r;
+    r.dynamic = s.enabled;
+    r.growth_factor = s.growth_factor;
+    r.backoff_factor = s.backoff_factor;
+    r.min_scale = s.min_scale;
+    r.growth_interval = s.growth_interval;
+    r.max_norm = o.grad_clip;
+    r.beta1 = opt.options().beta1;
+    r.beta2 = opt.options().beta2;
+    return r;
+  }
   static loss_scaler::options scaler_options(const trainer_options& o) {
     loss_scaler::options s;
     s.enabled = Model::policy::precision::dynamic_loss_scale;
@@ -245,8 +282,12 @@ class trainer {
 
   Model* model_;
   Optimizer* opt_;
+  using device = typename Model::policy::device;
+
   trainer_options opt_s_;
-  loss_scaler scaler_;
+  loss_scaler scaler_;  // the host's copy of the step state's scale, read back after each step
+  step_rules rules_;
+  buffer<step_state> state_;  // in the model's memory space
   // The trainer's own synchronizer of a single rank, when none is given.
   std::optional<own_sync_type> own_sync_;
   Sync* sync_;

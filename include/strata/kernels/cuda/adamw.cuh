@@ -9,7 +9,7 @@
 // device code.
 //
 // Two entry points: the host signature (step and grad_scale from the host), and one reading
-// them from a device-resident gpu::amp_state (amp_state.hpp): the step is skipped on the device
+// them from a device-resident step_state (optim/step_state.hpp): the step is skipped on the device
 // when amp->apply is 0, and every gradient is multiplied by grad_scale * amp->grad_mult (clip
 // factor / loss scale) - no host round trip.
 #pragma once
@@ -19,7 +19,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
-#include "strata/kernels/cuda/amp_state.hpp"
+#include "strata/optim/step_state.hpp"
 #include "strata/kernels/cuda/common.cuh"
 #include "strata/kernels/host/adamw.hpp"  // adamw_hyper (plain C++)
 #include "strata/policy/device.hpp"
@@ -37,7 +37,7 @@ __device__ __forceinline__ double widen_to(double, float x) { return double(x); 
 
 template <class T, class M, int P>
 __global__ void adamw_kernel(M* master, T* weights, const T* grad, M* m, M* v, std::int64_t n,
-                             gpu::adamw_scalars<M> host_scalars, adamw_args a, const gpu::amp_state* amp) {
+                             gpu::adamw_scalars<M> host_scalars, adamw_args a, const step_state* amp) {
   gpu::adamw_scalars<M> s = host_scalars;
   if (amp) {
     if (!amp->apply) return;  // the whole grid: an overflowed step
@@ -78,7 +78,7 @@ __global__ void adamw_kernel(M* master, T* weights, const T* grad, M* m, M* v, s
 
 template <class T, class M>
 void adamw_launch(M* master, T* weights, const T* grad, M* m, M* v, std::int64_t n, const gpu::adamw_scalars<M>& s,
-                  const adamw_args& a, const gpu::amp_state* amp) {
+                  const adamw_args& a, const step_state* amp) {
   static_assert(supported_v<T>, "strata CUDA kernels take float, bf16 or fp16 weights");
   static_assert(std::is_same_v<M, float> || std::is_same_v<M, double>,
                 "strata::kernels::adamw_update: master weights and moments must be float or double");
@@ -114,12 +114,12 @@ void adamw_update(cuda, M* master, T* weights, const T* grad, M* m, M* v, std::i
 
 // The device-driven step: skipped when amp->apply == 0; step count, bias corrections and the
 // gradient multiplier (clip / loss scale, times grad_scale) come from *amp, written by
-// kernels::amp_advance earlier on the same stream. h.beta1/beta2 must equal the amp_options'.
+// kernels::advance_step earlier on the same stream. h.beta1/beta2 must equal the step_rules'.
 template <class T, class M>
 void adamw_update(cuda, M* master, T* weights, const T* grad, M* m, M* v, std::int64_t n, const adamw_hyper& h,
-                  const gpu::amp_state* amp, double grad_scale = 1.0) {
+                  const step_state* amp, double grad_scale = 1.0) {
   cuda_detail::check_adamw(n, h);
-  STRATA_CHECK(amp != nullptr, "adamw_update: the device-driven overload needs an amp_state");
+  STRATA_CHECK(amp != nullptr, "adamw_update: the device-driven overload needs a step_state");
   const auto unused = gpu::make_adamw_scalars<M>(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 1.0, 1.0, grad_scale);
   cuda_detail::adamw_launch<T, M>(master, weights, grad, m, v, n, unused,
                                   {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, grad_scale}, amp);

@@ -11,8 +11,8 @@
 // Pass 2 (forward_backward): writes the gradient in place. A target outside [0, V) gives a NaN
 // loss, a zero gradient row, and an entry in the device error record.
 //
-// The overload taking a gpu::amp_state* multiplies dloss by the device-resident loss scale, so
-// a step with dynamic loss scaling needs no host round trip (amp_state.hpp).
+// The overload taking a step_state* multiplies dloss by the device-resident loss scale, so
+// a step with dynamic loss scaling needs no host round trip (optim/step_state.hpp).
 //
 // Vocabulary-parallel pieces (tensor parallelism; the host header has the full contract): this
 // rank holds logits [N, Vl], global columns [v_begin, v_begin + Vl), those >= V being padding.
@@ -33,7 +33,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
-#include "strata/kernels/cuda/amp_state.hpp"
+#include "strata/optim/step_state.hpp"
 #include "strata/kernels/cuda/common.cuh"
 #include "strata/policy/device.hpp"
 
@@ -57,7 +57,7 @@ struct max_sum_op {
 template <class T, int P, int Block>
 __global__ void __launch_bounds__(Block)
     cross_entropy_kernel(float* losses, T* logits, const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                         std::int64_t Vp, float dloss, const gpu::amp_state* amp, bool backward,
+                         std::int64_t Vp, float dloss, const step_state* amp, bool backward,
                          gpu::device_error_record* errors) {
   using reduce = cub::BlockReduce<max_sum, Block>;
   __shared__ typename reduce::TempStorage temp;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(Block)
 
 template <class T>
 void cross_entropy_launch(const char* who, float* losses, T* logits, const std::int32_t* targets, std::int64_t N,
-                          std::int64_t V, std::int64_t Vp, float dloss, const gpu::amp_state* amp, bool backward) {
+                          std::int64_t V, std::int64_t Vp, float dloss, const step_state* amp, bool backward) {
   static_assert(supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
   STRATA_CHECK(N >= 0 && V > 0, who, ": need N >= 0 and V > 0, got N = ", N, ", V = ", V);
   STRATA_CHECK(Vp >= V, who, ": padded row length Vp = ", Vp, " is less than the vocab V = ", V);
@@ -254,7 +254,7 @@ void cross_entropy_forward_backward(cuda, acc_t<T>* losses, T* logits, const std
 // Same, with dloss multiplied by amp->scale on the device (dynamic loss scaling).
 template <class T>
 void cross_entropy_forward_backward(cuda, acc_t<T>* losses, T* logits, const std::int32_t* targets, std::int64_t N,
-                                    std::int64_t V, std::int64_t Vp, acc_t<T> dloss, const gpu::amp_state* amp) {
+                                    std::int64_t V, std::int64_t Vp, acc_t<T> dloss, const step_state* amp) {
   cuda_detail::cross_entropy_launch<T>("cross_entropy_forward_backward", losses, logits, targets, N, V, Vp, dloss, amp,
                                        true);
 }

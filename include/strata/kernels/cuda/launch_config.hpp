@@ -22,6 +22,7 @@
 #include "strata/core/config.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/hd_math.hpp"
 
 namespace strata::gpu {
 
@@ -371,32 +372,6 @@ inline attention_plan plan_attention(std::int64_t head_dim, std::size_t elem_byt
   fail("attention (CUDA): head size ", hs, " needs ", p.smem_max(), " bytes of shared memory per block even with ",
        p.br, "-row tiles; the device offers ", smem_limit);
 }
-
-// ---------------------------------------------------------------------------------------------
-// Small numeric helpers shared by host and device (STRATA_HD): the CPU tests run exactly the
-// code the kernels run.
-namespace hd {
-STRATA_HD inline bool is_finite(double x) {
-  std::uint64_t u;
-  static_assert(sizeof u == sizeof x);
-  std::memcpy(&u, &x, sizeof u);
-  return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
-}
-STRATA_HD inline double sqrt(double x) {
-#if defined(__CUDA_ARCH__)
-  return ::sqrt(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-STRATA_HD inline double pow(double x, double y) {
-#if defined(__CUDA_ARCH__)
-  return ::pow(x, y);
-#else
-  return std::pow(x, y);
-#endif
-}
-}  // namespace hd
 
 // AdamW's per-step scalars in the master type M, derived exactly as kernels/host/adamw.hpp
 // derives them (double, then one rounding to M).

@@ -42,16 +42,16 @@ __global__ void __launch_bounds__(gpu::reduce_block)
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-// *out = (accumulate ? *out : 0) + sum of partial[0 .. count). static, as every kernel in a header
-// that is not a template: each .cu including it keeps its own (programs link several).
+// *out = (accumulate ? *out : 0) + weight * sum of partial[0 .. count). static, as every kernel in
+// a header that is not a template: each .cu including it keeps its own (programs link several).
 static __global__ void __launch_bounds__(gpu::reduce_final_block)
-    sum_partials_kernel(double* out, const double* partial, std::int64_t count, bool accumulate) {
+    sum_partials_kernel(double* out, const double* partial, std::int64_t count, bool accumulate, double weight) {
   using reduce = cub::BlockReduce<double, gpu::reduce_final_block>;
   __shared__ typename reduce::TempStorage temp;
   double s = 0.0;
   for (std::int64_t k = threadIdx.x; k < count; k += gpu::reduce_final_block) s += partial[k];
   const double total = reduce(temp).Sum(s);
-  if (threadIdx.x == 0) *out = accumulate ? *out + total : total;
+  if (threadIdx.x == 0) *out = accumulate ? *out + weight * total : weight * total;
 }
 
 template <class T>
@@ -87,10 +87,11 @@ __global__ void convert_kernel(To* dst, const From* src, std::int64_t n) {
 
 }  // namespace cuda_detail
 
-// Enqueues *out_device = (accumulate ? *out_device : 0) + sum_i x[i]^2 on the current stream;
-// no synchronisation. out_device: device memory (e.g. &amp_state->sumsq).
+// Enqueues *out_device = (accumulate ? *out_device : 0) + weight * sum_i x[i]^2 on the current
+// stream; no synchronisation. out_device: device memory (e.g. &step_state->sumsq).
 template <class T>
-void sum_of_squares_into(cuda, const T* x, std::int64_t n, double* out_device, bool accumulate = false) {
+void sum_of_squares_into(cuda, const T* x, std::int64_t n, double* out_device, bool accumulate = false,
+                         double weight = 1.0) {
   static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
   STRATA_CHECK(n >= 0, "sum_of_squares: negative length ", n);
   const cudaStream_t stream = gpu::current_stream();
@@ -106,7 +107,7 @@ void sum_of_squares_into(cuda, const T* x, std::int64_t n, double* out_device, b
     STRATA_CUDA_CHECK_LAUNCH("sum_of_squares");
   }
   cuda_detail::sum_partials_kernel<<<1, gpu::reduce_final_block, 0, stream>>>(out_device, part.get(), partials,
-                                                                             accumulate);
+                                                                             accumulate, weight);
   STRATA_CUDA_CHECK_LAUNCH("sum_of_squares (partials)");
 }
 

@@ -40,14 +40,26 @@ inline void check_args(const char* who, const std::int32_t* targets, std::int64_
 using sum_t = double;
 constexpr int lanes = 8;
 
-// The row's max over the first V columns.
+// The row's max over the first V columns. Sixteen running maxima, combined at the end: one
+// running max is a chain of dependent compares that does not vectorise. The max is the same
+// whatever the order (a NaN is skipped either way; a signed zero only ever meets exp(0)).
 template <class T, class A = acc_t<T>>
 A row_max(const T* row, std::int64_t V) {
+  constexpr int width = 16;
+  A part[width];
+  for (int j = 0; j < width; ++j) part[j] = -INFINITY;
+  std::int64_t v = 0;
+  for (; v + width <= V; v += width)
+    for (int j = 0; j < width; ++j) {
+      const A x = convert<A>(row[v + j]);
+      part[j] = x > part[j] ? x : part[j];
+    }
   A m = -INFINITY;
-  for (std::int64_t v = 0; v < V; ++v) {
+  for (; v < V; ++v) {
     const A x = convert<A>(row[v]);
     m = x > m ? x : m;
   }
+  for (int j = 0; j < width; ++j) m = part[j] > m ? part[j] : m;
   return m;
 }
 

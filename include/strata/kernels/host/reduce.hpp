@@ -59,6 +59,14 @@ double sum_of_squares(host, const T* x, std::int64_t n) {
   return total;
 }
 
+// *out = (accumulate ? *out : 0) + weight * sum_i x[i]^2, out in host memory (or a space the
+// host reads, as the emulated device): the form the trainer's step uses on every device.
+template <class T>
+void sum_of_squares_into(host, const T* x, std::int64_t n, double* out, bool accumulate = false, double weight = 1.0) {
+  const double total = weight * sum_of_squares(host{}, x, n);
+  *out = accumulate ? *out + total : total;
+}
+
 // True when no element is inf or NaN.
 template <class T>
 bool all_finite(host, const T* x, std::int64_t n) {
