@@ -78,7 +78,7 @@ class adamw {
   // (optim/step_state.hpp): none when state->apply is 0; otherwise step state->step with its
   // bias corrections, every gradient first multiplied by state->grad_mult (gradient clipping's
   // coefficient divided by the loss scale). The state lives in the model's memory space and is
-  // read there (on a GPU by the update kernels: the host does not wait for the norm); the
+  // read there (on a GPU by the update kernels: the host does not read the norm first); the
   // trainer brings steps_taken() up to date when it reads the state after the step. Gradients
   // are read from the flat gradient buffer, or from `state_grads` (indexed like the optimizer
   // state) when given: a ZeRO shard's reduced gradients.

@@ -2,8 +2,9 @@
 // model lives (device memory on a GPU, host memory on the host): the loss scale, the global
 // gradient norm, the clip factor, whether the step is applied, and the optimizer's step count.
 //
-// The trainer's step (train/trainer.hpp), each line in the model's memory space, on a GPU each a
-// kernel on the stream, so the device never waits for the host between backward and update:
+// The trainer's step (train/trainer.hpp), each line in the model's memory space, on a GPU
+// kernels (and the groups' collectives) on the stream, so the host never reads the norm between
+// backward and update:
 //   sync.grad_sum_of_squares_into(&state->sumsq)       sum g^2 over the model, every rank alike
 //   kernels::advance_step(device, state, rules)        advance_step() below
 //   optimizer.step(lr, state, ...)                     nothing when !state->apply; gradients

@@ -240,8 +240,8 @@ class data_parallel {
   }
 
   // *out = Σ g² over the whole model's (reduced) gradients, the same on every rank. out is in the
-  // model's memory space; the sums and the group reductions happen there (on a GPU: kernels and
-  // collectives on the stream), and the host never waits for the value.
+  // model's memory space; the sums and the group reductions happen there (on a GPU: kernels, and
+  // collectives the host waits for as for any other), and the host never reads the value.
   void grad_sum_of_squares_into(double* out) {
     STRATA_PROFILE("grad_norm");
     auto& tp = opt_.tensor_group;

@@ -6,7 +6,7 @@
 // (in every precision: a non-finite gradient is never applied), and with fp16 back the loss
 // scale off; clip; let the optimizer update with the schedule's learning rate. Norm, decision,
 // clip factor and loss scale live where the model does (a step_state, optim/step_state.hpp): on
-// a GPU the update is queued without waiting for the norm, and the host reads the state once,
+// a GPU the update is queued without reading the norm, and the host reads the state once,
 // after the update, for the step's result.
 //
 // A skipped step changes nothing but the step count (and, under fp16, the scaler). Steps that
@@ -149,7 +149,7 @@ class trainer {
     r.loss = sync_->mean(loss_sum / static_cast<double>(n_micro));
 
     // Norm, skip decision, clip factor and loss-scale update are made where the model lives
-    // (optim/step_state.hpp): on a GPU the host queues the update without waiting for the norm.
+    // (optim/step_state.hpp): on a GPU the host queues the update without reading the norm.
     // The norm is the same on every rank (reduced over the whole model), so is the decision; a
     // skipped update leaves every weight as it was, so sharing them changes nothing.
     step_state* state = state_.data();
