@@ -235,8 +235,7 @@ int main(int argc, char** argv) {
       {
         gpu::nvtx_range r("backward");
         STRATA_CUDA_CHECK(cudaMemsetAsync(g, 0, std::size_t(P.total) * sizeof(bf16), s));
-        zero(dln);
-        zero(dres);
+        zero(dres);  // layernorm_backward accumulates into it; linear_backward writes dln
         k::linear_backward<bf16>(D, ws, dln.get(), g + P.wte, nullptr, logits.get(), lnf.get(), w + P.wte, N, C, Vp);
         k::layernorm_backward(D, dres.get(), g + P.lnfw, g + P.lnfb, dln.get(), acts[L - 1].x_out.get(), w + P.lnfw,
                               lnf_mean.get(), lnf_rstd.get(), N, C);
@@ -245,22 +244,17 @@ int main(int argc, char** argv) {
           const auto& p = P.layer[l];
           const bf16* x_in = l == 0 ? encoded.get() : acts[std::size_t(l - 1)].x_out.get();
           // x_out = resid2 + fcproj: dres is d(x_out) = d(fcproj), and flows on into d(resid2)
-          zero(dfch_gelu);
           k::linear_backward<bf16>(D, ws, dfch_gelu.get(), g + p.fcprojw, g + p.fcprojb, dres.get(), a.fch_gelu.get(),
                                    w + p.fcprojw, N, 4 * C, C);
-          zero(dfch);
           k::gelu_backward(D, dfch.get(), a.fch.get(), dfch_gelu.get(), N * 4 * C);
-          zero(dln);
           k::linear_backward<bf16>(D, ws, dln.get(), g + p.fcw, g + p.fcb, dfch.get(), a.ln2.get(), w + p.fcw, N, C, 4 * C);
           k::layernorm_backward(D, dres.get(), g + p.ln2w, g + p.ln2b, dln.get(), a.resid2.get(), w + p.ln2w,
                                 a.ln2_mean.get(), a.ln2_rstd.get(), N, C);
           // resid2 = x_in + attproj: dres is d(resid2) = d(attproj), and flows on into d(x_in)
-          zero(datty);
           k::linear_backward<bf16>(D, ws, datty.get(), g + p.projw, g + p.projb, dres.get(), a.atty.get(), w + p.projw,
                                    N, C, C);
           zero(dqkv);
           k::attention_backward(D, dqkv.get(), datty.get(), a.qkv.get(), a.lse.get(), B, T, C, NH, a.atty.get());
-          zero(dln);
           k::linear_backward<bf16>(D, ws, dln.get(), g + p.qkvw, g + p.qkvb, dqkv.get(), a.ln1.get(), w + p.qkvw, N, C,
                                    3 * C);
           k::layernorm_backward(D, dres.get(), g + p.ln1w, g + p.ln1b, dln.get(), x_in, w + p.ln1w, a.ln1_mean.get(),

@@ -2,8 +2,8 @@
 """GPT-2 124M training step in PyTorch: the comparison scripts/gpu-check runs beside strata's
 kernel-sequence step (bench/gpu/gpt2_step.cu), at the same shapes.
 
-nanoGPT's model: vocabulary padded to 50304, tied LM head, GELU (tanh), causal flash attention
-through F.scaled_dot_product_attention, bf16 autocast over fp32 weights, fused AdamW
+The model of bench/torch_gpt2_model.py (the CPU comparison's too) at GPT-2 124M's shape, as
+nanoGPT runs it: vocabulary padded to 50304, bf16 autocast over fp32 weights, fused AdamW
 (lr 6e-4, betas 0.9/0.95, weight decay 0.1), global grad-norm clipping at 1.0, torch.compile.
 Every step trains on one fixed random batch (as the strata side does).
 
@@ -16,6 +16,7 @@ Prints one JSON line: {"impl": "pytorch", "tokens_per_s": ..., "mfu": ..., ...}.
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -31,11 +32,11 @@ def main():
 
     try:
         import torch
-        import torch.nn as nn
-        import torch.nn.functional as F
     except ImportError as e:
         print(json.dumps({"impl": "pytorch", "error": f"PyTorch is not importable: {e}"}))
         return 3
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from torch_gpt2_model import GPT  # bench/torch_gpt2_model.py
 
     if not torch.cuda.is_available():
         print(json.dumps({"impl": "pytorch", "error": "no CUDA device"}))
@@ -43,54 +44,9 @@ def main():
 
     L, C, NH, V, Vp, T, B = 12, 768, 12, 50257, 50304, args.seq, args.batch
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1 = nn.LayerNorm(C)
-            self.c_attn = nn.Linear(C, 3 * C)
-            self.attn_proj = nn.Linear(C, C)
-            self.ln_2 = nn.LayerNorm(C)
-            self.c_fc = nn.Linear(C, 4 * C)
-            self.mlp_proj = nn.Linear(4 * C, C)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
-            q = q.view(b, t, NH, C // NH).transpose(1, 2)
-            k = k.view(b, t, NH, C // NH).transpose(1, 2)
-            v = v.view(b, t, NH, C // NH).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            y = y.transpose(1, 2).contiguous().view(b, t, C)
-            x = x + self.attn_proj(y)
-            x = x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
-            return x
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = nn.Embedding(Vp, C)
-            self.wpe = nn.Embedding(1024, C)
-            self.h = nn.ModuleList([Block() for _ in range(L)])
-            self.ln_f = nn.LayerNorm(C)
-            self.lm_head = nn.Linear(C, Vp, bias=False)
-            self.lm_head.weight = self.wte.weight  # tied
-            for m in self.modules():
-                if isinstance(m, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(m.weight, 0.0, 0.02)
-                if isinstance(m, nn.Linear) and m.bias is not None:
-                    nn.init.zeros_(m.bias)
-
-        def forward(self, idx, targets):
-            pos = torch.arange(idx.shape[1], device=idx.device)
-            x = self.wte(idx) + self.wpe(pos)
-            for blk in self.h:
-                x = blk(x)
-            logits = self.lm_head(self.ln_f(x))
-            return F.cross_entropy(logits.view(-1, Vp), targets.view(-1))
-
     torch.manual_seed(1337)
     dev = "cuda"
-    model = GPT().to(dev)
+    model = GPT(layers=L, channels=C, heads=NH, vocab=Vp, max_seq=1024).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
     compiled = not args.no_compile

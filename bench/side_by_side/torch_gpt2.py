@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The PyTorch side of bench/side_by_side: a plain GPT-2 (pre-LayerNorm blocks, GELU-tanh MLP,
-causal SDPA attention, tied embedding/head) trained with AdamW in eager mode, timed the way
+"""The PyTorch side of bench/side_by_side: the GPT-2 of bench/torch_gpt2_model.py trained with
+AdamW in eager mode, in fp32, timed the way
 bench_train_step times strata's step: one untimed warm-up step, then whole steps on one batch.
 
 Prints one JSON line: {"tokens_per_s": ..., "step_ms": ..., "threads": ..., "torch": ...}.
@@ -10,6 +10,7 @@ prints their seconds (0 or end of input: exit), so run.py can interleave it with
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -29,53 +30,17 @@ def main():
 
     try:
         import torch
-        import torch.nn as nn
-        import torch.nn.functional as F
     except ImportError:
         print(json.dumps({"skipped": "torch is not installed (pip install torch)"}))
         return 0
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from torch_gpt2_model import GPT  # bench/torch_gpt2_model.py
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     C, H = a.d_model, a.heads
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1 = nn.LayerNorm(C)
-            self.c_attn = nn.Linear(C, 3 * C)
-            self.c_proj = nn.Linear(C, C)
-            self.ln_2 = nn.LayerNorm(C)
-            self.c_fc = nn.Linear(C, 4 * C)
-            self.mlp_proj = nn.Linear(4 * C, C)
-
-        def forward(self, x):
-            B, T, _ = x.shape
-            q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
-            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = nn.Embedding(a.vocab, C)
-            self.wpe = nn.Embedding(a.seq, C)
-            self.h = nn.ModuleList(Block() for _ in range(a.layers))
-            self.ln_f = nn.LayerNorm(C)
-            for p in self.parameters():
-                if p.dim() >= 2:
-                    nn.init.normal_(p, std=0.02)
-
-        def forward(self, idx, targets):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-            for block in self.h:
-                x = block(x)
-            logits = self.ln_f(x) @ self.wte.weight.t()
-            return F.cross_entropy(logits.view(-1, a.vocab), targets.view(-1))
-
-    model = GPT()
+    model = GPT(layers=a.layers, channels=C, heads=H, vocab=a.vocab, max_seq=a.seq)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],

@@ -35,6 +35,35 @@ TEST_CASE("memory ledger: current and peak bytes per category") {
   CHECK_THROWS_WITH_AS(ledger.release(mc::gradients, 8), doctest::Contains("releasing 8 bytes of gradients"), st::error);
 }
 
+TEST_CASE("buffers made uninitialized skip the zeroing; the emulated device fills them with NaN") {
+  using mc = st::memory_category;
+  {  // host memory: a reused block keeps what it held, a zeroed buffer is zeros again
+    st::memory_ledger ledger;
+    constexpr std::size_t n = std::size_t(1) << 17;  // 512 KiB: a block the host keeps for reuse
+    {
+      st::buffer<float> a(ledger, mc::activations, n);
+      for (std::size_t i = 0; i < n; ++i) a[i] = 1.0f;
+    }
+    st::buffer<float> b(ledger, mc::activations, n, st::uninitialized);
+    CHECK(ledger.current(mc::activations) == n * sizeof(float));
+    CHECK(b[0] == 1.0f);  // the same block, not zeroed
+    b = st::buffer<float>();
+    st::buffer<float> c(ledger, mc::activations, n);
+    CHECK(c[n - 1] == 0.0f);
+  }
+  {  // the emulated device: every byte all ones, NaN in every floating type
+    st::memory_ledger ledger(st::emulated_device_memory());
+    const long before = st::emulated_memory_stats().allocations;
+    st::buffer<float> f(ledger, mc::activations, 7, st::uninitialized);
+    st::buffer<st::bf16> h(ledger, mc::activations, 5, st::uninitialized);
+    CHECK(st::emulated_memory_stats().allocations == before + 2);
+    for (std::size_t i = 0; i < 7; ++i) CHECK(std::isnan(f[i]));
+    for (std::size_t i = 0; i < 5; ++i) CHECK(std::isnan(float(h[i])));
+    st::buffer<float> z(ledger, mc::activations, 7);
+    for (std::size_t i = 0; i < 7; ++i) CHECK(z[i] == 0.0f);
+  }
+}
+
 TEST_CASE("shapes: equality, numel and the mismatch message") {
   st::shape s{2, 3, 4};
   CHECK(s.numel() == 24);

@@ -62,6 +62,17 @@ inline const memory_space& emulated_device_memory() {
           ++c.within;
         }
         std::memcpy(dst, src, bytes);
+      },
+      // Unlike a GPU's, "uninitialised" memory here is all one bits: NaN in every floating type,
+      // so a kernel that reads an element of its output before writing it (one that assumes
+      // zeros) turns the runs on this space, and the tests comparing them, to NaN.
+      [](std::size_t bytes) {
+        void* p = host_memory().allocate_uninitialized(bytes);
+        std::memset(p, 0xFF, bytes);
+        auto& c = emulated_memory_stats();
+        c.live.insert(p);
+        ++c.allocations;
+        return p;
       }};
   return space;
 }

@@ -59,6 +59,9 @@ struct memory_space {
   void (*deallocate)(void* p);
   void (*zero)(void* p, std::size_t bytes);
   void (*copy)(void* dst, const void* src, std::size_t bytes, copy_direction direction);
+  // Not zeroed, for a buffer whose every element is written before it is read (a kernel's
+  // output); throws on failure. Null: allocate serves (a space of one's own need not have it).
+  void* (*allocate_uninitialized)(std::size_t bytes) = nullptr;
 };
 
 namespace host_blocks {
@@ -82,7 +85,7 @@ inline cache& blocks() {
   return *c;
 }
 
-inline void* allocate(std::size_t bytes) {
+inline void* allocate(std::size_t bytes, bool zeroed = true) {
   const std::size_t size = (bytes + 63) / 64 * 64;
   void* base = nullptr;
   if (size >= min_cached) {
@@ -99,7 +102,7 @@ inline void* allocate(std::size_t bytes) {
   if (!base) throw std::bad_alloc();
   std::memcpy(base, &size, sizeof size);
   void* p = static_cast<char*>(base) + header;
-  std::memset(p, 0, bytes);
+  if (zeroed) std::memset(p, 0, bytes);
   return p;
 }
 
@@ -128,7 +131,8 @@ inline const memory_space& host_memory() {
       [](std::size_t bytes) -> void* { return host_blocks::allocate(bytes); },
       [](void* p) { host_blocks::deallocate(p); },
       [](void* p, std::size_t bytes) { std::memset(p, 0, bytes); },
-      [](void* dst, const void* src, std::size_t bytes, copy_direction) { std::memcpy(dst, src, bytes); }};
+      [](void* dst, const void* src, std::size_t bytes, copy_direction) { std::memcpy(dst, src, bytes); },
+      [](std::size_t bytes) -> void* { return host_blocks::allocate(bytes, false); }};
   return space;
 }
 
@@ -173,9 +177,16 @@ class memory_ledger {
   std::size_t total_current_ = 0, total_peak_ = 0;
 };
 
+// Asks a buffer not to zero its elements: every one is written before it is read.
+struct uninitialized_t {
+  explicit uninitialized_t() = default;
+};
+inline constexpr uninitialized_t uninitialized{};
+
 // An owning, accounted array of T in its ledger's memory space (64-byte aligned on the host).
 // Moves transfer the charge; the destructor returns it. Zero-initialised so a fresh gradient
-// buffer is a valid sum.
+// buffer is a valid sum, unless made with `uninitialized` for a kernel's output that the kernel
+// writes whole (zeroing first costs a pass over memory the kernel then overwrites).
 template <class T>
 class buffer {
  public:
@@ -184,6 +195,14 @@ class buffer {
       : ledger_(&ledger), category_(category), count_(count) {
     if (count_ == 0) return;
     data_ = static_cast<T*>(ledger.space().allocate(count_ * sizeof(T)));
+    ledger_->charge(category_, count_ * sizeof(T));
+  }
+  buffer(memory_ledger& ledger, memory_category category, std::size_t count, uninitialized_t)
+      : ledger_(&ledger), category_(category), count_(count) {
+    if (count_ == 0) return;
+    const memory_space& s = ledger.space();
+    data_ = static_cast<T*>(s.allocate_uninitialized ? s.allocate_uninitialized(count_ * sizeof(T))
+                                                     : s.allocate(count_ * sizeof(T)));
     ledger_->charge(category_, count_ * sizeof(T));
   }
   buffer(const buffer&) = delete;

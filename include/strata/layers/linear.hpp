@@ -196,7 +196,7 @@ class linear {
     buffer<T> gathered_input;
     const T* x = cfg_.split == tensor_split_kind::column ? tp.enter_forward(input_, gathered_input, ledger).data
                                                           : input_.data;
-    buffer<T> dinp(ledger, memory_category::activations, static_cast<std::size_t>(rows_ * in_local_));
+    buffer<T> dinp(ledger, memory_category::activations, static_cast<std::size_t>(rows_ * in_local_), uninitialized);
     if (shared_) {
       backward_shared(dinp.data(), dy.data(), x);
     } else {

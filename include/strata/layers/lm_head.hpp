@@ -144,7 +144,7 @@ class lm_head {
     const std::int64_t rows = batch_ * seq_;
     auto& ledger = scope_.ledger();
     auto& tp = scope_.tensor();
-    buffer<T> dx(ledger, memory_category::activations, static_cast<std::size_t>(rows * cfg_.channels));
+    buffer<T> dx(ledger, memory_category::activations, static_cast<std::size_t>(rows * cfg_.channels), uninitialized);
     auto& p = scope_.params();
     buffer<T> gathered;
     const T* x = tp.enter_forward(input_, gathered, ledger).data;

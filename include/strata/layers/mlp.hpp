@@ -60,7 +60,7 @@ class mlp {
 
   buffer<T> backward(const buffer<T>& dout) {
     buffer<T> dact = proj_.backward(dout);
-    buffer<T> dpre(scope_.ledger(), memory_category::activations, dact.size());
+    buffer<T> dpre(scope_.ledger(), memory_category::activations, dact.size(), uninitialized);
     {
       STRATA_PROFILE("gelu.backward");
       kernels::gelu_backward(device{}, dpre.data(), pre_, dact.data(), static_cast<std::int64_t>(dact.size()));

@@ -70,7 +70,7 @@ class swiglu {
   buffer<T> backward(const buffer<T>& dout) {
     buffer<T> dact = down_.backward(dout);
     const std::int64_t hidden = cfg_.hidden / scope_.tensor().degree(), rows = static_cast<std::int64_t>(dact.size()) / hidden;
-    buffer<T> dpre(scope_.ledger(), memory_category::activations, dact.size() * 2);
+    buffer<T> dpre(scope_.ledger(), memory_category::activations, dact.size() * 2, uninitialized);
     {
       STRATA_PROFILE("swiglu.backward");
       kernels::swiglu_backward(device{}, dpre.data(), dact.data(), pre_, rows, hidden);

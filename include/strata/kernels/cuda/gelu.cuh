@@ -1,7 +1,7 @@
 // strata/kernels/cuda/gelu.cuh - GELU, tanh approximation (GPT-2's), element-wise, on the GPU.
 //
 //   out = x s,  s = sigmoid(2u) = (1 + tanh u) / 2,  u = sqrt(2/pi) (x + 0.044715 x^3)    [n]
-//   dinp += dout * (s + 2 x s (1 - s) du/dx)
+//   dinp  = dout * (s + 2 x s (1 - s) du/dx)
 //
 // The same formulas as kernels/host/gelu.hpp, in fp32 (expf, not the fast __expf). Each thread
 // handles one 16-byte pack (8 bf16 / 4 float) when every pointer is 16-byte aligned.
@@ -33,19 +33,18 @@ __global__ void gelu_forward_kernel(T* out, const T* inp, std::int64_t n) {
   }
 }
 
-// dinp, inp, dout [n]; dinp += dout * gelu'(inp)
+// dinp, inp, dout [n]; dinp = dout * gelu'(inp)
 template <class T, int P>
 __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, std::int64_t n) {
   for (std::int64_t k = thread_index(); k * P < n; k += grid_stride()) {
     float x[P], g[P], d[P];
     load_pack(x, inp, k * P, n);
     load_pack(g, dout, k * P, n);
-    load_pack(d, dinp, k * P, n);
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       const float s = gelu_s(x[j]);
       const float local = s + 2.0f * x[j] * s * (1.0f - s) * gelu_du_dx(x[j]);
-      d[j] = d[j] + local * g[j];
+      d[j] = local * g[j];
     }
     store_pack(dinp, k * P, n, d);
   }
@@ -66,7 +65,7 @@ void gelu_forward(cuda, T* out, const T* inp, std::int64_t n) {
   STRATA_CUDA_CHECK_LAUNCH("gelu_forward");
 }
 
-// Accumulates (+=) into dinp.
+// Writes dinp (not read: a fresh buffer need not be zeroed).
 template <class T>
 void gelu_backward(cuda, T* dinp, const T* inp, const T* dout, std::int64_t n) {
   static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");

@@ -65,8 +65,8 @@ void linear_gelu_forward(cuda, workspace& /*ws: unused on the GPU*/, T* out, T* 
                             out, OC, ep);
 }
 
-// Accumulates (+=) into every gradient:
-//   dinp[N, C]     += dout[N, OC] . weight[OC, C]       (skipped when dinp is null)
+// Writes the input's gradient and accumulates (+=) into the parameters':
+//   dinp[N, C]      = dout[N, OC] . weight[OC, C]       (skipped when dinp is null; not read)
 //   dweight[OC, C] += dout[N, OC]^T . inp[N, C]
 //   dbias[OC]      += column sums of dout              (skipped when dbias is null)
 template <class T>
@@ -77,7 +77,7 @@ void linear_backward(cuda, workspace& /*ws: unused on the GPU*/, std::type_ident
   STRATA_CHECK(dweight != nullptr, "linear_backward: dweight must not be null");
   if (dinp)
     cuda_detail::lt_matmul<T>("linear_backward (dinp)", false, false, N, C, OC, acc_t<T>(1), dout, OC, weight, C,
-                              acc_t<T>(1), dinp, C);
+                              acc_t<T>(0), dinp, C);
   cuda_detail::lt_matmul<T>("linear_backward (dweight)", true, false, OC, C, N, acc_t<T>(1), dout, OC, inp, C,
                             acc_t<T>(1), dweight, C);
   if (dbias) {

@@ -396,6 +396,11 @@ inline const memory_space& device_memory() {
                                                                          : cudaMemcpyDeviceToDevice;
         STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
         if (d != copy_direction::within_space) STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
+      },
+      [](std::size_t bytes) -> void* {
+        void* p = nullptr;
+        STRATA_CUDA_CHECK(cudaMallocAsync(&p, bytes, current_stream()));
+        return p;
       }};
   return space;
 }

@@ -1,7 +1,7 @@
 // strata/kernels/host/gelu.hpp - GELU, tanh approximation (GPT-2's), elementwise.
 //
 //   out = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)          inp, out [n]
-//   dinp += dout * (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3*0.044715 x^2))
+//   dinp  = dout * (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3*0.044715 x^2))
 //
 // Evaluated through s = sigmoid(2u) = (1 + tanh u) / 2, which is the same function:
 //   out = x s,  d out / dx = s + 2 x s (1 - s) du/dx.
@@ -47,7 +47,7 @@ void gelu_forward(host, T* out, const T* inp, std::int64_t n) {
   }
 }
 
-// Accumulates (+=) into dinp.
+// Writes dinp (not read: a fresh buffer need not be zeroed).
 template <class T>
 void gelu_backward(host, T* dinp, const T* inp, const T* dout, std::int64_t n) {
   using A = acc_t<T>;
@@ -58,7 +58,7 @@ void gelu_backward(host, T* dinp, const T* inp, const T* dout, std::int64_t n) {
     const A x = convert<A>(inp[i]);
     const A s = half_one_plus_tanh(x);
     const A local = s + A(2) * x * s * (A(1) - s) * du_dx(x);
-    dinp[i] = convert<T>(convert<A>(dinp[i]) + local * convert<A>(dout[i]));
+    dinp[i] = convert<T>(local * convert<A>(dout[i]));
   }
 }
 

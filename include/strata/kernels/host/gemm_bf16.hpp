@@ -8,10 +8,10 @@
 // fp32 tile: bf16 products exact, accumulated in fp32. The usual blocking: per (MC x KC) block
 // op(A) is packed into 16 x 32 tiles (rows of 32 k), per (KC x NC) block op(B) into 16 x 16
 // tiles with each k pair interleaved (the layout tdpbf16ps reads); a micro-kernel keeps a
-// 32 x 32 block of C in four tile registers over the K block. A task owns one (MC x NC) block of
-// C and sums its K blocks in order, so every element's sum runs in an order fixed by the shape
-// alone: the result does not depend on the thread count. Edges of M, N and K are zero-padded in
-// the packs.
+// 32 x 32 block of C in four tile registers over the K block. One thread sums each (MC x NC)
+// block of C over its K blocks in order (product() says how the blocks are shared), so every
+// element's sum runs in an order fixed by the shape alone: the result does not depend on the
+// thread count. Edges of M, N and K are zero-padded in the packs.
 //
 // Precision: kernels::gemm's contract (fp32 accumulation of exact products); the unit flushes
 // subnormal inputs and results (below 1.2e-38) to zero.
@@ -70,6 +70,50 @@ inline std::uint16_t at(const bf16* x, std::int64_t ld, bool trans, std::int64_t
   return trans ? x[c * ld + r].bits : x[r * ld + c].bits;
 }
 
+#if defined(__AVX512F__)
+// GCC 12's AVX-512 intrinsics start from an undefined vector, which it then reports as maybe
+// uninitialised wherever they are inlined (fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// One whole tile of a transposed A: tile[r * TK + kk] = A[(col0 + kk) * lda + row0 + r]. Each
+// pair of source rows (k, k + 1) becomes one vector of 32-bit words (a k pair per row r), and a
+// 16 x 16 transpose of those words gives the tile's rows: 16 vector stores instead of 512
+// scattered 16-bit ones.
+inline void pack_transposed_tile(std::uint16_t* tile, const bf16* A, std::int64_t lda, std::int64_t row0,
+                                 std::int64_t col0) {
+  __m512i w[16];
+  for (int q = 0; q < 16; ++q) {
+    const auto* even = reinterpret_cast<const __m256i*>(A + (col0 + 2 * q) * lda + row0);
+    const auto* odd = reinterpret_cast<const __m256i*>(A + (col0 + 2 * q + 1) * lda + row0);
+    w[q] = _mm512_or_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256(even)),
+                           _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(odd)), 16));
+  }
+  // Transpose w (16 x 16 words): pairs of rows interleaved by 32 and then 64 bits leave, in
+  // 128-bit lane l of u[4g + c], rows 4g .. 4g+3 at column 4l + c; lanes then move into place.
+  __m512i t[16], u[16];
+  for (int g = 0; g < 8; ++g) {
+    t[2 * g] = _mm512_unpacklo_epi32(w[2 * g], w[2 * g + 1]);
+    t[2 * g + 1] = _mm512_unpackhi_epi32(w[2 * g], w[2 * g + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44),
+                  y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    _mm512_storeu_si512(tile + (c)*TK, _mm512_shuffle_i32x4(x0, y0, 0x88));
+    _mm512_storeu_si512(tile + (4 + c) * TK, _mm512_shuffle_i32x4(x0, y0, 0xDD));
+    _mm512_storeu_si512(tile + (8 + c) * TK, _mm512_shuffle_i32x4(x1, y1, 0x88));
+    _mm512_storeu_si512(tile + (12 + c) * TK, _mm512_shuffle_i32x4(x1, y1, 0xDD));
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
 // op(A)[i0 .. i0+mc, k0 .. k0+kc] as 16 x 32 tiles: tile (g, s) holds rows i0 + 16g .., k from
 // k0 + 32s; outside the block, zeros. Whole tiles copy rows (or gather columns of a transposed A).
 inline void pack_a(std::uint16_t* dst, const bf16* A, std::int64_t lda, bool trans, std::int64_t i0, std::int64_t mc,
@@ -83,10 +127,14 @@ inline void pack_a(std::uint16_t* dst, const bf16* A, std::int64_t lda, bool tra
         if (!trans) {
           for (std::int64_t r = 0; r < 16; ++r) std::memcpy(tile + r * TK, A + (row0 + r) * lda + col0, TK * 2);
         } else {
+#if defined(__AVX512F__)
+          pack_transposed_tile(tile, A, lda, row0, col0);
+#else
           for (std::int64_t kk = 0; kk < TK; ++kk) {
             const bf16* src = A + (col0 + kk) * lda + row0;
             for (std::int64_t r = 0; r < 16; ++r) tile[r * TK + kk] = src[r].bits;
           }
+#endif
         }
         continue;
       }
@@ -171,51 +219,119 @@ inline void micro_kernel(std::int64_t steps, const std::uint16_t* a0, const std:
   _tile_stored(3, block + 16 * 32 + 16, stride);
 }
 
+// One thread's packs and C block (the tile configuration is per thread state too).
+struct thread_state {
+  std::vector<std::uint16_t>& a_pack;
+  std::vector<std::uint16_t>& b_pack;
+  float* block;
+};
+
+// The packed op(A) block (i0, k0) and op(B) block (k0, j0), each odd group count padded by a
+// zero group (the micro-kernel reads groups in pairs).
+inline void pack_a_block(thread_state& s, const bf16* A, std::int64_t lda, bool trans_a, std::int64_t i0,
+                         std::int64_t mc, std::int64_t k0, std::int64_t kc) {
+  const std::int64_t steps = (kc + TK - 1) / TK, groups = (mc + 15) / 16;
+  pack_a(s.a_pack.data(), A, lda, trans_a, i0, mc, k0, kc);
+  if (groups % 2) std::fill_n(s.a_pack.data() + groups * steps * 16 * TK, steps * 16 * TK, std::uint16_t(0));
+}
+inline void pack_b_block(thread_state& s, const bf16* B, std::int64_t ldb, bool trans_b, std::int64_t k0,
+                         std::int64_t kc, std::int64_t j0, std::int64_t nc) {
+  const std::int64_t steps = (kc + TK - 1) / TK, groups = (nc + 15) / 16;
+  pack_b(s.b_pack.data(), B, ldb, trans_b, k0, kc, j0, nc);
+  if (groups % 2) std::fill_n(s.b_pack.data() + groups * steps * 16 * TK, steps * 16 * TK, std::uint16_t(0));
+}
+
+// C block (i0, j0) (+)= the packed blocks: the micro-kernel over 32 x 32 pieces, starting from
+// C's values unless k0 is the first.
+inline void multiply_packed(thread_state& s, std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc,
+                            std::int64_t j0, std::int64_t nc, float* c32, std::int64_t N) {
+  const std::int64_t steps = (kc + TK - 1) / TK;
+  const bool first = k0 == 0;
+  for (std::int64_t jr = 0; jr < nc; jr += 32)
+    for (std::int64_t ir = 0; ir < mc; ir += 32) {
+      const std::int64_t rows = std::min<std::int64_t>(32, mc - ir), cols = std::min<std::int64_t>(32, nc - jr);
+      if (!first)
+        for (std::int64_t r = 0; r < rows; ++r)
+          std::memcpy(s.block + r * 32, c32 + (i0 + ir + r) * N + j0 + jr, std::size_t(cols) * sizeof(float));
+      const std::uint16_t* a = s.a_pack.data() + (ir / 16) * steps * 16 * TK;
+      const std::uint16_t* b = s.b_pack.data() + (jr / 16) * steps * 16 * TK;
+      micro_kernel(steps, a, a + steps * 16 * TK, b, b + steps * 16 * TK, s.block, !first);
+      for (std::int64_t r = 0; r < rows; ++r)
+        std::memcpy(c32 + (i0 + ir + r) * N + j0 + jr, s.block + r * 32, std::size_t(cols) * sizeof(float));
+    }
+}
+
 // c32[M, N] (leading dimension N) = op(A) · op(B). Call only when available().
+//
+// Packing, not the tile unit, bounds this kernel: one tdpbf16ps does 8192 multiply-adds, while
+// every packed element is a load and a store. So a thread packs one operand's block once and
+// multiplies it by every block of the other operand in its share: op(B)'s when M has the more
+// blocks (the threads split M), op(A)'s otherwise (they split N). A thread owns the same share
+// for every (strip, k block): OpenMP gives a static schedule's iterations to the same threads in
+// every loop of equal length in one parallel region, so each C element is still summed over k
+// blocks in order by one thread. With fewer blocks than threads either way, the threads share
+// the (M x N) blocks and pack both per block. The result does not depend on the thread count.
 inline void product(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, const bf16* A,
                     std::int64_t lda, const bf16* B, std::int64_t ldb, float* c32) {
+  if (K == 0) {
+    std::fill(c32, c32 + M * N, 0.0f);
+    return;
+  }
   const std::int64_t blocks_m = (M + MC - 1) / MC, blocks_n = (N + NC - 1) / NC, tasks = blocks_m * blocks_n;
   const int threads = openmp::max_threads();
+  enum class share { rows, columns, blocks };
+  const share split = blocks_m >= blocks_n && blocks_m >= threads   ? share::rows
+                      : blocks_n > blocks_m && blocks_n >= threads ? share::columns
+                                                                   : share::blocks;
 #pragma omp parallel num_threads(threads) if (tasks > 1 && M * N * K > 262144)
   {
-    // Per thread: the tile configuration (per thread state), one block of each pack (an odd
-    // group count is padded by one zero group; kept between calls, as OpenMP keeps its threads),
-    // and one 32 x 32 block of C.
+    // Per thread: the tile configuration, one block of each pack (an odd group count is padded
+    // by one zero group; kept between calls, as OpenMP keeps its threads), and one 32 x 32
+    // block of C.
     const tile_config config;
     _tile_loadconfig(&config);
     thread_local std::vector<std::uint16_t> a_pack, b_pack;
     a_pack.resize(std::max(a_pack.size(), std::size_t((MC + 16) * KC)));
     b_pack.resize(std::max(b_pack.size(), std::size_t((NC + 16) * KC)));
     alignas(64) float block[32 * 32];
-#pragma omp for schedule(static)
-    for (std::int64_t task = 0; task < tasks; ++task) {
-      const std::int64_t i0 = (task % blocks_m) * MC, j0 = (task / blocks_m) * NC;
-      const std::int64_t mc = std::min(MC, M - i0), nc = std::min(NC, N - j0);
-      if (K == 0) {
-        for (std::int64_t r = 0; r < mc; ++r) std::fill(c32 + (i0 + r) * N + j0, c32 + (i0 + r) * N + j0 + nc, 0.0f);
-        continue;
-      }
-      for (std::int64_t k0 = 0; k0 < K; k0 += KC) {
-        const std::int64_t kc = std::min(KC, K - k0), steps = (kc + TK - 1) / TK;
-        const bool first = k0 == 0;
-        // Pack 32-row and 32-column granules: the micro-kernel reads groups in pairs.
-        pack_a(a_pack.data(), A, lda, trans_a, i0, mc, k0, kc);
-        pack_b(b_pack.data(), B, ldb, trans_b, k0, kc, j0, nc);
-        const std::int64_t groups_m = (mc + 15) / 16, groups_n = (nc + 15) / 16;
-        if (groups_m % 2) std::fill_n(a_pack.data() + groups_m * steps * 16 * TK, steps * 16 * TK, std::uint16_t(0));
-        if (groups_n % 2) std::fill_n(b_pack.data() + groups_n * steps * 16 * TK, steps * 16 * TK, std::uint16_t(0));
-        for (std::int64_t jr = 0; jr < nc; jr += 32)
-          for (std::int64_t ir = 0; ir < mc; ir += 32) {
-            const std::int64_t rows = std::min<std::int64_t>(32, mc - ir), cols = std::min<std::int64_t>(32, nc - jr);
-            if (!first)
-              for (std::int64_t r = 0; r < rows; ++r)
-                std::memcpy(block + r * 32, c32 + (i0 + ir + r) * N + j0 + jr, std::size_t(cols) * sizeof(float));
-            const std::uint16_t* a = a_pack.data() + (ir / 16) * steps * 16 * TK;
-            const std::uint16_t* b = b_pack.data() + (jr / 16) * steps * 16 * TK;
-            micro_kernel(steps, a, a + steps * 16 * TK, b, b + steps * 16 * TK, block, !first);
-            for (std::int64_t r = 0; r < rows; ++r)
-              std::memcpy(c32 + (i0 + ir + r) * N + j0 + jr, block + r * 32, std::size_t(cols) * sizeof(float));
+    thread_state s{a_pack, b_pack, block};
+    if (split == share::rows) {
+      for (std::int64_t j0 = 0; j0 < N; j0 += NC)
+        for (std::int64_t k0 = 0; k0 < K; k0 += KC) {
+          const std::int64_t nc = std::min(NC, N - j0), kc = std::min(KC, K - k0);
+          bool packed = false;  // a thread with no block here packs nothing
+#pragma omp for schedule(static) nowait
+          for (std::int64_t bm = 0; bm < blocks_m; ++bm) {
+            if (!packed) pack_b_block(s, B, ldb, trans_b, k0, kc, j0, nc), packed = true;
+            const std::int64_t i0 = bm * MC, mc = std::min(MC, M - i0);
+            pack_a_block(s, A, lda, trans_a, i0, mc, k0, kc);
+            multiply_packed(s, i0, mc, k0, kc, j0, nc, c32, N);
           }
+        }
+    } else if (split == share::columns) {
+      for (std::int64_t i0 = 0; i0 < M; i0 += MC)
+        for (std::int64_t k0 = 0; k0 < K; k0 += KC) {
+          const std::int64_t mc = std::min(MC, M - i0), kc = std::min(KC, K - k0);
+          bool packed = false;
+#pragma omp for schedule(static) nowait
+          for (std::int64_t bn = 0; bn < blocks_n; ++bn) {
+            if (!packed) pack_a_block(s, A, lda, trans_a, i0, mc, k0, kc), packed = true;
+            const std::int64_t j0 = bn * NC, nc = std::min(NC, N - j0);
+            pack_b_block(s, B, ldb, trans_b, k0, kc, j0, nc);
+            multiply_packed(s, i0, mc, k0, kc, j0, nc, c32, N);
+          }
+        }
+    } else {
+#pragma omp for schedule(static)
+      for (std::int64_t task = 0; task < tasks; ++task) {
+        const std::int64_t i0 = (task % blocks_m) * MC, j0 = (task / blocks_m) * NC;
+        const std::int64_t mc = std::min(MC, M - i0), nc = std::min(NC, N - j0);
+        for (std::int64_t k0 = 0; k0 < K; k0 += KC) {
+          const std::int64_t kc = std::min(KC, K - k0);
+          pack_a_block(s, A, lda, trans_a, i0, mc, k0, kc);
+          pack_b_block(s, B, ldb, trans_b, k0, kc, j0, nc);
+          multiply_packed(s, i0, mc, k0, kc, j0, nc, c32, N);
+        }
       }
     }
     _tile_release();

@@ -17,17 +17,21 @@
 namespace strata::kernels {
 
 namespace layernorm_detail {
-// sum_{i < n} term(i) as 8 interleaved partial sums combined in a fixed tree: the compiler
-// vectorises it, and the order is fixed, whatever the thread count.
+// sum_{i < n} term(i) as 16 interleaved partial sums combined in a fixed tree (halves added
+// pairwise): the compiler vectorises it, and the order is fixed, whatever the thread count.
+// Sixteen, not eight: eight floats are one 256-bit register, a single chain of dependent adds
+// that ran at half the speed (a 384-wide layernorm, 2 threads: forward 400 -> 160 us).
 template <class A, class Term>
 inline A sum_in_lanes(std::int64_t n, Term&& term) {
-  constexpr int lanes = 8;
+  constexpr int lanes = 16;
   A part[lanes] = {};
   std::int64_t i = 0;
   for (; i + lanes <= n; i += lanes)
     for (int j = 0; j < lanes; ++j) part[j] += term(i + j);
   for (; i < n; ++i) part[0] += term(i);
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (int w = lanes / 2; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) part[j] += part[j + w];
+  return part[0];
 }
 }  // namespace layernorm_detail
 

@@ -36,8 +36,8 @@ void linear_forward(host, workspace& ws, T* out, const T* inp, const T* weight,
           acc_t<T>(bias ? 1 : 0), out, OC);
 }
 
-// Accumulates (+=) into every gradient:
-//   dinp[N, C]    += dout[N, OC] . weight[OC, C]        (skipped when dinp is null)
+// Writes the input's gradient and accumulates (+=) into the parameters':
+//   dinp[N, C]     = dout[N, OC] . weight[OC, C]        (skipped when dinp is null; not read)
 //   dweight[OC, C] += dout[N, OC]^T . inp[N, C]
 //   dbias[OC]     += sum over rows of dout             (skipped when dbias is null)
 template <class T>
@@ -47,7 +47,7 @@ void linear_backward(host, workspace& ws, std::type_identity_t<T>* dinp /*nullab
   STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_backward: negative size N = ", N, ", C = ", C,
                ", OC = ", OC);
   STRATA_CHECK(dweight != nullptr, "linear_backward: dweight must not be null");
-  if (dinp) gemm<T>(host{}, ws, false, false, N, C, OC, acc_t<T>(1), dout, OC, weight, C, acc_t<T>(1), dinp, C);
+  if (dinp) gemm<T>(host{}, ws, false, false, N, C, OC, acc_t<T>(1), dout, OC, weight, C, acc_t<T>(0), dinp, C);
   gemm<T>(host{}, ws, true, false, OC, C, N, acc_t<T>(1), dout, OC, inp, C, acc_t<T>(1), dweight, C);
   if (dbias) {
     // Each thread owns a block of columns and sums them over all rows in row order, so every
