@@ -75,21 +75,10 @@ inline std::uint16_t at(const bf16* x, std::int64_t ld, bool trans, std::int64_t
 // uninitialised wherever they are inlined (fixed in GCC 13).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// One whole tile of a transposed A: tile[r * TK + kk] = A[(col0 + kk) * lda + row0 + r]. Each
-// pair of source rows (k, k + 1) becomes one vector of 32-bit words (a k pair per row r), and a
-// 16 x 16 transpose of those words gives the tile's rows: 16 vector stores instead of 512
-// scattered 16-bit ones.
-inline void pack_transposed_tile(std::uint16_t* tile, const bf16* A, std::int64_t lda, std::int64_t row0,
-                                 std::int64_t col0) {
-  __m512i w[16];
-  for (int q = 0; q < 16; ++q) {
-    const auto* even = reinterpret_cast<const __m256i*>(A + (col0 + 2 * q) * lda + row0);
-    const auto* odd = reinterpret_cast<const __m256i*>(A + (col0 + 2 * q + 1) * lda + row0);
-    w[q] = _mm512_or_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256(even)),
-                           _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(odd)), 16));
-  }
-  // Transpose w (16 x 16 words): pairs of rows interleaved by 32 and then 64 bits leave, in
-  // 128-bit lane l of u[4g + c], rows 4g .. 4g+3 at column 4l + c; lanes then move into place.
+// Stores the 16 x 16 transpose of w's 32-bit words as a tile's 16 rows: row i holds word i of
+// every w[j]. Pairs of rows interleaved by 32 and then 64 bits leave, in 128-bit lane l of
+// u[4g + c], words 4l + c of w[4g .. 4g+3]; the lanes then move into place.
+inline void store_transposed_words(std::uint16_t* tile, const __m512i (&w)[16]) {
   __m512i t[16], u[16];
   for (int g = 0; g < 8; ++g) {
     t[2 * g] = _mm512_unpacklo_epi32(w[2 * g], w[2 * g + 1]);
@@ -105,12 +94,52 @@ inline void pack_transposed_tile(std::uint16_t* tile, const bf16* A, std::int64_
     const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
     const __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44),
                   y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
-    _mm512_storeu_si512(tile + (c)*TK, _mm512_shuffle_i32x4(x0, y0, 0x88));
+    _mm512_storeu_si512(tile + c * TK, _mm512_shuffle_i32x4(x0, y0, 0x88));
     _mm512_storeu_si512(tile + (4 + c) * TK, _mm512_shuffle_i32x4(x0, y0, 0xDD));
     _mm512_storeu_si512(tile + (8 + c) * TK, _mm512_shuffle_i32x4(x1, y1, 0x88));
     _mm512_storeu_si512(tile + (12 + c) * TK, _mm512_shuffle_i32x4(x1, y1, 0xDD));
   }
 }
+
+// One whole tile of a transposed A: tile[r * TK + kk] = A[(col0 + kk) * lda + row0 + r]. Each
+// pair of source rows (k, k + 1) becomes one vector of 32-bit words (a k pair per row r), whose
+// transpose is the tile: 16 vector stores instead of 512 scattered 16-bit ones.
+inline void pack_transposed_a_tile(std::uint16_t* tile, const bf16* A, std::int64_t lda, std::int64_t row0,
+                                   std::int64_t col0) {
+  __m512i w[16];
+  for (int q = 0; q < 16; ++q) {
+    const auto* even = reinterpret_cast<const __m256i*>(A + (col0 + 2 * q) * lda + row0);
+    const auto* odd = reinterpret_cast<const __m256i*>(A + (col0 + 2 * q + 1) * lda + row0);
+    w[q] = _mm512_or_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256(even)),
+                           _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(odd)), 16));
+  }
+  store_transposed_words(tile, w);
+}
+
+// One whole tile of a transposed B: row p, word c holds op(B)'s k pair 2p, 2p + 1 of column c,
+// which is word p of B's row col0 + c (contiguous in k): a transpose of 16 rows of 16 words.
+inline void pack_transposed_b_tile(std::uint16_t* tile, const bf16* B, std::int64_t ldb, std::int64_t row0,
+                                   std::int64_t col0) {
+  __m512i w[16];
+  for (int c = 0; c < 16; ++c) w[c] = _mm512_loadu_si512(B + (col0 + c) * ldb + row0);
+  store_transposed_words(tile, w);
+}
+
+#if defined(__AVX512BW__)
+// One whole tile of an untransposed B: row p interleaves rows row0 + 2p and row0 + 2p + 1 of B,
+// 16 columns from col0 (even, odd, even, odd, ...): one permutation of the two rows per row.
+inline void pack_interleaved_tile(std::uint16_t* tile, const bf16* B, std::int64_t ldb, std::int64_t row0,
+                                  std::int64_t col0) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (std::int64_t p = 0; p < TK / 2; ++p) {
+    const auto* even = reinterpret_cast<const __m256i*>(B + (row0 + 2 * p) * ldb + col0);
+    const auto* odd = reinterpret_cast<const __m256i*>(B + (row0 + 2 * p + 1) * ldb + col0);
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(even)), _mm256_loadu_si256(odd), 1);
+    _mm512_storeu_si512(tile + p * TK, _mm512_permutexvar_epi16(order, both));
+  }
+}
+#endif
 #pragma GCC diagnostic pop
 #endif
 
@@ -128,7 +157,7 @@ inline void pack_a(std::uint16_t* dst, const bf16* A, std::int64_t lda, bool tra
           for (std::int64_t r = 0; r < 16; ++r) std::memcpy(tile + r * TK, A + (row0 + r) * lda + col0, TK * 2);
         } else {
 #if defined(__AVX512F__)
-          pack_transposed_tile(tile, A, lda, row0, col0);
+          pack_transposed_a_tile(tile, A, lda, row0, col0);
 #else
           for (std::int64_t kk = 0; kk < TK; ++kk) {
             const bf16* src = A + (col0 + kk) * lda + row0;
@@ -160,11 +189,18 @@ inline void pack_b(std::uint16_t* dst, const bf16* B, std::int64_t ldb, bool tra
       const std::int64_t row0 = k0 + s * TK, col0 = j0 + h * 16;
       if (h * 16 + 16 <= nc && s * TK + TK <= kc) {
         if (trans) {
+#if defined(__AVX512F__)
+          pack_transposed_b_tile(tile, B, ldb, row0, col0);
+#else
           for (std::int64_t c = 0; c < 16; ++c) {
             const bf16* src = B + (col0 + c) * ldb + row0;  // op(B)'s column: contiguous in k
             for (std::int64_t p = 0; p < TK / 2; ++p) std::memcpy(tile + p * TK + 2 * c, src + 2 * p, 4);
           }
+#endif
         } else {
+#if defined(__AVX512BW__)
+          pack_interleaved_tile(tile, B, ldb, row0, col0);
+#else
           for (std::int64_t p = 0; p < TK / 2; ++p) {
             const bf16* even = B + (row0 + 2 * p) * ldb + col0;
             const bf16* odd = even + ldb;
@@ -173,6 +209,7 @@ inline void pack_b(std::uint16_t* dst, const bf16* B, std::int64_t ldb, bool tra
               tile[p * TK + 2 * c + 1] = odd[c].bits;
             }
           }
+#endif
         }
         continue;
       }
