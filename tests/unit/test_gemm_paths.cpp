@@ -37,7 +37,8 @@ TEST_CASE("the bf16 GEMM is within one rounding of the exact product plus fp32 a
   strata::memory_ledger ledger;
   strata::workspace ws(ledger);
 #if STRATA_HOST_BF16_GEMM
-  MESSAGE("AMX bf16 kernel ", k::gemm_bf16::available() ? "in use" : "compiled, but the kernel refused the tile state");
+  const std::string amx = k::gemm_bf16::available() ? "in use" : "compiled, but the kernel refused the tile state";
+  MESSAGE("AMX bf16 kernel " << amx);
 #else
   MESSAGE("no AMX in this build: bf16 runs through fp32 copies");
 #endif
@@ -92,7 +93,7 @@ TEST_CASE("the bf16 GEMM gives the same bits at 1, 2 and 3 threads") {
 
 TEST_CASE("OpenBLAS runs kernels the CPU supports, and the choice is described") {
   const std::string line = k::blas_core::describe();
-  MESSAGE("host BLAS: ", line.empty() ? "(not OpenBLAS)" : line);
+  MESSAGE("host BLAS: " << (line.empty() ? std::string("(not OpenBLAS)") : line));
 #if STRATA_OPENBLAS_CORE_SELECTION
   CHECK(line.find("OpenBLAS") == 0);
   const auto& c = k::blas_core::ensure_selected();
