@@ -5,17 +5,19 @@
 // GEMM-bound ops report "GFLOPS"; memory-bound ops report "GBps", counting each tensor's bytes
 // once (the minimum traffic). Activation-sized tensors (N*C floats, 3 MB) stay in L3, so their
 // GBps is cache bandwidth; the 16M-element optimizer and reduction arrays go to DRAM.
-// BM_cblas_sgemm runs raw OpenBLAS at exactly the GEMM shapes linear_forward/backward issue,
+// BM_cblas_sgemm runs the raw CBLAS (OpenBLAS, or MKL in a build with STRATA_HOST_BLAS_VENDOR=MKL)
+// at exactly the GEMM shapes linear_forward/backward issue,
 // so the overhead of strata's wrapper (and of the bf16 widening copies) shows as a ratio.
 // Each benchmark runs for a short minimum time so the whole suite takes well under a minute.
 // Rates are per wall-clock second (UseRealTime): the kernels run on several threads.
 //
-// Run it as  OMP_WAIT_POLICY=passive ./bench_kernels . The Debian OpenBLAS is the pthreads
-// build, with its own thread pool: by default libgomp's idle threads spin after each parallel
-// region and compete with OpenBLAS's for the same cores, which roughly halves the GEMM rates
-// of linear_* (not of BM_cblas_sgemm, which has no OpenMP region around it).
+// Run it as  OMP_WAIT_POLICY=passive ./bench_kernels . With a BLAS on a thread pool of its own
+// (OpenBLAS's pthreads build), libgomp's idle threads spin after each parallel region and
+// compete with the BLAS's for the same cores, which roughly halves the GEMM rates of linear_*
+// (not of BM_cblas_sgemm, which has no OpenMP region around it).
 #include <benchmark/benchmark.h>
-#include <cblas.h>
+
+#include "strata/kernels/host/blas_core.hpp"  // the CBLAS header of strata's BLAS
 
 #include <cstdint>
 #include <vector>
@@ -47,7 +49,7 @@ void set_rate(benchmark::State& state, const char* name, double per_iteration) {
 void report_flops(benchmark::State& state, double flops) { set_rate(state, "GFLOPS", flops); }
 void report_bytes(benchmark::State& state, double bytes) { set_rate(state, "GBps", bytes); }
 
-// --- GEMM: strata linear vs raw OpenBLAS at the same shapes ---------------------------------
+// --- GEMM: strata linear vs the raw CBLAS at the same shapes ---------------------------------
 
 // Args: {OC}. out[N, OC] = inp[N, C] . weight[OC, C]^T + bias
 template <class T_>
@@ -85,6 +87,7 @@ void BM_cblas_sgemm(benchmark::State& state) {
   const float beta = float(state.range(5));
   auto a = random_array<float>(std::int64_t(M) * K, 5), b = random_array<float>(std::int64_t(K) * Nn, 6);
   std::vector<float> c(static_cast<std::size_t>(std::int64_t(M) * Nn));
+  strata::kernels::blas_core::ensure_selected();  // the core or threading layer, as kernels::gemm has it
   for (auto _ : state) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, Nn, K, 1.0f,
                 a.data(), ta ? M : K, b.data(), tb ? K : Nn, beta, c.data(), Nn);

@@ -6,7 +6,8 @@
 //   bench_train_step                          Google Benchmark, every shape and precision
 //   bench_train_step --profile [steps] [cpu]  per-op time of each shape and precision
 //                                             (core/profile.hpp), the tables of docs/profiling.md;
-//                                             cpu: by process CPU time rather than wall time
+//                                             cpu: by process CPU time rather than wall time.
+//                                             Both name the host BLAS (OpenBLAS's core, or MKL).
 //   bench_train_step --serve SHAPE PRECISION  for bench/side_by_side/run.py: builds the run, says
 //                                             "ready", then for each N read from stdin runs N steps
 //                                             and prints their seconds (0 or end of input: exit)
@@ -105,6 +106,12 @@ static int serve(const shape& s) {
   return 0;
 }
 
+// The fp32 GEMMs' library, as kernels/host/blas_core.hpp describes it.
+std::string host_blas() {
+  const std::string line = strata::kernels::blas_core::describe();
+  return line.empty() ? "none recognised (portable GEMM, or another CBLAS)" : line;
+}
+
 int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "--serve") == 0) {
     const std::string name = argv[2], precision = argv[3];
@@ -120,12 +127,14 @@ int main(int argc, char** argv) {
     const int steps = argc >= 3 ? std::stoi(argv[2]) : 10;
     const auto clock = argc >= 4 && std::strcmp(argv[3], "cpu") == 0 ? st::profiler::clock::process_cpu
                                                                     : st::profiler::clock::wall;
+    std::cout << "host BLAS: " << host_blas() << "\n";
     for (const shape& s : {small, medium}) {
       profile<st::fp32>(s, "fp32", steps, clock);
       profile<st::mixed<st::bf16, float>>(s, "bf16", steps, clock);
     }
     return 0;
   }
+  benchmark::AddCustomContext("host_blas", host_blas());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

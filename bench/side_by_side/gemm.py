@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GEMMs of one medium training step (bench_train_step's 6-layer, 384-wide model: 2048 tokens,
 vocabulary 8192), through PyTorch's BLAS (torch.mm: MKL in the PyPI wheels) and through the
-OpenBLAS strata links, in one process, interleaved: the question behind the fp32 ratio of
+OpenBLAS of strata's default build, in one process, interleaved: the question behind the fp32 ratio of
 bench/side_by_side/run.py, since that step is GEMM-bound.
 
 Prints the two rates over the whole set (medians of --rounds, each side timed in alternation) and,

@@ -8,7 +8,7 @@
 # Usage: cmake -DMODE=... -DWORK_DIR=... -DSTRATA_SOURCE_DIR=... -DSTRATA_BINARY_DIR=...
 #              -DCONSUMER_SOURCE_DIR=... -DGENERATOR=... [-DGENERATOR_PLATFORM=...]
 #              [-DGENERATOR_TOOLSET=...] [-DMAKE_PROGRAM=...] -DCXX_COMPILER=... [-DCONFIG=...]
-#              -P run_consumer.cmake
+#              [-DEXPECTED_BLAS=OpenBLAS|MKL] -P run_consumer.cmake
 cmake_minimum_required(VERSION 3.24)
 
 foreach(var IN ITEMS MODE WORK_DIR STRATA_SOURCE_DIR CONSUMER_SOURCE_DIR GENERATOR CXX_COMPILER)
@@ -93,6 +93,14 @@ else()
 endif()
 
 consumer_step("configure" "${CMAKE_COMMAND}" ${configure_args})
+# An installed strata links the BLAS it was built with (strataConfig.cmake.in).
+if(MODE STREQUAL "find_package" AND EXPECTED_BLAS)
+  file(STRINGS "${build_dir}/CMakeCache.txt" blas_line REGEX "^STRATA_HOST_BLAS_VENDOR:")
+  if(NOT blas_line MATCHES ":STRING=${EXPECTED_BLAS}$")
+    message(FATAL_ERROR "consumer.${MODE}: strata was built on ${EXPECTED_BLAS}, but its installed config "
+                        "gave the consumer '${blas_line}'")
+  endif()
+endif()
 consumer_step("build" "${CMAKE_COMMAND}" --build "${build_dir}" --config "${CONFIG}")
 
 set(exe_file "${build_dir}/consumer_exe_${CONFIG}.txt")

@@ -1,13 +1,17 @@
-// The host GEMM's machine-specific paths: OpenBLAS's core selection (kernels/host/blas_core.hpp)
-// and the AMX bf16 kernel (kernels/host/gemm_bf16.hpp), at sizes that cross every block edge.
-// On a machine without AMX the bf16 cases run the fp32-copy path and still hold.
+// The host GEMM's machine-specific paths: OpenBLAS's core selection or MKL's threading layer
+// (kernels/host/blas_core.hpp), and the AMX bf16 kernel (kernels/host/gemm_bf16.hpp), at sizes
+// that cross every block edge. On a machine without AMX the bf16 cases run the fp32-copy path
+// and still hold.
 #include <doctest/doctest.h>
 
 #include <omp.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -91,9 +95,25 @@ TEST_CASE("the bf16 GEMM gives the same bits at 1, 2 and 3 threads") {
     CHECK(std::memcmp(results[0].data(), results[r].data(), results[0].size() * sizeof(bf16)) == 0);
 }
 
-TEST_CASE("OpenBLAS runs kernels the CPU supports, and the choice is described") {
+TEST_CASE("the host BLAS runs kernels the CPU supports on strata's threads, and is described") {
   const std::string line = k::blas_core::describe();
-  MESSAGE("host BLAS: " << (line.empty() ? std::string("(not OpenBLAS)") : line));
+  MESSAGE("host BLAS: " << (line.empty() ? std::string("(neither OpenBLAS nor MKL)") : line));
+#if STRATA_HOST_BLAS && defined(STRATA_HOST_BLAS_MKL)
+  CHECK(line.find("MKL ") == 0);
+  // After a GEMM, MKL threads on the GNU OpenMP runtime strata's kernels use, and Intel's runtime
+  // was never loaded (unless the user chose a threading layer).
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  std::vector<float> a(64 * 64, 1.0f), c(64 * 64);
+  k::gemm<float>(host{}, ws, false, false, 64, 64, 64, 1.0f, a.data(), 64, a.data(), 64, 0.0f, c.data(), 64);
+  CHECK(c[0] == 64.0f);
+  if (!std::getenv("MKL_THREADING_LAYER")) {
+    std::ifstream maps("/proc/self/maps");
+    const std::string mapped((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+    CHECK(mapped.find("libmkl_gnu_thread") != std::string::npos);
+    CHECK(mapped.find("libiomp5") == std::string::npos);
+  }
+#endif
 #if STRATA_OPENBLAS_CORE_SELECTION
   CHECK(line.find("OpenBLAS") == 0);
   const auto& c = k::blas_core::ensure_selected();

@@ -1,4 +1,4 @@
-// strata/kernels/gemm.hpp - row-major GEMM, C = alpha op(A) op(B) + beta C: gemm (OpenBLAS or
+// strata/kernels/gemm.hpp - row-major GEMM, C = alpha op(A) op(B) + beta C: gemm (OpenBLAS, MKL or
 // the portable loop GEMM on the host, cuBLASLt on the GPU).
 //
 // What a layer includes to call this op on any device: the host overload

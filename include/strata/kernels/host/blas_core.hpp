@@ -1,5 +1,8 @@
-// strata/kernels/host/blas_core.hpp - OpenBLAS's kernels for the CPU it actually runs on.
+// strata/kernels/host/blas_core.hpp - the host CBLAS, set up for this CPU and strata's threads
+// before the first host GEMM: OpenBLAS (the default) or MKL (STRATA_HOST_BLAS_VENDOR=MKL in
+// CMake, which defines STRATA_HOST_BLAS_MKL).
 //
+// OpenBLAS: its kernels for the CPU it actually runs on.
 // An OpenBLAS built for many CPUs (Debian's DYNAMIC_ARCH library) picks its kernels once, when
 // it loads, from the CPU's model number. A CPU newer than the library is not in its table and
 // gets a generic core: OpenBLAS 0.3.21 meets a Sapphire Rapids as "Prescott" (SSE3), and its
@@ -12,18 +15,29 @@
 //
 // Left alone: a core OpenBLAS recognised, a user's OPENBLAS_CORETYPE, STRATA_OPENBLAS_CORE=keep,
 // an OpenBLAS without runtime core selection, and any other CBLAS.
+//
+// MKL: libmkl_rt picks its threading layer at its first call: Intel's OpenMP runtime (libiomp5)
+// by default, GNU's where libgomp is already loaded (so measured with MKL 2025.0). strata's
+// kernels run on the compiler's (GNU) runtime, and two runtimes with a thread per core each
+// oversubscribe the machine, so strata selects the GNU layer itself before the first GEMM -
+// unless the user set MKL_THREADING_LAYER. MKL's GEMMs then share strata's OpenMP threads, as
+// OpenBLAS's do. Its results, like another OpenBLAS core's, may round differently from
+// OpenBLAS's; at a fixed thread count they repeat from run to run (the whole suite passes on it).
 #pragma once
 
 // STRATA_HOST_BLAS: whether the host GEMM calls a CBLAS (kernels/host/gemm.hpp says more).
 #ifndef STRATA_HOST_BLAS
-#if __has_include(<cblas.h>)
+#if defined(STRATA_HOST_BLAS_MKL) || __has_include(<cblas.h>)
 #define STRATA_HOST_BLAS 1
 #else
 #define STRATA_HOST_BLAS 0
 #endif
 #endif
 
-#if STRATA_HOST_BLAS
+#if STRATA_HOST_BLAS && defined(STRATA_HOST_BLAS_MKL)
+#include <mkl_cblas.h>
+#include <mkl_service.h>
+#elif STRATA_HOST_BLAS
 #include <cblas.h>
 #endif
 
@@ -71,6 +85,9 @@ inline const char* best_core() {
 
 inline choice select() {
   choice c;
+#if STRATA_HOST_BLAS && defined(STRATA_HOST_BLAS_MKL)
+  if (!std::getenv("MKL_THREADING_LAYER")) mkl_set_threading_layer(MKL_THREADING_GNU);
+#endif
 #if STRATA_OPENBLAS_CORE_SELECTION
   c.detected = openblas_get_corename();
   const char* keep = std::getenv("STRATA_OPENBLAS_CORE");
@@ -88,7 +105,7 @@ inline choice select() {
 }
 }  // namespace detail
 
-// Runs the selection once per process (the first call; later calls return its result).
+// Runs the set-up once per process (the first call; later calls return its result).
 inline const choice& ensure_selected() {
   static std::once_flag once;
   static choice result;
@@ -97,10 +114,16 @@ inline const choice& ensure_selected() {
 }
 
 // One line for a log: "OpenBLAS 0.3.21, core Cooperlake (selected by strata; OpenBLAS detected
-// Prescott)", "OpenBLAS 0.3.21, core Haswell", or "" without OpenBLAS.
+// Prescott)", "OpenBLAS 0.3.21, core Haswell", "MKL 2025.0.0" or "" for another or no BLAS.
 inline std::string describe() {
   const choice& c = ensure_selected();
-#if STRATA_OPENBLAS_CORE_SELECTION
+#if STRATA_HOST_BLAS && defined(STRATA_HOST_BLAS_MKL)
+  (void)c;
+  MKLVersion v;
+  mkl_get_version(&v);
+  return "MKL " + std::to_string(v.MajorVersion) + "." + std::to_string(v.MinorVersion) + "." +
+         std::to_string(v.UpdateVersion);
+#elif STRATA_OPENBLAS_CORE_SELECTION
   std::string version = OPENBLAS_VERSION;
   while (!version.empty() && version.front() == ' ') version.erase(version.begin());
   while (!version.empty() && version.back() == ' ') version.pop_back();

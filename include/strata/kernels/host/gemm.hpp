@@ -1,4 +1,4 @@
-// strata/kernels/host/gemm.hpp - row-major GEMM on the CPU: through a CBLAS (OpenBLAS) when the
+// strata/kernels/host/gemm.hpp - row-major GEMM on the CPU: through a CBLAS (OpenBLAS or MKL) when the
 // program has one, through a portable loop GEMM when it has none.
 //
 //   C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C[M,N]
@@ -11,8 +11,9 @@
 // The path is STRATA_HOST_BLAS: 1 calls cblas_sgemm/dgemm (fp16, and bf16 without AMX,
 // through fp32 copies in the workspace, slots 0, 1, 2; bf16 with it through gemm_bf16.hpp's
 // kernel, fp32 result in slot 2); 0 calls gemm_detail::reference_gemm. Left undefined, it is 1 exactly
-// when <cblas.h> can be included. strata::strata links OpenBLAS and puts its cblas.h on the
-// include path; a program without a BLAS (a CUDA-only build, whose st::cuda policy never
+// when <cblas.h> can be included or STRATA_HOST_BLAS_MKL is defined. strata::strata links its BLAS
+// (OpenBLAS, or MKL: kernels/host/blas_core.hpp) and puts the CBLAS header on the include path; a
+// program without a BLAS (a CUDA-only build, whose st::cuda policy never
 // multiplies on the host) either has no cblas.h or defines STRATA_HOST_BLAS=0, and needs no stub
 // header and no BLAS library. Define it alike in every translation unit of a program: both paths
 // are the body of one template.

@@ -2,7 +2,7 @@
 //
 //   inp [N, C], weight [OC, C] (PyTorch's nn.Linear layout), bias [OC] (nullable), out [N, OC]
 //
-// Both GEMMs go through kernels::gemm (OpenBLAS, or the portable loop GEMM in a program without
+// Both GEMMs go through kernels::gemm (the host BLAS, or the portable loop GEMM in a program without
 // a BLAS: kernels/host/gemm.hpp); the bias gradient is a column sum done here.
 #pragma once
 #include <cstdint>
