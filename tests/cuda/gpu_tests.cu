@@ -258,16 +258,23 @@ void test_linear(std::int64_t N, std::int64_t C, std::int64_t OC) {
     check(with_bias ? "linear_forward (bias epilogue)" : "linear_forward", dt, sh, rel_error(dout.host(), ref),
           tol_for<T>());
   }
-  if constexpr (!std::is_same_v<T, float>) {
-    if (OC % 8 == 0) {  // GELU epilogue: out = gelu(pre), pre = linear
-      std::vector<T> pre(std::size_t(N * OC)), act(std::size_t(N * OC));
-      ref_linear_forward(pre.data(), x.data(), w.data(), bias.data(), N, C, OC);
-      k::gelu_forward(H, act.data(), pre.data(), N * OC);
-      dvec<T> dpre(std::size_t(N * OC)), dact(std::size_t(N * OC));
-      k::linear_gelu_forward<T>(D, ws, dact.get(), dpre.get(), dx.get(), dw.get(), dbias.get(), N, C, OC);
-      check("linear_gelu_forward (pre)", dt, sh, rel_error(dpre.host(), pre), tol_for<T>());
-      check("linear_gelu_forward (gelu)", dt, sh, rel_error(dact.host(), act), tol_for<T>());
-    }
+  {  // out = gelu(pre), pre = linear: the GELU epilogue (bf16, fp16 with OC % 8 == 0) or the two kernels
+    std::vector<T> pre(std::size_t(N * OC)), act(std::size_t(N * OC));
+    ref_linear_forward(pre.data(), x.data(), w.data(), bias.data(), N, C, OC);
+    k::gelu_forward(H, act.data(), pre.data(), N * OC);
+    dvec<T> dpre(std::size_t(N * OC)), dact(std::size_t(N * OC));
+    k::linear_gelu_forward<T>(D, ws, dact.get(), dpre.get(), dx.get(), dw.get(), dbias.get(), N, C, OC);
+    check("linear_gelu_forward (pre)", dt, sh, rel_error(dpre.host(), pre), tol_for<T>());
+    check("linear_gelu_forward (gelu)", dt, sh, rel_error(dact.host(), act), tol_for<T>());
+    // Its backward: dpre = dact · gelu'(pre), and the bias gradient += dpre's column sums.
+    const auto gact = random_vec<T>(std::size_t(N * OC), -1, 1, 27);
+    auto db = random_vec<T>(std::size_t(OC), -1, 1, 28);
+    std::vector<T> dpre_ref(std::size_t(N * OC)), db_ref = db;
+    k::bias_gelu_backward(H, dpre_ref.data(), db_ref.data(), pre.data(), gact.data(), N, OC);
+    dvec<T> dgact(gact), ddb(db), dpre_out(std::size_t(N * OC)), dpre_in(pre);
+    k::bias_gelu_backward(D, dpre_out.get(), ddb.get(), dpre_in.get(), dgact.get(), N, OC);
+    check("bias_gelu_backward (dpre)", dt, sh, rel_error(dpre_out.host(), dpre_ref), tol_for<T>());
+    check("bias_gelu_backward (dbias)", dt, sh, rel_error(ddb.host(), db_ref), tol_for<T>());
   }
   // backward: the parameters' gradients accumulate, the input's is written
   const auto g = random_vec<T>(std::size_t(N * OC), -1, 1, 23);

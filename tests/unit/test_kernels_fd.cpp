@@ -19,6 +19,7 @@
 #include "strata/core/memory.hpp"
 #include "strata/kernels/all.hpp"
 #include "finite_difference.hpp"
+#include "max_error.hpp"
 
 namespace {
 
@@ -132,6 +133,56 @@ TEST_CASE("gelu: gradient matches finite differences") {
   CHECK(y[0] == 0.0);
   CHECK(y[1] == doctest::Approx(0.8411919906082768).epsilon(1e-15));
   CHECK(y[2] == doctest::Approx(-0.0036373920817729).epsilon(1e-12));
+}
+
+// The MLP's first projection with its GELU (linear_gelu_forward) and the fused backward
+// (bias_gelu_backward, then linear_backward without the bias): finite differences through both,
+// and the same numbers as the unfused kernels. 150 rows: three chunks of the bias sum.
+TEST_CASE("linear_gelu_forward and bias_gelu_backward: gradients match finite differences") {
+  const std::int64_t N = 150, C = 6, OC = 10;
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  vec inp = randn(N * C, 41), weight = randn(OC * C, 42, 0.5), bias = randn(OC, 43), g = randn(N * OC, 44);
+  vec out(N * OC), pre(N * OC);
+  auto loss = [&] {
+    k::linear_gelu_forward(host{}, ws, out.data(), pre.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    return weighted_sum(g, out);
+  };
+  loss();
+  vec unfused_pre(N * OC), unfused_out(N * OC);
+  k::linear_forward(host{}, ws, unfused_pre.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  k::gelu_forward(host{}, unfused_out.data(), unfused_pre.data(), N * OC);
+  CHECK(strata_test::max_diff(pre, unfused_pre) <= 1e-14);
+  CHECK(strata_test::max_diff(out, unfused_out) <= 1e-14);
+
+  vec dpre(N * OC, std::numeric_limits<double>::quiet_NaN()), dinp(N * C), dweight(OC * C), dbias(OC);
+  k::bias_gelu_backward(host{}, dpre.data(), dbias.data(), pre.data(), g.data(), N, OC);
+  k::linear_backward(host{}, ws, dinp.data(), dweight.data(), nullptr, dpre.data(), inp.data(), weight.data(), N, C, OC);
+  check_gradient("linear_gelu dinp", dinp, inp, loss);
+  check_gradient("linear_gelu dweight", dweight, weight, loss);
+  check_gradient("linear_gelu dbias", dbias, bias, loss);
+  loss();
+
+  // dpre is gelu_backward's, bit for bit; the bias gradient accumulates, and equals the column
+  // sums linear_backward would take of dpre.
+  vec unfused_dpre(N * OC);
+  k::gelu_backward(host{}, unfused_dpre.data(), pre.data(), g.data(), N * OC);
+  CHECK(dpre == unfused_dpre);
+  vec dbias2 = dbias;
+  k::bias_gelu_backward(host{}, dpre.data(), dbias2.data(), pre.data(), g.data(), N, OC);
+  check_doubled("linear_gelu dbias", dbias, dbias2);
+  vec column_sums(OC), scratch_dinp(N * C), scratch_dweight(OC * C);
+  k::linear_backward(host{}, ws, scratch_dinp.data(), scratch_dweight.data(), column_sums.data(), dpre.data(),
+                     inp.data(), weight.data(), N, C, OC);
+  CHECK(strata_test::max_diff(dbias, column_sums) <= 1e-12);
+
+  // Without a bias: GELU of the plain product, and no bias gradient.
+  k::linear_gelu_forward(host{}, ws, out.data(), pre.data(), inp.data(), weight.data(), nullptr, N, C, OC);
+  k::linear_forward(host{}, ws, unfused_pre.data(), inp.data(), weight.data(), nullptr, N, C, OC);
+  CHECK(strata_test::max_diff(pre, unfused_pre) <= 1e-14);
+  k::bias_gelu_backward(host{}, dpre.data(), nullptr, pre.data(), g.data(), N, OC);
+  k::gelu_backward(host{}, unfused_dpre.data(), pre.data(), g.data(), N * OC);
+  CHECK(dpre == unfused_dpre);
 }
 
 TEST_CASE("residual: gradients of both inputs match finite differences") {

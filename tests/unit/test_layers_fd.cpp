@@ -140,6 +140,33 @@ TEST_CASE("GPT-2 model: every parameter's gradient through the fused loss matche
   MESSAGE("GPT-2 (double) worst per-tensor relative gradient error: " << worst);
 }
 
+// linear's config.gelu: forward gives GELU of the plain layer's output and keeps both; backward
+// takes GELU's output gradient (the block test above checks its gradients through the MLP). A
+// row split, whose output is a partial sum, is refused when the layer is built.
+TEST_CASE("linear with gelu: GELU of the plain layer's output; a row split is refused") {
+  st::memory_ledger ledger;
+  st::model_context<P64> ctx(ledger, st::seed{5});
+  st::linear<P64> plain(st::module_scope<P64>(ctx, "plain"), {.in = 6, .out = 10, .init_std = 0.5});
+  st::linear<P64> fused(st::module_scope<P64>(ctx, "fused"), {.in = 6, .out = 10, .init_std = 0.5, .gelu = true});
+  ctx.params().materialize();
+  auto& p = ctx.params();
+  std::copy_n(p.weights(plain.weight()), 60, p.weights(fused.weight()));
+  for (int i = 0; i < 10; ++i) p.weights(plain.bias())[i] = p.weights(fused.bias())[i] = 0.1 * (i - 4);
+  const std::vector<double> x = random_vector(3 * 6, 7);
+  auto y = plain.forward({x.data(), {3, 6}});
+  auto z = fused.forward({x.data(), {3, 6}});
+  REQUIRE(z.numel() == 30);
+  for (std::int64_t i = 0; i < 30; ++i) {
+    const double pre = y.data[i];
+    const double u = 0.7978845608028654 * (pre + 0.044715 * pre * pre * pre);
+    CHECK(z.data[i] == doctest::Approx(0.5 * pre * (1 + std::tanh(u))).epsilon(1e-14));
+  }
+  CHECK(st::linear<P64>::cost({.in = 6, .out = 10, .gelu = true}, {}).activation_bytes ==
+        2 * st::linear<P64>::cost({.in = 6, .out = 10}, {}).activation_bytes);
+  CHECK_THROWS_WITH_AS(st::linear<P64>(st::module_scope<P64>(ctx, "row"), {.in = 6, .out = 10, .split = st::tensor_split_kind::row, .gelu = true}),
+                       doctest::Contains("GELU needs whole outputs, and a row-parallel layer's output is a partial sum"), st::error);
+}
+
 TEST_CASE("layers meet the layer concept") {
   static_assert(st::hidden_layer<st::linear<P64>>);
   static_assert(st::hidden_layer<st::layernorm<P64>>);

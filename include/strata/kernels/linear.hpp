@@ -1,5 +1,5 @@
 // strata/kernels/linear.hpp - fully connected layer, out = inp . weight^T + bias:
-// linear_forward, linear_backward (and, on the GPU, linear_gelu_forward).
+// linear_forward, linear_backward, and linear_gelu_forward (with GELU on the output).
 //
 // What a layer includes to call this op on any device: the host overload
 // (kernels/host/linear.hpp) and, when nvcc compiles the translation unit, the CUDA overload

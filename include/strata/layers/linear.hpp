@@ -2,6 +2,9 @@
 //
 // Shapes: x [rows, in], W [out, in] (the layout PyTorch and GPT-2 checkpoints use), b [out],
 // y [rows, out]. Keeps a view of its input (owned by the layer before it) and owns its output.
+// With config.gelu the output is GELU(x·Wᵀ + b) (the MLP's first projection): bias and GELU run
+// fused (kernels linear_gelu_forward, and bias_gelu_backward for the bias gradient), and the layer
+// keeps the pre-activation as well.
 //
 // Under tensor parallelism over t ranks (config.split says which half; the degree comes from
 // where the layer is built):
@@ -26,6 +29,7 @@
 
 #include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
+#include "strata/kernels/gelu.hpp"
 #include "strata/kernels/linear.hpp"
 #include "strata/kernels/residual.hpp"
 #include "strata/layers/cost.hpp"
@@ -52,6 +56,9 @@ class linear {
     std::array<std::int64_t, tensor_shard::max_blocks> block_sizes{};
     // With block_sizes: the heads in each group (0: any split), for degrees above a group's heads.
     std::array<std::int64_t, tensor_shard::max_blocks> block_heads{};
+    // GELU (tanh approximation) on the output, fused with the bias. Not with a row split, whose
+    // output is a partial sum.
+    bool gelu = false;
 
     constexpr int block_count() const {
       if (block_sizes[0] <= 0) return blocks;
@@ -91,7 +98,7 @@ class linear {
     r.forward_flops = 2 * rows * c.in * (c.split == tensor_split_kind::row ? c.out / t : local_out(c, int(t)));
     r.backward_flops = 2 * r.forward_flops;
     r.output_bytes = (c.split == tensor_split_kind::column ? rows * local_out(c, int(t)) : s.tp.local_rows(rows) * c.out) * bytes;
-    r.activation_bytes = r.output_bytes;
+    r.activation_bytes = (c.gelu ? 2 : 1) * r.output_bytes;  // with GELU, the pre-activation too
     if (c.split == tensor_split_kind::column) {
       const double input = double(rows * c.in * bytes);
       r.tensor_forward_bytes = tensor_edge_bytes::enter_forward(tp, input);
@@ -151,6 +158,10 @@ class linear {
       shared_ = w.has_shared_pieces();
       weight_shard_ = w;
     }
+    STRATA_CHECK(!c.gelu || c.split != tensor_split_kind::row, scope.qualify_layer(),
+                 ": GELU needs whole outputs, and a row-parallel layer's output is a partial sum");
+    STRATA_CHECK(!c.gelu || !shared_, scope.qualify_layer(),
+                 ": GELU with heads shared between tensor-parallel ranks (block_heads) is not supported");
     weight_ = scope_.add_parameter("weight", w, init_rule::normal_with_std(c.init_std), true);
     if (c.bias) bias_ = scope_.add_parameter("bias", b, init_rule::zeros(), false);
   }
@@ -158,7 +169,7 @@ class linear {
   // x: [..., in] -> [..., out] with the same leading dimensions (under sequence parallelism a
   // column-parallel layer's output covers every token: [B, T/t, in] -> [B, T, out/t]).
   tensor_view<const T> forward(tensor_view<const T> x) {
-    STRATA_PROFILE("linear.forward");
+    STRATA_PROFILE(cfg_.gelu ? "linear_gelu.forward" : "linear.forward");
     STRATA_CHECK(x.shape.rank >= 1 && x.shape[x.shape.rank - 1] == in_local_, scope_.qualify("forward"),
                  ": expected input [..., ", in_local_, "], got ", x.shape.str());
     input_ = x;
@@ -168,7 +179,7 @@ class linear {
     if (cfg_.split == tensor_split_kind::column) {
       buffer<T> gathered;
       auto whole = tp.enter_forward(x, gathered, scope_.ledger());
-      return product(whole, out_, bias);
+      return cfg_.gelu ? product_gelu(whole, bias) : product(whole, out_, bias);
     }
     if (cfg_.split == tensor_split_kind::row && tp.degree() > 1) {
       if (!tp.sequence_parallel()) {
@@ -179,13 +190,13 @@ class linear {
       auto y = product(x, partial, tp.rank() == 0 ? bias : nullptr);
       return tp.leave_forward(partial, y.shape, out_, scope_.ledger());
     }
-    return product(x, out_, bias);
+    return cfg_.gelu ? product_gelu(x, bias) : product(x, out_, bias);
   }
 
   // dout: the gradient of forward's output -> the gradient of its input; accumulates into the
   // weight and bias gradients.
   buffer<T> backward(const buffer<T>& dout) {
-    STRATA_PROFILE("linear.backward");
+    STRATA_PROFILE(cfg_.gelu ? "linear_gelu.backward" : "linear.backward");
     auto& tp = scope_.tensor();
     auto& ledger = scope_.ledger();
     auto& p = scope_.params();
@@ -199,6 +210,13 @@ class linear {
     buffer<T> dinp(ledger, memory_category::activations, static_cast<std::size_t>(rows_ * in_local_), uninitialized);
     if (shared_) {
       backward_shared(dinp.data(), dy.data(), x);
+    } else if (cfg_.gelu) {
+      // dy is GELU's output gradient: the pre-activation's, and the bias gradient in the same pass.
+      buffer<T> dpre(ledger, memory_category::activations, dy.size(), uninitialized);
+      kernels::bias_gelu_backward(device{}, dpre.data(), cfg_.bias ? p.grads(bias_) : nullptr, out_.data(), dy.data(),
+                                  rows_, out_local_);
+      kernels::linear_backward(device{}, scope_.workspace(), dinp.data(), p.grads(weight_), nullptr, dpre.data(), x,
+                               p.weights(weight_), rows_, in_local_, out_local_);
     } else {
       kernels::linear_backward(device{}, scope_.workspace(), dinp.data(), p.grads(weight_),
                                cfg_.bias ? p.grads(bias_) : nullptr, dy.data(), x, p.weights(weight_), rows_,
@@ -215,11 +233,15 @@ class linear {
   T* output_data() {
     STRATA_CHECK(cfg_.split != tensor_split_kind::row, scope_.qualify("output_data"),
                  ": a row-parallel layer's output is the group's sum, not its own");
+    STRATA_CHECK(!cfg_.gelu, scope_.qualify("output_data"), ": the output of GELU is not the layer's to change");
     return out_.data();
   }
 
   // Lets go of what forward kept (full recomputation runs forward again before backward).
-  void release_activations() { out_ = buffer<T>(); }
+  void release_activations() {
+    out_ = buffer<T>();
+    act_ = buffer<T>();
+  }
 
   template <class F>
   void visit_parameters(F&& f) const {
@@ -244,6 +266,18 @@ class linear {
     strata::shape s = x.shape;
     s.dims[static_cast<std::size_t>(s.rank - 1)] = out_local_;
     return {dest.data(), s};
+  }
+
+  // GELU(x·Wᵀ + bias) over this rank's features into act_, the pre-activation into out_.
+  tensor_view<const T> product_gelu(tensor_view<const T> x, const T* bias) {
+    rows_ = x.numel() / in_local_;
+    ensure_size(out_, scope_.ledger(), memory_category::activations, rows_ * out_local_);
+    ensure_size(act_, scope_.ledger(), memory_category::activations, rows_ * out_local_);
+    kernels::linear_gelu_forward(device{}, scope_.workspace(), act_.data(), out_.data(), x.data,
+                                 scope_.params().weights(weight_), bias, rows_, in_local_, out_local_);
+    strata::shape s = x.shape;
+    s.dims[static_cast<std::size_t>(s.rank - 1)] = out_local_;
+    return {act_.data(), s};
   }
 
   // Pieces block b of a column split is cut into on t ranks: t, or its heads when they are fewer.
@@ -307,7 +341,8 @@ class linear {
   param_handle weight_, bias_;
   tensor_view<const T> input_;
   std::int64_t rows_ = 0;
-  buffer<T> out_;
+  buffer<T> out_;  // the output; with GELU, the pre-activation
+  buffer<T> act_;  // with GELU, the output
 };
 
 }  // namespace strata

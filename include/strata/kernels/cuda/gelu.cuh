@@ -7,8 +7,10 @@
 // handles one 16-byte pack (8 bf16 / 4 float) when every pointer is 16-byte aligned.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "strata/core/error.hpp"
+#include "strata/kernels/cuda/column_sum.cuh"
 #include "strata/kernels/cuda/common.cuh"
 #include "strata/policy/device.hpp"
 
@@ -78,6 +80,16 @@ void gelu_backward(cuda, T* dinp, const T* inp, const T* dout, std::int64_t n) {
     cuda_detail::gelu_backward_kernel<T, P><<<d.grid, d.block, 0, stream>>>(dinp, inp, dout, n);
   });
   STRATA_CUDA_CHECK_LAUNCH("gelu_backward");
+}
+
+// dpre [N, OC] = dact · GELU'(pre) (written, not read) and dbias [OC] (nullable) += its column
+// sums: gelu_backward, then the deterministic column sum linear_backward uses (column_sum.cuh).
+template <class T>
+void bias_gelu_backward(cuda, T* dpre, std::type_identity_t<T>* dbias /*nullable*/, const T* pre, const T* dact,
+                        std::int64_t N, std::int64_t OC) {
+  STRATA_CHECK(N >= 0 && OC > 0, "bias_gelu_backward: need N >= 0 and OC > 0, got N = ", N, ", OC = ", OC);
+  gelu_backward(cuda{}, dpre, pre, dact, N * OC);
+  if (dbias) cuda_detail::column_sums<false, T>("bias_gelu_backward (dbias)", dbias, nullptr, dpre, nullptr, nullptr, nullptr, N, OC);
 }
 
 }  // namespace strata::kernels

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "strata/core/dtype.hpp"
@@ -155,27 +156,50 @@ inline void row_tile(A* c, std::int64_t ldc, const A* a, std::int64_t a_r, std::
   }
 }
 
-template <class A>
-inline A horizontal_sum(const vec<A>& v) {
-  constexpr std::int64_t L = width<A>;
-  A x[L];
-  std::memcpy(x, &v, sizeof v);
-  for (std::int64_t w = L / 2; w >= 1; w /= 2)
-    for (std::int64_t i = 0; i < w; ++i) x[i] += x[i + w];
-  return x[0];
+// Horizontal sum and max of a vec by shuffles that keep it in registers, in the fixed tree of
+// halves: lane i meets lane i + W for W = L/2 .. 1. u = v's lanes W .. 2W-1 moved to 0 .. W-1.
+template <std::int64_t W, class A, std::size_t... I>
+inline void upper_half(vec<A>& u, const vec<A>& v, std::index_sequence<I...>) {
+  // Lane indices as wide as A (__builtin_shuffle's rule); a constant mask becomes one shuffle.
+  using index = std::conditional_t<sizeof(A) == 4, std::int32_t, std::int64_t>;
+  typedef index mask __attribute__((vector_size(64)));
+  const mask m = {static_cast<index>(I % W + W)...};
+  u = __builtin_shuffle(v, m);
 }
 
 template <class A>
-inline A horizontal_max(A* x) {  // of width<A> lanes, overwritten
-  constexpr std::int64_t L = width<A>;
-  for (std::int64_t w = L / 2; w >= 1; w /= 2)
-    for (std::int64_t i = 0; i < w; ++i) x[i] = x[i + w] > x[i] ? x[i + w] : x[i];
-  return x[0];
+inline A horizontal_sum(const vec<A>& x) {
+  constexpr auto lanes = std::make_index_sequence<std::size_t(width<A>)>{};
+  vec<A> v = x, u;
+  if constexpr (width<A> >= 16) upper_half<8, A>(u, v, lanes), v += u;
+  upper_half<4, A>(u, v, lanes), v += u;
+  upper_half<2, A>(u, v, lanes), v += u;
+  upper_half<1, A>(u, v, lanes), v += u;
+  return v[0];
+}
+
+template <class A>
+inline A horizontal_max(const vec<A>& x) {
+  constexpr auto lanes = std::make_index_sequence<std::size_t(width<A>)>{};
+  vec<A> v = x, u;
+  if constexpr (width<A> >= 16) upper_half<8, A>(u, v, lanes), v = u > v ? u : v;
+  upper_half<4, A>(u, v, lanes), v = u > v ? u : v;
+  upper_half<2, A>(u, v, lanes), v = u > v ? u : v;
+  upper_half<1, A>(u, v, lanes), v = u > v ? u : v;
+  return v[0];
 }
 
 // Keys of block kb that the query at position t sees: t2 in kb .. min(t, kb + nk - 1).
 inline std::int64_t seen(std::int64_t t, std::int64_t kb, std::int64_t nk) {
   return std::clamp<std::int64_t>(t - kb + 1, 0, nk);
+}
+
+// Asks for one head's row (d values) ahead of its use. A head's rows are a qkv row apart, a
+// stride the hardware prefetchers do not follow; loops over rows ask for the row `ahead` on.
+constexpr std::int64_t ahead = 16;
+template <bool Write = false, class T>
+inline void prefetch_row(const T* row, std::int64_t d) {
+  for (std::int64_t i = 0; i < d; i += std::int64_t(64 / sizeof(T))) __builtin_prefetch(row + i, Write ? 1 : 0);
 }
 
 // --- Per-head scratch ---------------------------------------------------------------------
@@ -201,6 +225,7 @@ void load_head(A* kt, A* k, A* v, const T* k_src, const T* v_src, std::int64_t l
                std::int64_t dp, std::int64_t lp) {
   for (std::int64_t t0 = 0; t0 < len; t0 += 16) {  // 16 source rows at a time, which stay in L1
     const std::int64_t n = std::min<std::int64_t>(16, len - t0);
+    for (std::int64_t t = t0 + ahead; t < std::min(len, t0 + ahead + 16); ++t) prefetch_row(k_src + t * ld, d);
     for (std::int64_t i = 0; i < d; ++i)
       for (std::int64_t t = 0; t < n; ++t) kt[i * lp + t0 + t] = convert<A>(k_src[(t0 + t) * ld + i]);
   }
@@ -213,6 +238,7 @@ void load_head(A* kt, A* k, A* v, const T* k_src, const T* v_src, std::int64_t l
     }
   if (v)
     for (std::int64_t t = 0; t < len; ++t) {
+      if (t + ahead < len) prefetch_row(v_src + (t + ahead) * ld, d);
       for (std::int64_t i = 0; i < d; ++i) v[t * dp + i] = convert<A>(v_src[t * ld + i]);
       for (std::int64_t i = d; i < dp; ++i) v[t * dp + i] = A(0);
     }
@@ -223,6 +249,7 @@ void load_head(A* kt, A* k, A* v, const T* k_src, const T* v_src, std::int64_t l
 template <class A, class T>
 void load_rows(A* dst, const T* src, std::int64_t ld, std::int64_t n, std::int64_t d, std::int64_t dp) {
   for (std::int64_t r = 0; r < n; ++r) {
+    if (r + ahead < n) prefetch_row(src + (r + ahead) * ld, d);
     for (std::int64_t i = 0; i < d; ++i) dst[r * dp + i] = convert<A>(src[r * ld + i]);
     for (std::int64_t i = d; i < dp; ++i) dst[r * dp + i] = A(0);
   }
@@ -270,12 +297,12 @@ void forward_rows(forward_block_scratch<A>& f, std::int64_t t0, std::int64_t m, 
         f.bm[r] = -INFINITY;
         continue;
       }
-      for (std::int64_t j = 0; j < block; ++j) s[j] = j < e ? s[j] : -INFINITY;
-      A part[L];
-      for (std::int64_t i = 0; i < L; ++i) part[i] = s[i];
-      for (std::int64_t j = L; j < block; j += L)
-        for (std::int64_t i = 0; i < L; ++i) part[i] = s[j + i] > part[i] ? s[j + i] : part[i];
-      f.bm[r] = horizontal_max(part);
+      if (e < block)
+        for (std::int64_t j = 0; j < block; ++j) s[j] = j < e ? s[j] : -INFINITY;
+      vec<A> part, x;
+      load(part, s);
+      for (std::int64_t j = L; j < block; j += L) load(x, s + j), part = x > part ? x : part;
+      f.bm[r] = horizontal_max<A>(part);
     }
     for (std::int64_t r = 0; r < mp; ++r) {
       const A mx = f.bm[r] > f.mx[r] ? f.bm[r] : f.mx[r];
@@ -437,12 +464,17 @@ void backward(T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse, const O
             }
           }
           for (std::int64_t r = 0; r < m; ++r) {
+            if (r + ahead < m) prefetch_row<true>(dbase + (t0 + r + ahead) * W + h * d, d);
             T* dq_out = dbase + (t0 + r) * W + h * d;
             for (std::int64_t i = 0; i < d; ++i) dq_out[i] = convert<T>(convert<A>(dq_out[i]) + dq[r * dp + i]);
           }
         }
 
       for (std::int64_t t2 = 0; t2 < T_; ++t2) {
+        if (t2 + ahead < T_) {
+          prefetch_row<true>(dbase + (t2 + ahead) * W + k_off + kvh * d, d);
+          prefetch_row<true>(dbase + (t2 + ahead) * W + v_off + kvh * d, d);
+        }
         T* dk_out = dbase + t2 * W + k_off + kvh * d;
         T* dv_out = dbase + t2 * W + v_off + kvh * d;
         for (std::int64_t i = 0; i < d; ++i) {

@@ -1,4 +1,5 @@
-// strata/kernels/host/gelu.hpp - GELU, tanh approximation (GPT-2's), elementwise.
+// strata/kernels/host/gelu.hpp - GELU, tanh approximation (GPT-2's), elementwise; and
+// bias_gelu_backward, GELU's backward with the bias gradient of the projection before it.
 //
 //   out = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)          inp, out [n]
 //   dinp  = dout * (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3*0.044715 x^2))
@@ -11,9 +12,12 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/kernels/host/column_sum.hpp"
 #include "strata/kernels/host/vector_math.hpp"
 #include "strata/policy/device.hpp"
 
@@ -32,6 +36,24 @@ template <class A>
 template <class A>
 [[gnu::always_inline]] inline A du_dx(A x) {
   return sqrt_2_over_pi<A> * (A(1) + A(3) * cubic<A> * x * x);
+}
+// d GELU(x) / dx
+template <class A>
+[[gnu::always_inline]] inline A derivative(A x) {
+  const A s = half_one_plus_tanh(x);
+  return s + A(2) * x * s * (A(1) - s) * du_dx(x);
+}
+
+// One row of bias_gelu_backward: dx = dy · GELU'(x), and its values (as stored) added to db.
+// restrict: the caller's arrays never overlap, and with four streams the compiler would
+// otherwise not vectorise.
+template <class T, class A>
+inline void backward_row_with_bias(T* __restrict dx, A* __restrict db, const T* __restrict x,
+                                   const T* __restrict dy, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    dx[i] = convert<T>(derivative(convert<A>(x[i])) * convert<A>(dy[i]));
+    db[i] += convert<A>(dx[i]);
+  }
 }
 }  // namespace gelu_detail
 
@@ -54,12 +76,26 @@ void gelu_backward(host, T* dinp, const T* inp, const T* dout, std::int64_t n) {
   using namespace gelu_detail;
   STRATA_CHECK(n >= 0, "gelu_backward: negative length ", n);
 #pragma omp parallel for schedule(static) if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const A x = convert<A>(inp[i]);
-    const A s = half_one_plus_tanh(x);
-    const A local = s + A(2) * x * s * (A(1) - s) * du_dx(x);
-    dinp[i] = convert<T>(local * convert<A>(dout[i]));
-  }
+  for (std::int64_t i = 0; i < n; ++i) dinp[i] = convert<T>(derivative(convert<A>(inp[i])) * convert<A>(dout[i]));
+}
+
+// GELU's backward fused with the bias gradient of the projection before it (pre = x·Wᵀ + bias,
+// act = GELU(pre)): dpre [N, OC] = dact · GELU'(pre) (written, not read), and dbias [OC] (nullable)
+// += the column sums of dpre as stored, summed in the same pass by fixed chunks of rows
+// (column_sum.hpp), so the sums do not depend on the thread count.
+template <class T>
+void bias_gelu_backward(host, T* dpre, std::type_identity_t<T>* dbias /*nullable*/, const T* pre, const T* dact,
+                        std::int64_t N, std::int64_t OC) {
+  using A = acc_t<T>;
+  STRATA_CHECK(N >= 0 && OC > 0, "bias_gelu_backward: need N >= 0 and OC > 0, got N = ", N, ", OC = ", OC);
+  if (!dbias) return gelu_backward(host{}, dpre, pre, dact, N * OC);
+  const column_sum::row_chunks chunks(N);
+  std::vector<A> partial(std::size_t(chunks.count * OC));
+#pragma omp parallel for schedule(static) if (N * OC > 65536)
+  for (std::int64_t k = 0; k < chunks.count; ++k)
+    for (std::int64_t n = chunks.begin(k); n < chunks.end(k); ++n)
+      gelu_detail::backward_row_with_bias(dpre + n * OC, partial.data() + k * OC, pre + n * OC, dact + n * OC, OC);
+  column_sum::add_chunk_sums(dbias, partial.data(), chunks.count, OC, OC);
 }
 
 }  // namespace strata::kernels

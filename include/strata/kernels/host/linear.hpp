@@ -3,7 +3,9 @@
 //   inp [N, C], weight [OC, C] (PyTorch's nn.Linear layout), bias [OC] (nullable), out [N, OC]
 //
 // Both GEMMs go through kernels::gemm (the host BLAS, or the portable loop GEMM in a program without
-// a BLAS: kernels/host/gemm.hpp); the bias gradient is a column sum done here.
+// a BLAS: kernels/host/gemm.hpp); the bias gradient is a column sum done here. linear_gelu_forward
+// is the MLP's first projection with its GELU; its backward is bias_gelu_backward (gelu.hpp) and
+// then linear_backward without the bias.
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -11,6 +13,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
+#include "strata/kernels/host/gelu.hpp"
 #include "strata/kernels/host/gemm.hpp"
 #include "strata/policy/device.hpp"
 
@@ -34,6 +37,38 @@ void linear_forward(host, workspace& ws, T* out, const T* inp, const T* weight,
   }
   gemm<T>(host{}, ws, false, true, N, OC, C, acc_t<T>(1), inp, C, weight, C,
           acc_t<T>(bias ? 1 : 0), out, OC);
+}
+
+namespace linear_detail {
+// pre[i] += bias[i] (when given), out[i] = GELU(pre[i]) over one row. restrict: the caller's
+// arrays never overlap, and the compiler would otherwise not vectorise.
+template <class T>
+inline void bias_gelu_row(T* __restrict out, T* __restrict pre, const T* __restrict bias, std::int64_t n) {
+  if (bias)
+    for (std::int64_t i = 0; i < n; ++i) pre[i] += bias[i];
+  for (std::int64_t i = 0; i < n; ++i) out[i] = pre[i] * gelu_detail::half_one_plus_tanh(pre[i]);
+}
+}  // namespace linear_detail
+
+// out[N, OC] = GELU(pre), pre[N, OC] = inp[N, C] . weight[OC, C]^T + bias[OC] (nullable): both kept,
+// pre for the backward. In float and double the GEMM writes pre and one pass over each row adds
+// the bias and applies GELU while the row is in cache (no bias pass before the GEMM, and the GEMM
+// does not read pre). bf16 and fp16 keep the bias inside the GEMM, so pre is rounded once, then
+// apply GELU.
+template <class T>
+void linear_gelu_forward(host, workspace& ws, T* out, T* pre, const T* inp, const T* weight,
+                         const std::type_identity_t<T>* bias /*nullable*/, std::int64_t N, std::int64_t C,
+                         std::int64_t OC) {
+  STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_gelu_forward: negative size N = ", N, ", C = ", C,
+               ", OC = ", OC);
+  if constexpr (std::is_same_v<T, acc_t<T>>) {
+    gemm<T>(host{}, ws, false, true, N, OC, C, T(1), inp, C, weight, C, T(0), pre, OC);
+#pragma omp parallel for schedule(static) if (N * OC > 32768)
+    for (std::int64_t n = 0; n < N; ++n) linear_detail::bias_gelu_row(out + n * OC, pre + n * OC, bias, OC);
+  } else {
+    linear_forward(host{}, ws, pre, inp, weight, bias, N, C, OC);
+    gelu_forward(host{}, out, pre, N * OC);
+  }
 }
 
 // Writes the input's gradient and accumulates (+=) into the parameters':
