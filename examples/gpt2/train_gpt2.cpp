@@ -18,7 +18,7 @@
 
 #include "common/cli_checks.hpp"
 #include "train_gpus.hpp"
-#include "train_run.hpp"
+#include "train_host.hpp"
 
 using namespace gpt2_train;
 
@@ -36,8 +36,7 @@ int run_on_device(const run_options& o, st::world& world) {
     };
     dev.step_suffix = " | emulated";
   }
-  return o.model == "llama" ? dispatch<llama_family, st::host>(o, world, dev)
-                            : dispatch<gpt2_family, st::host>(o, world, dev);
+  return o.model == "llama" ? train_llama_on_host(o, world, dev) : train_gpt2_on_host(o, world, dev);
 }
 
 // The shape's own rules, in the flags' words (the layers would say the same in theirs).

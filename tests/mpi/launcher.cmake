@@ -22,10 +22,8 @@ endif()
 # strata_add_mpi_suite(PREFIX TARGET SOURCE RANKS...): one doctest executable (with the MPI main and
 # the examples on its include path), run as ctest tests PREFIX.npN under mpiexec at each rank count.
 function(strata_add_mpi_suite prefix target source)
-  add_executable(${target} ${source} ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cpp)
-  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/examples)
-  target_link_libraries(${target} PRIVATE strata::strata MPI::MPI_CXX doctest::doctest)
-  target_compile_options(${target} PRIVATE -Wall -Wextra)
+  add_executable(${target} ${source} $<TARGET_OBJECTS:strata_test_mpi_main>)
+  strata_test_program(${target})
   foreach(np IN LISTS ARGN)
     add_test(NAME ${prefix}.np${np}
              COMMAND ${strata_mpi_launch} ${np} ${strata_mpi_after_np} $<TARGET_FILE:${target}> --no-colors)

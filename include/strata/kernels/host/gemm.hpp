@@ -18,6 +18,13 @@
 // header and no BLAS library. Define it alike in every translation unit of a program: both paths
 // are the body of one template.
 //
+// Thread counts: the BLAS path splits C itself, into panels that depend on the shape alone, and
+// runs the BLAS on one thread per panel (gemm_detail::blas_panels). Left to its own threads,
+// OpenBLAS splits C by the thread count, and on some cores (Haswell's kernels, which Zen runs too)
+// its edge kernels round differently from its full tiles: the same product then differs in the
+// last bit between 1 and 2 threads. With fixed panels the result does not depend on the thread
+// count on any CBLAS.
+//
 // reference_gemm is defined whatever the setting, so a test can hold it against the BLAS path in
 // one program. It computes each C tile from packed slices of op(A) and op(B) that stay in cache,
 // one tile per OpenMP task, every element summed over k in order: the result does not depend on
@@ -68,6 +75,36 @@ inline void check_gemm_args(bool trans_a, bool trans_b, std::int64_t M, std::int
   STRATA_CHECK(M <= blas_int_max && N <= blas_int_max && K <= blas_int_max && lda <= blas_int_max &&
                    ldb <= blas_int_max && ldc <= blas_int_max,
                "gemm: a size exceeds the 32-bit range of the BLAS interface");
+}
+
+// blas_panels' split of C: along its longer side (rows M or columns N), into panels of at least
+// panel_min and at most max_panels of them, a multiple of panel_align wide. Both depend on the
+// shape alone. The smallest panel keeps the BLAS's repacking of the other operand, once per
+// panel, near 1% of the multiply-adds; 32 panels keep 2 to 16 threads busy.
+inline constexpr std::int64_t panel_min = 256, max_panels = 32, panel_align = 16;
+
+// Runs call(row0, rows, col0, cols) for each panel of an M x N result: the panels of one call
+// on one thread each, and the BLAS inside on that thread alone.
+template <class Call>
+void blas_panels(std::int64_t M, std::int64_t N, Call&& call) {
+  const bool by_rows = M >= N;
+  const std::int64_t extent = by_rows ? M : N;
+  std::int64_t width = (extent + max_panels - 1) / max_panels;
+  width = std::max(panel_min, (width + panel_align - 1) / panel_align * panel_align);
+  const std::int64_t panels = (extent + width - 1) / width;
+  const int threads = int(std::min<std::int64_t>(openmp::max_threads(), panels));
+#pragma omp parallel num_threads(threads)
+  {
+    openmp::nested_single_thread();
+#pragma omp for schedule(static)
+    for (std::int64_t p = 0; p < panels; ++p) {
+      const std::int64_t start = p * width, size = std::min(width, extent - start);
+      if (by_rows)
+        call(start, size, std::int64_t(0), N);
+      else
+        call(std::int64_t(0), M, start, size);
+    }
+  }
 }
 
 // reference_gemm's tiles: a task owns an mb x nb tile of C (32 KiB of fp32 accumulators) and
@@ -161,12 +198,19 @@ void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std:
   blas_core::ensure_selected();
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
-  const int m = int(M), n = int(N), k = int(K);
+  const int k = int(K);
 
+  // One panel of C: rows r0 .. r0+rows of op(A) and columns c0 .. c0+cols of op(B).
+  const auto panel_of = [&](auto* a, std::int64_t la, auto* b, std::int64_t lb, auto* c, std::int64_t lc, auto blas) {
+    gemm_detail::blas_panels(M, N, [&](std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols) {
+      blas(CblasRowMajor, ta, tb, int(rows), int(cols), k, alpha, a + (trans_a ? r0 : r0 * la), int(la),
+           b + (trans_b ? c0 * lb : c0), int(lb), beta, c + r0 * lc + c0, int(lc));
+    });
+  };
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+    panel_of(A, lda, B, ldb, C, ldc, cblas_sgemm);
   } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+    panel_of(A, lda, B, ldb, C, ldc, cblas_dgemm);
   } else {
 #if STRATA_HOST_BF16_GEMM
     if constexpr (std::is_same_v<T, bf16>) {
@@ -195,8 +239,8 @@ void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std:
     gemm_detail::widen_block(b32, B, b_rows, b_cols, ldb);
     // With beta == 0 BLAS never reads C, so an uninitialised (even NaN) C is fine, as for sgemm.
     if (beta != 0.0f) gemm_detail::widen_block(c32, C, M, N, ldc);
-    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a32, int(a_cols > 0 ? a_cols : 1), b32,
-                int(b_cols > 0 ? b_cols : 1), beta, c32, n);
+    panel_of(static_cast<const float*>(a32), std::max<std::int64_t>(a_cols, 1), static_cast<const float*>(b32),
+             std::max<std::int64_t>(b_cols, 1), c32, N, cblas_sgemm);
     gemm_detail::narrow_block(C, ldc, c32, M, N);
   }
 #else

@@ -28,4 +28,13 @@ inline int thread_id() {
 #endif
 }
 
+// Limits the parallel regions the calling thread starts from here on (a library it calls that
+// sizes its team by omp_get_max_threads, as OpenBLAS and MKL do) to one thread. Called inside a
+// parallel region it changes that thread's setting for the rest of the region only.
+inline void nested_single_thread() {
+#ifdef _OPENMP
+  omp_set_num_threads(1);
+#endif
+}
+
 }  // namespace strata::kernels::openmp
