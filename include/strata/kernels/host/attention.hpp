@@ -158,13 +158,19 @@ inline void row_tile(A* c, std::int64_t ldc, const A* a, std::int64_t a_r, std::
 
 // Horizontal sum and max of a vec by shuffles that keep it in registers, in the fixed tree of
 // halves: lane i meets lane i + W for W = L/2 .. 1. u = v's lanes W .. 2W-1 moved to 0 .. W-1.
+// Each compiler's own builtin: clang has only __builtin_shufflevector, and nvcc's front end only
+// GCC's __builtin_shuffle.
 template <std::int64_t W, class A, std::size_t... I>
 inline void upper_half(vec<A>& u, const vec<A>& v, std::index_sequence<I...>) {
+#if defined(__clang__)
+  u = __builtin_shufflevector(v, v, static_cast<int>(I % W + W)...);
+#else
   // Lane indices as wide as A (__builtin_shuffle's rule); a constant mask becomes one shuffle.
   using index = std::conditional_t<sizeof(A) == 4, std::int32_t, std::int64_t>;
   typedef index mask __attribute__((vector_size(64)));
   const mask m = {static_cast<index>(I % W + W)...};
   u = __builtin_shuffle(v, m);
+#endif
 }
 
 template <class A>
