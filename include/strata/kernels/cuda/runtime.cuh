@@ -11,9 +11,9 @@
 // Errors. STRATA_CUDA_CHECK(call) (core/cuda_stream.cuh) throws strata::error naming the call,
 // the CUDA error, the file and line. Every launch is followed by STRATA_CUDA_CHECK_LAUNCH(name);
 // with the environment variable STRATA_CUDA_SYNC=1 that also synchronizes, so an asynchronous
-// fault is reported at the kernel that caused it. Bad data a kernel finds (a token id out of range) is
-// written to a device error record; gpu::check_device_errors() (also run by every synchronizing
-// call) throws it on the host.
+// fault is reported at the kernel that caused it. Bad data a kernel finds (a token id out of
+// range) is written to a device error record; gpu::check_device_errors() (also run by every
+// synchronizing call) throws it on the host.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
