@@ -199,7 +199,6 @@ int main(int argc, char** argv) {
     const st::cuda D{};
     bf16* w = params.get();
     bf16* g = grads.get();
-    auto zero = [&](dvec<bf16>& x) { STRATA_CUDA_CHECK(cudaMemsetAsync(x.get(), 0, x.n * sizeof(bf16), s)); };
 
     auto step = [&] {
       {
@@ -235,7 +234,8 @@ int main(int argc, char** argv) {
       {
         gpu::nvtx_range r("backward");
         STRATA_CUDA_CHECK(cudaMemsetAsync(g, 0, std::size_t(P.total) * sizeof(bf16), s));
-        zero(dres);  // layernorm_backward accumulates into it; linear_backward writes dln
+        // Every kernel writes its input's gradient; each residual's two gradients are added by
+        // residual_forward, the layernorm's held in datty (free at those points).
         k::linear_backward<bf16>(D, ws, dln.get(), g + P.wte, nullptr, logits.get(), lnf.get(), w + P.wte, N, C, Vp);
         k::layernorm_backward(D, dres.get(), g + P.lnfw, g + P.lnfb, dln.get(), acts[L - 1].x_out.get(), w + P.lnfw,
                               lnf_mean.get(), lnf_rstd.get(), N, C);
@@ -248,17 +248,18 @@ int main(int argc, char** argv) {
                                    w + p.fcprojw, N, 4 * C, C);
           k::gelu_backward(D, dfch.get(), a.fch.get(), dfch_gelu.get(), N * 4 * C);
           k::linear_backward<bf16>(D, ws, dln.get(), g + p.fcw, g + p.fcb, dfch.get(), a.ln2.get(), w + p.fcw, N, C, 4 * C);
-          k::layernorm_backward(D, dres.get(), g + p.ln2w, g + p.ln2b, dln.get(), a.resid2.get(), w + p.ln2w,
+          k::layernorm_backward(D, datty.get(), g + p.ln2w, g + p.ln2b, dln.get(), a.resid2.get(), w + p.ln2w,
                                 a.ln2_mean.get(), a.ln2_rstd.get(), N, C);
+          k::residual_forward(D, dres.get(), dres.get(), datty.get(), N * C);
           // resid2 = x_in + attproj: dres is d(resid2) = d(attproj), and flows on into d(x_in)
           k::linear_backward<bf16>(D, ws, datty.get(), g + p.projw, g + p.projb, dres.get(), a.atty.get(), w + p.projw,
                                    N, C, C);
-          zero(dqkv);
           k::attention_backward(D, dqkv.get(), datty.get(), a.qkv.get(), a.lse.get(), B, T, C, NH, a.atty.get());
           k::linear_backward<bf16>(D, ws, dln.get(), g + p.qkvw, g + p.qkvb, dqkv.get(), a.ln1.get(), w + p.qkvw, N, C,
                                    3 * C);
-          k::layernorm_backward(D, dres.get(), g + p.ln1w, g + p.ln1b, dln.get(), x_in, w + p.ln1w, a.ln1_mean.get(),
+          k::layernorm_backward(D, datty.get(), g + p.ln1w, g + p.ln1b, dln.get(), x_in, w + p.ln1w, a.ln1_mean.get(),
                                 a.ln1_rstd.get(), N, C);
+          k::residual_forward(D, dres.get(), dres.get(), datty.get(), N * C);
         }
         k::embedding_backward(D, g + P.wte, g + P.wpe, dres.get(), tokens.get(), B, T, C);
       }

@@ -6,8 +6,10 @@
 #include "strata/core/emulated_memory.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/extents.hpp"
+#include "strata/core/grad_clip.hpp"
 #include "strata/core/init.hpp"
 #include "strata/core/memory.hpp"
+#include "strata/core/step_state.hpp"
 #include "strata/core/tensor.hpp"
 
 #include "strata/policy/axes.hpp"
@@ -61,7 +63,6 @@
 #include "strata/parallel/sequential_model.hpp"
 
 #include "strata/optim/adamw.hpp"
-#include "strata/optim/grad_clip.hpp"
 #include "strata/optim/loss_scaler.hpp"
 #include "strata/optim/lr_schedule.hpp"
 

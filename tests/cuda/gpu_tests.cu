@@ -4,7 +4,9 @@
 //
 // Correctness: each kernel's output against kernels/host (the same op on the CPU, same inputs),
 // as ||out - ref|| / ||ref||: fp32 within 1e-5, bf16/fp16 within 1e-2; NaN never passes. Outputs
-// that accumulate (+=) start from random values on both sides. Determinism: the reductions
+// that accumulate (+=: parameter gradients) start from random values on both sides; input
+// gradients, which every backward kernel writes without reading, start from NaN on the device,
+// so a kernel that reads one fails its check. Determinism: the reductions
 // (attention backward, multi-head and grouped-query, LayerNorm and RMSNorm backward, embedding
 // backward, sum of squares) run twice and must agree bit for bit. Linear layers are checked
 // against a naive double-precision GEMM compiled in here, so this program needs nothing but the
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,6 +84,12 @@ void check_true(const std::string& name, const std::string& dtype, const std::st
   rows.push_back(r);
 }
 
+// n quiet NaNs: the starting value of a buffer the kernel must write without reading.
+template <class T>
+std::vector<T> nan_vec(std::size_t n) {
+  return std::vector<T>(n, st::convert<T>(std::numeric_limits<float>::quiet_NaN()));
+}
+
 template <class T>
 std::vector<float> widen_all(const std::vector<T>& v) {
   std::vector<float> w(v.size());
@@ -131,7 +140,7 @@ void test_elementwise(std::int64_t n) {
     check("gelu_forward", dt, sh, rel_error(dout.host(), ref), tol_for<T>());
     std::vector<T> dref = d0;
     k::gelu_backward(H, dref.data(), x.data(), g.data(), n);
-    dvec<T> dd(d0), dg(g);
+    dvec<T> dd(nan_vec<T>(std::size_t(n))), dg(g);
     k::gelu_backward(D, dd.get(), dx.get(), dg.get(), n);
     check("gelu_backward", dt, sh, rel_error(dd.host(), dref), tol_for<T>());
   }
@@ -149,7 +158,7 @@ void test_elementwise(std::int64_t n) {
     }
     std::vector<T> ra = d0, rb = x;
     k::residual_backward<T>(H, ra.data(), rb.data(), g.data(), n);
-    dvec<T> da(d0), db(x), dg(g);
+    dvec<T> da(nan_vec<T>(std::size_t(n))), db(nan_vec<T>(std::size_t(n))), dg(g);
     k::residual_backward<T>(D, da.get(), db.get(), dg.get(), n);
     check("residual_backward", dt, sh, std::max(rel_error(da.host(), ra), rel_error(db.host(), rb)), tol_for<T>());
   }
@@ -209,11 +218,11 @@ void test_layernorm(std::int64_t N, std::int64_t C) {
   check("layernorm_forward (mean, rstd)", "fp32", sh,
         std::max(rel_error(dmean.host(), mean), rel_error(drstd.host(), rstd)), 1e-5);
 
-  // backward: dinp, dweight, dbias accumulate into random starting values
+  // backward: dweight and dbias accumulate into random starting values, dinp is written over NaN
   const auto g = random_vec<T>(std::size_t(N * C), -1, 1, 14);
   auto dinp = random_vec<T>(std::size_t(N * C), -1, 1, 15);
   auto dweight = random_vec<T>(std::size_t(C), -1, 1, 16), dbias = random_vec<T>(std::size_t(C), -1, 1, 17);
-  dvec<T> ddinp(dinp), ddw(dweight), ddb(dbias), dg(g);
+  dvec<T> ddinp(nan_vec<T>(std::size_t(N * C))), ddw(dweight), ddb(dbias), dg(g);
   k::layernorm_backward(H, dinp.data(), dweight.data(), dbias.data(), g.data(), x.data(), w.data(), mean.data(),
                         rstd.data(), N, C);
   k::layernorm_backward(D, ddinp.get(), ddw.get(), ddb.get(), dg.get(), dx.get(), dw.get(), dmean.get(), drstd.get(), N, C);
@@ -221,7 +230,7 @@ void test_layernorm(std::int64_t N, std::int64_t C) {
   check("layernorm_backward (dweight)", dt, sh, rel_error(ddw.host(), dweight), tol_for<T>());
   check("layernorm_backward (dbias)", dt, sh, rel_error(ddb.host(), dbias), tol_for<T>());
   {  // determinism: the same backward again from the same start
-    dvec<T> e1(random_vec<T>(std::size_t(N * C), -1, 1, 15)), w1(random_vec<T>(std::size_t(C), -1, 1, 16)),
+    dvec<T> e1(nan_vec<T>(std::size_t(N * C))), w1(random_vec<T>(std::size_t(C), -1, 1, 16)),
         b1(random_vec<T>(std::size_t(C), -1, 1, 17));
     k::layernorm_backward(D, e1.get(), w1.get(), b1.get(), dg.get(), dx.get(), dw.get(), dmean.get(), drstd.get(), N, C);
     check_true("layernorm_backward (deterministic)", dt, sh,
@@ -271,7 +280,7 @@ void test_linear(std::int64_t N, std::int64_t C, std::int64_t OC) {
     auto db = random_vec<T>(std::size_t(OC), -1, 1, 28);
     std::vector<T> dpre_ref(std::size_t(N * OC)), db_ref = db;
     k::bias_gelu_backward(H, dpre_ref.data(), db_ref.data(), pre.data(), gact.data(), N, OC);
-    dvec<T> dgact(gact), ddb(db), dpre_out(std::size_t(N * OC)), dpre_in(pre);
+    dvec<T> dgact(gact), ddb(db), dpre_out(nan_vec<T>(std::size_t(N * OC))), dpre_in(pre);
     k::bias_gelu_backward(D, dpre_out.get(), ddb.get(), dpre_in.get(), dgact.get(), N, OC);
     check("bias_gelu_backward (dpre)", dt, sh, rel_error(dpre_out.host(), dpre_ref), tol_for<T>());
     check("bias_gelu_backward (dbias)", dt, sh, rel_error(ddb.host(), db_ref), tol_for<T>());
@@ -280,7 +289,7 @@ void test_linear(std::int64_t N, std::int64_t C, std::int64_t OC) {
   const auto g = random_vec<T>(std::size_t(N * OC), -1, 1, 23);
   auto dinp = random_vec<T>(std::size_t(N * C), -1, 1, 24), dweight = random_vec<T>(std::size_t(OC * C), -1, 1, 25);
   auto dbias_ref = random_vec<T>(std::size_t(OC), -1, 1, 26);
-  dvec<T> ddinp(dinp), ddw(dweight), ddb(dbias_ref), dg(g);
+  dvec<T> ddinp(nan_vec<T>(dinp.size())), ddw(dweight), ddb(dbias_ref), dg(g);
   ref_gemm<T>(false, false, N, C, OC, 1.0, g.data(), OC, w.data(), C, 0.0, dinp.data(), C);
   ref_gemm<T>(true, false, OC, C, N, 1.0, g.data(), OC, x.data(), C, 1.0, dweight.data(), C);
   for (std::int64_t o = 0; o < OC; ++o) {
@@ -352,10 +361,10 @@ void test_attention(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_
         }
     check("attention_forward (logsumexp)", "fp32", sh, rel_error(dlse.host(), lse_ref), 1e-5, path);
   }
-  // backward, accumulating into random dqkv
+  // backward, writing dqkv (random on the host, NaN on the device: never read)
   const auto g = random_vec<T>(std::size_t(B * T_ * C), -1, 1, 41);
   auto dqkv = random_vec<T>(std::size_t(B * T_ * 3 * C), -1, 1, 42);
-  const auto dqkv0 = dqkv;
+  const auto dqkv0 = nan_vec<T>(dqkv.size());
   k::attention_backward(H, dqkv.data(), g.data(), qkv.data(), att.data(), B, T_, C, NH);
   dvec<T> dg(g), dd1(dqkv0), dd2(dqkv0), dd3(dqkv0);
   k::attention_backward(D, dd1.get(), dg.get(), dqkv_in.get(), dlse.get(), B, T_, C, NH, dout_.get());
@@ -394,10 +403,11 @@ void test_attention_gqa(std::int64_t B, std::int64_t T_, std::int64_t heads, std
   check("attention_forward (shape)", dt, sh, rel_error(got_out, out), tol_for<T>(), path);
   check("attention_forward (shape: logsumexp)", "fp32", sh, rel_error(got_lse, lse), 1e-5, path);
 
-  // backward, accumulating into random dqkv; each side uses its own forward's out and lse
+  // backward, writing dqkv (random on the host, NaN on the device: never read); each side uses
+  // its own forward's out and lse
   const auto g = random_vec<T>(n_out, -1, 1, 141);
   auto dqkv = random_vec<T>(n_qkv, -1, 1, 142);
-  const auto dqkv0 = dqkv;
+  const auto dqkv0 = nan_vec<T>(n_qkv);
   k::attention_backward(H, dqkv.data(), g.data(), qkv.data(), lse.data(), out.data(), s);
   dvec<T> dg(g), dd1(dqkv0), dd2(dqkv0), dd3(dqkv0);
   k::attention_backward(D, dd1.get(), dg.get(), dqkv_in.get(), dlse.get(), dout_.get(), s);
@@ -423,14 +433,14 @@ void test_attention_gqa(std::int64_t B, std::int64_t T_, std::int64_t heads, std
             rep[std::size_t(r * MW + QW + h * hd + i)] = qkv[std::size_t(r * W + QW + kvh * hd + i)];
             rep[std::size_t(r * MW + 2 * QW + h * hd + i)] = qkv[std::size_t(r * W + QW + s.kv_width() + kvh * hd + i)];
           }
-      dvec<T> drep(rep), mout(n_out), mgrad(std::vector<T>(rep.size(), st::convert<T>(0.0f)));
+      dvec<T> drep(rep), mout(n_out), mgrad(nan_vec<T>(rep.size()));
       dvec<float> mlse(n_lse);
       k::attention_forward(D, mout.get(), mlse.get(), drep.get(), m);
       check("attention_forward (shape vs repeated K/V)", dt, sh,
             std::max(rel_error(got_out, mout.host()), rel_error(got_lse, mlse.host())), 1e-5, path);
       k::attention_backward(D, mgrad.get(), dg.get(), drep.get(), mlse.get(), mout.get(), m);
       const auto mg = mgrad.host();
-      // Fold the repeated heads' dK, dV back onto their key/value head (double), add the start.
+      // Fold the repeated heads' dK, dV back onto their key/value head (double).
       std::vector<double> fold(n_qkv, 0.0);
       for (std::int64_t r = 0; r < B * T_; ++r)
         for (std::int64_t h = 0; h < heads; ++h)
@@ -441,7 +451,7 @@ void test_attention_gqa(std::int64_t B, std::int64_t T_, std::int64_t heads, std
             fold[std::size_t(r * W + QW + s.kv_width() + kvh * hd + i)] += mg[std::size_t(r * MW + 2 * QW + h * hd + i)];
           }
       std::vector<T> expect(n_qkv);
-      for (std::size_t i = 0; i < n_qkv; ++i) expect[i] = st::convert<T>(float(fold[i] + st::convert<double>(dqkv0[i])));
+      for (std::size_t i = 0; i < n_qkv; ++i) expect[i] = st::convert<T>(float(fold[i]));
       check("attention_backward (shape vs repeated K/V)", dt, sh, rel_error(got1, expect), 1e-5, path);
     }
   }
@@ -464,17 +474,17 @@ void test_rmsnorm(std::int64_t N, std::int64_t C) {
   k::rmsnorm_forward(D, dout2.get(), static_cast<float*>(nullptr), dx.get(), dw.get(), N, C, eps);
   check_true("rmsnorm_forward (no rstd)", dt, sh, bitwise_equal(dout2.host(), dout.host()), "equal to the run with rstd");
 
-  // backward: dinp and dweight accumulate into random starting values
+  // backward: dweight accumulates into random starting values, dinp is written over NaN
   const auto g = random_vec<T>(std::size_t(N * C), -1, 1, 152);
   auto dinp = random_vec<T>(std::size_t(N * C), -1, 1, 153);
   auto dweight = random_vec<T>(std::size_t(C), -1, 1, 154);
-  dvec<T> ddinp(dinp), ddw(dweight), dg(g);
+  dvec<T> ddinp(nan_vec<T>(std::size_t(N * C))), ddw(dweight), dg(g);
   k::rmsnorm_backward(H, dinp.data(), dweight.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
   k::rmsnorm_backward(D, ddinp.get(), ddw.get(), dg.get(), dx.get(), dw.get(), drstd.get(), N, C);
   const auto got_dinp = ddinp.host(), got_dw = ddw.host();
   check("rmsnorm_backward (dinp)", dt, sh, rel_error(got_dinp, dinp), tol_for<T>());
   check("rmsnorm_backward (dweight)", dt, sh, rel_error(got_dw, dweight), tol_for<T>());
-  dvec<T> e1(random_vec<T>(std::size_t(N * C), -1, 1, 153)), w1(random_vec<T>(std::size_t(C), -1, 1, 154));
+  dvec<T> e1(nan_vec<T>(std::size_t(N * C))), w1(random_vec<T>(std::size_t(C), -1, 1, 154));
   k::rmsnorm_backward(D, e1.get(), w1.get(), dg.get(), dx.get(), dw.get(), drstd.get(), N, C);
   check_true("rmsnorm_backward (deterministic)", dt, sh,
              bitwise_equal(e1.host(), got_dinp) && bitwise_equal(w1.host(), got_dw), "two runs bitwise equal");
@@ -534,11 +544,11 @@ void test_swiglu(std::int64_t N, std::int64_t H_) {
   dvec<T> dgu(gu), dout(std::size_t(N * H_));
   k::swiglu_forward(D, dout.get(), dgu.get(), N, H_);
   check("swiglu_forward", dt, sh, rel_error(dout.host(), out), tol_for<T>());
-  // backward writes (=): start both sides from garbage that must be overwritten
+  // backward writes: the host starts from garbage, the device from NaN, both overwritten
   const auto g = random_vec<T>(std::size_t(N * H_), -1, 1, 171);
   auto dref = random_vec<T>(std::size_t(N * 2 * H_), -50, 50, 172);
   k::swiglu_backward(H, dref.data(), g.data(), gu.data(), N, H_);
-  dvec<T> dd(random_vec<T>(std::size_t(N * 2 * H_), 100, 200, 173)), dg(g);
+  dvec<T> dd(nan_vec<T>(std::size_t(N * 2 * H_))), dg(g);
   k::swiglu_backward(D, dd.get(), dg.get(), dgu.get(), N, H_);
   check("swiglu_backward", dt, sh, rel_error(dd.host(), dref), tol_for<T>());
 }

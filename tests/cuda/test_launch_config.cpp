@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "strata/core/dtype.hpp"
-#include "strata/optim/step_state.hpp"
+#include "strata/core/step_state.hpp"
 #include "strata/kernels/cuda/launch_config.hpp"
 #include "strata/kernels/host/adamw.hpp"
 #include "strata/optim/loss_scaler.hpp"

@@ -5,6 +5,8 @@
 //
 //   gpu::use_local_device(world);                    // before anything touches the GPU
 //   st::training<my_model<cuda_policy>> run(world, shape, {.memory = &st::gpu::device_memory()});
+// (gpu::device_memory() is the kernels' runtime, kernels/cuda/runtime.cuh; the groups need only
+// the compute stream, core/cuda_stream.cuh.)
 //
 // Each rank takes the GPU numbered local rank modulo the node's device count. The device
 // engine (gpu_communicator.cuh) is chosen once for the whole launch:
@@ -40,8 +42,8 @@
 #include "strata/comm/launch.hpp"
 #include "strata/comm/mesh.hpp"
 #include "strata/comm/run_groups.hpp"
+#include "strata/core/cuda_stream.cuh"
 #include "strata/core/error.hpp"
-#include "strata/kernels/cuda/runtime.cuh"
 #include "strata/policy/device.hpp"
 
 namespace strata {

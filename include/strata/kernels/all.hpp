@@ -3,6 +3,9 @@
 // nvcc it also brings the CUDA runtime pieces the kernels run in (kernels/cuda/runtime.cuh: the
 // per-thread gpu::context and its stream, device buffers, checked calls).
 //
+// Every backward kernel writes the gradient of its inputs (never reading the buffer) and
+// accumulates (+=) into the gradients of its parameters (docs/architecture.md, "A training step").
+//
 // A program includes this (or the per-op headers it uses) in any order relative to strata's
 // other headers. It needs no BLAS: without one the host GEMM is a portable loop GEMM
 // (kernels/host/gemm.hpp, STRATA_HOST_BLAS).

@@ -5,7 +5,7 @@
 // (kernels/attention_shape.hpp: batch, seq, heads, kv_heads, head_dim, scale) over a fused qkv
 // buffer whose token rows hold the query heads, then the key heads, then the value heads:
 //   attention_forward(device, out, lse, qkv, shape)
-//   attention_backward(device, dqkv, dout, qkv, lse, out, shape)      accumulates (+=) into dqkv
+//   attention_backward(device, dqkv, dout, qkv, lse, out, shape)      writes dqkv (not read)
 // The forward keeps one logsumexp per query row (lse [batch, heads, seq]); backward recomputes the
 // probabilities from it and reads rowsum(dout · out) from the forward's output, on every device.
 // Multi-head overloads in GPT-2's terms (B, T, C, NH), with `att` for lse and `out` optional

@@ -1,5 +1,5 @@
 // strata/kernels/loss_scale.hpp - advance_step(device, state, rules): a step's loss scale,
-// gradient norm, clip factor and apply decision (optim/step_state.hpp), computed where the
+// gradient norm, clip factor and apply decision (core/step_state.hpp), computed where the
 // state lives. On the host (and any space the host can read: the emulated device) it runs
 // strata::advance_step directly; on a GPU one device thread runs the same code
 // (kernels/cuda/loss_scale.cuh, which also has gpu::amp, an owner of one state in device memory
@@ -7,7 +7,7 @@
 // template that calls them.
 #pragma once
 
-#include "strata/optim/step_state.hpp"
+#include "strata/core/step_state.hpp"
 #include "strata/policy/device.hpp"
 
 namespace strata::kernels {

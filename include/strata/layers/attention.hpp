@@ -116,7 +116,8 @@ class attention {
     auto& ledger = scope_.ledger();
     // The same kernel on the same qkv: the logsumexps come back bit for bit (and the output, which
     // the projection still reads, is rewritten with the values it holds).
-    buffer<T> dqkv(ledger, memory_category::activations, static_cast<std::size_t>(shape_.batch * shape_.seq * shape_.row_width()));
+    const auto elements = static_cast<std::size_t>(shape_.batch * shape_.seq * shape_.row_width());
+    buffer<T> dqkv(ledger, memory_category::activations, elements, uninitialized);  // attention_backward writes it all
     {
       STRATA_PROFILE("attention.backward");
       if (recompute_core_) core_forward(shape_);

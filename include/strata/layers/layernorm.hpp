@@ -77,7 +77,7 @@ class layernorm {
     STRATA_CHECK(static_cast<std::int64_t>(dout.size()) == rows_ * cfg_.channels, scope_.qualify("backward"),
                  ": expected ", rows_ * cfg_.channels, " output gradients, got ", dout.size());
     auto& ledger = scope_.ledger();
-    buffer<T> dinp(ledger, memory_category::activations, dout.size());
+    buffer<T> dinp(ledger, memory_category::activations, dout.size(), uninitialized);  // the kernel writes it
     auto& p = scope_.params();
     auto& tp = scope_.tensor();
     if (tp.sequence_parallel()) {

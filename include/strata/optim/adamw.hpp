@@ -15,10 +15,10 @@
 
 #include "strata/core/memory.hpp"
 #include "strata/core/profile.hpp"
+#include "strata/core/step_state.hpp"
 #include "strata/kernels/adamw.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/layers/parameters.hpp"
-#include "strata/optim/step_state.hpp"
 #include "strata/parallel/dp_layout.hpp"
 #include "strata/parallel/gradient_synchronizer.hpp"
 
@@ -75,7 +75,7 @@ class adamw {
   adamw(Model& model, adamw_options o) : adamw(model.parameters(), o) {}
 
   // One update with learning rate `lr`, as the trainer's step_state decided
-  // (optim/step_state.hpp): none when state->apply is 0; otherwise step state->step with its
+  // (core/step_state.hpp): none when state->apply is 0; otherwise step state->step with its
   // bias corrections, every gradient first multiplied by state->grad_mult (gradient clipping's
   // coefficient divided by the loss scale). The state lives in the model's memory space and is
   // read there (on a GPU by the update kernels: the host does not read the norm first); the

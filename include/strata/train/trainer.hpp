@@ -5,7 +5,7 @@
 // over the global batch; take the global gradient norm; skip the step if the norm is not finite
 // (in every precision: a non-finite gradient is never applied), and with fp16 back the loss
 // scale off; clip; let the optimizer update with the schedule's learning rate. Norm, decision,
-// clip factor and loss scale live where the model does (a step_state, optim/step_state.hpp): on
+// clip factor and loss scale live where the model does (a step_state, core/step_state.hpp): on
 // a GPU the update is queued without reading the norm, and the host reads the state once,
 // after the update, for the step's result.
 //
@@ -34,12 +34,12 @@
 
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
+#include "strata/core/step_state.hpp"
 #include "strata/kernels/loss_scale.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/optim/adamw.hpp"
 #include "strata/optim/loss_scaler.hpp"
 #include "strata/optim/lr_schedule.hpp"
-#include "strata/optim/step_state.hpp"
 #include "strata/parallel/gradient_synchronizer.hpp"
 #include "strata/train/token_data.hpp"
 #include "strata/train/trainable_model.hpp"
@@ -149,7 +149,7 @@ class trainer {
     r.loss = sync_->mean(loss_sum / static_cast<double>(n_micro));
 
     // Norm, skip decision, clip factor and loss-scale update are made where the model lives
-    // (optim/step_state.hpp): on a GPU the host queues the update without reading the norm.
+    // (core/step_state.hpp): on a GPU the host queues the update without reading the norm.
     // The norm is the same on every rank (reduced over the whole model), so is the decision; a
     // skipped update leaves every weight as it was, so sharing them changes nothing.
     step_state* state = state_.data();

@@ -9,7 +9,7 @@
 // device code.
 //
 // Two entry points: the host signature (step and grad_scale from the host), and one reading
-// them from a device-resident step_state (optim/step_state.hpp): the step is skipped on the device
+// them from a device-resident step_state (core/step_state.hpp): the step is skipped on the device
 // when amp->apply is 0, and every gradient is multiplied by grad_scale * amp->grad_mult (clip
 // factor / loss scale) - no host round trip.
 #pragma once
@@ -19,7 +19,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
-#include "strata/optim/step_state.hpp"
+#include "strata/core/step_state.hpp"
 #include "strata/kernels/cuda/common.cuh"
 #include "strata/kernels/host/adamw.hpp"  // adamw_hyper (plain C++)
 #include "strata/policy/device.hpp"

@@ -22,8 +22,9 @@
 //                 dS = P (dP - D) scale, dK += dS^T Q
 //   dQ kernel     (grid: query tiles x B*heads): one block per (query tile, b, query head),
 //                 looping over the key tiles of its key/value head: dQ += dS K
-// Each gradient element is owned by one block and summed in a fixed order (query heads, then
-// query tiles, then the tile's rows): no atomics, so the result is bit-identical from run to run.
+// Each gradient element is owned by one block, summed in a fixed order (query heads, then query
+// tiles, then the tile's rows) and written once: no atomics, so the result is bit-identical from
+// run to run, and dqkv is never read (the two kernels together write every element of it).
 // (dS is recomputed in both kernels instead of accumulating dQ with float atomics.)
 //
 // Tensor cores: for bf16/fp16 with hd a multiple of 16, the five tile products use WMMA
@@ -256,7 +257,7 @@ __global__ void attention_delta_kernel(float* D, const T* dout, const T* out, st
 }
 
 // grid (key tiles, B*kv_heads): dK, dV of one key tile of one key/value head, summed over the
-// group's query heads; accumulates (+=) into dqkv.
+// group's query heads; written into dqkv.
 template <class T, bool TC>
 __global__ void attention_backward_kv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
                                              attention_dims a, attention_geometry g, bool vec_qkv, bool vec_dout) {
@@ -336,12 +337,12 @@ __global__ void attention_backward_kv_kernel(T* dqkv, const T* dout, const T* qk
     T* row = dbatch + std::int64_t(j) * a.row + std::int64_t(kvh) * hs + d;
     T* dk = row + a.q_width;
     T* dv = row + a.v_off;
-    *dk = narrow<T>(widen(*dk) + sdK[r * g.ld_o + d]);
-    *dv = narrow<T>(widen(*dv) + sdV[r * g.ld_o + d]);
+    *dk = narrow<T>(sdK[r * g.ld_o + d]);
+    *dv = narrow<T>(sdV[r * g.ld_o + d]);
   }
 }
 
-// grid (query tiles, B*heads): dQ of one query tile of one query head; accumulates (+=) into dqkv.
+// grid (query tiles, B*heads): dQ of one query tile of one query head; written into dqkv.
 template <class T, bool TC>
 __global__ void attention_backward_q_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
                                             attention_dims a, attention_geometry g, bool vec_qkv, bool vec_dout) {
@@ -404,7 +405,7 @@ __global__ void attention_backward_q_kernel(T* dqkv, const T* dout, const T* qkv
     const int r = idx / hs, d = idx % hs, i = q0 + r;
     if (i >= T_) continue;
     T* q = dqkv + (std::int64_t(b) * T_ + i) * a.row + std::int64_t(h) * hs + d;
-    *q = narrow<T>(widen(*q) + sdQ[r * g.ld_o + d]);
+    *q = narrow<T>(sdQ[r * g.ld_o + d]);
   }
 }
 
@@ -493,8 +494,9 @@ void attention_forward(cuda, T* out, acc_t<T>* lse, const T* qkv, const attentio
   STRATA_CUDA_CHECK_LAUNCH("attention_forward");
 }
 
-// Accumulates (+=) into dqkv [B, T, row_width]. lse: the forward's logsumexp [B, heads, T]. out:
-// the forward's output [B, T, heads*hd]; null: recomputed into scratch (costs a forward).
+// Writes dqkv [B, T, row_width] (not read), as the host kernel does. lse: the forward's logsumexp
+// [B, heads, T]. out: the forward's output [B, T, heads*hd]; null: recomputed into scratch (costs
+// a forward).
 template <class T>
 void attention_backward(cuda, T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse,
                         const std::type_identity_t<T>* out, const attention_shape& s) {
@@ -549,7 +551,7 @@ void attention_forward(cuda, T* out, acc_t<T>* att, const T* qkv, std::int64_t B
   attention_forward(cuda{}, out, att, qkv, attention_shape::multi_head(B, T_, C, NH));
 }
 
-// Accumulates (+=) into dqkv [B, T, 3C]. att: the forward's logsumexp [B, NH, T]. out: the
+// Writes dqkv [B, T, 3C]. att: the forward's logsumexp [B, NH, T]. out: the
 // forward's output [B, T, C] when the caller still has it (saves recomputing it); optional.
 template <class T>
 void attention_backward(cuda, T* dqkv, const T* dout, const T* qkv, const acc_t<T>* att, std::int64_t B,

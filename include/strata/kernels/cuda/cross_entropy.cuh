@@ -12,7 +12,7 @@
 // loss, a zero gradient row, and an entry in the device error record.
 //
 // The overload taking a step_state* multiplies dloss by the device-resident loss scale, so
-// a step with dynamic loss scaling needs no host round trip (optim/step_state.hpp).
+// a step with dynamic loss scaling needs no host round trip (core/step_state.hpp).
 //
 // Vocabulary-parallel pieces (tensor parallelism; the host header has the full contract): this
 // rank holds logits [N, Vl], global columns [v_begin, v_begin + Vl), those >= V being padding.
@@ -33,7 +33,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
-#include "strata/optim/step_state.hpp"
+#include "strata/core/step_state.hpp"
 #include "strata/kernels/cuda/common.cuh"
 #include "strata/policy/device.hpp"
 

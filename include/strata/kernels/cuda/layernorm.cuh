@@ -83,7 +83,8 @@ __global__ void residual_layernorm_forward_kernel(T* resid, T* out, float* mean,
   layernorm_row<T, P>(out + row * C, mean, rstd, r, weight, bias, row, C, eps, lane);
 }
 
-// dinp += rstd * (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm)), dnorm = dout * weight
+// dinp = rstd * (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm)), dnorm = dout * weight; dinp
+// is written, not read
 template <class T, int P>
 __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
                                                const float* mean, const float* rstd, std::int64_t N, std::int64_t C) {
@@ -113,11 +114,10 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
     load_pack(v, x, c, C);
     load_pack(g, dy, c, C);
     load_pack(w, weight, c, C);
-    load_pack(d, dx, c, C);
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       const float norm = (v[j] - m) * s;
-      d[j] += s * (g[j] * w[j] - dnorm_mean - norm * dnorm_norm_mean);
+      d[j] = s * (g[j] * w[j] - dnorm_mean - norm * dnorm_norm_mean);
     }
     store_pack(dx, c, C, d);
   }
@@ -161,7 +161,8 @@ void residual_layernorm_forward(cuda, T* resid, T* out, acc_t<T>* mean /*nullabl
   STRATA_CUDA_CHECK_LAUNCH("residual_layernorm_forward");
 }
 
-// Accumulates (+=) into dinp, dweight and dbias (see the host kernel for the formulas).
+// Writes dinp (not read) and accumulates (+=) into dweight and dbias, as the host kernel does
+// (see it for the formulas).
 template <class T>
 void layernorm_backward(cuda, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const acc_t<T>* mean, const acc_t<T>* rstd, std::int64_t N, std::int64_t C) {

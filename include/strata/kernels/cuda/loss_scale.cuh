@@ -1,4 +1,4 @@
-// strata/kernels/cuda/loss_scale.cuh - the device-resident step (optim/step_state.hpp): dynamic
+// strata/kernels/cuda/loss_scale.cuh - the device-resident step (core/step_state.hpp): dynamic
 // loss scaling, global gradient norm and clipping, with no host round trip per step. The trainer
 // keeps its step_state in the model's memory space and calls advance_step(cuda, ...) itself;
 // gpu::amp owns one state for a loop written by hand (bench/gpu/gpt2_step.cu):
@@ -14,13 +14,13 @@
 //   amp.check() throws when a non-finite norm was met without dynamic scaling (the host
 //   trainer's error).
 //
-// The rules are strata::advance_step (optim/step_state.hpp): plain C++ run by a single GPU
+// The rules are strata::advance_step (core/step_state.hpp): plain C++ run by a single GPU
 // thread, tested on the CPU.
 #pragma once
 #include <cstdint>
 
 #include "strata/core/error.hpp"
-#include "strata/optim/step_state.hpp"
+#include "strata/core/step_state.hpp"
 #include "strata/kernels/cuda/reduce.cuh"
 #include "strata/kernels/cuda/runtime.cuh"
 #include "strata/policy/device.hpp"

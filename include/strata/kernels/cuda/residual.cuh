@@ -26,24 +26,14 @@ __global__ void residual_forward_kernel(T* out, const T* a, const T* b, std::int
   }
 }
 
-// da += dout and db += dout (either may be null).
+// da = dout and db = dout (either may be null).
 template <class T, int P>
 __global__ void residual_backward_kernel(T* da, T* db, const T* dout, std::int64_t n) {
   for (std::int64_t k = thread_index(); k * P < n; k += grid_stride()) {
-    float g[P], x[P];
+    float g[P];
     load_pack(g, dout, k * P, n);
-    if (da) {
-      load_pack(x, da, k * P, n);
-#pragma unroll
-      for (int j = 0; j < P; ++j) x[j] += g[j];
-      store_pack(da, k * P, n, x);
-    }
-    if (db) {
-      load_pack(x, db, k * P, n);
-#pragma unroll
-      for (int j = 0; j < P; ++j) x[j] += g[j];
-      store_pack(db, k * P, n, x);
-    }
+    if (da) store_pack(da, k * P, n, g);
+    if (db) store_pack(db, k * P, n, g);
   }
 }
 }  // namespace cuda_detail
@@ -62,7 +52,7 @@ void residual_forward(cuda, T* out, const T* a, const T* b, std::int64_t n) {
   STRATA_CUDA_CHECK_LAUNCH("residual_forward");
 }
 
-// Accumulates (+=) dout into both da and db (either may be null to skip it).
+// Writes dout into both da and db (either may be null to skip it), as the host kernel does.
 template <class T>
 void residual_backward(cuda, std::type_identity_t<T>* da /*nullable*/, std::type_identity_t<T>* db /*nullable*/,
                        const T* dout, std::int64_t n) {

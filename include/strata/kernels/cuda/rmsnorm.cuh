@@ -4,7 +4,7 @@
 //   inp, out, dinp, dout [N, C];  weight, dweight [C];  rstd [N] (fp32)
 //   out = inp * rstd * weight,  rstd = 1 / sqrt(mean_c(inp^2) + eps)
 //   backward, with n = inp * rstd and gw = dout * weight:
-//     dinp    += rstd * (gw - n * mean_c(gw * n))
+//     dinp     = rstd * (gw - n * mean_c(gw * n))      (written, not read)
 //     dweight += sum_rows dout * n
 //
 // residual_rmsnorm_forward: resid = a + b (rounded to T, written out), out = rmsnorm(resid), in
@@ -73,7 +73,7 @@ __global__ void residual_rmsnorm_forward_kernel(T* resid, T* out, float* rstd, c
   rmsnorm_row<T, P>(out + row * C, rstd, r, weight, row, C, eps, lane);
 }
 
-// dinp += rstd * (gw - n * mean_c(gw * n)), gw = dout * weight, n = inp * rstd; one warp per row.
+// dinp = rstd * (gw - n * mean_c(gw * n)), gw = dout * weight, n = inp * rstd; one warp per row.
 template <class T, int P>
 __global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* weight, const float* rstd,
                                              std::int64_t N, std::int64_t C) {
@@ -99,9 +99,8 @@ __global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dout, const T* in
     load_pack(v, x, c, C);
     load_pack(g, dy, c, C);
     load_pack(w, weight, c, C);
-    load_pack(d, dx, c, C);
 #pragma unroll
-    for (int j = 0; j < P; ++j) d[j] += s * (g[j] * w[j] - (v[j] * s) * gwn_mean);
+    for (int j = 0; j < P; ++j) d[j] = s * (g[j] * w[j] - (v[j] * s) * gwn_mean);
     store_pack(dx, c, C, d);
   }
 }
@@ -166,7 +165,8 @@ void residual_rmsnorm_forward(cuda, T* resid, T* out, acc_t<T>* rstd /*nullable*
   STRATA_CUDA_CHECK_LAUNCH("residual_rmsnorm_forward");
 }
 
-// Accumulates (+=) into dinp and dweight. rstd: the forward's [N] (required).
+// Writes dinp (not read) and accumulates (+=) into dweight, as the host kernel does. rstd: the
+// forward's [N] (required).
 template <class T>
 void rmsnorm_backward(cuda, T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const acc_t<T>* rstd,
                       std::int64_t N, std::int64_t C) {

@@ -1,28 +1,19 @@
-// strata/kernels/cuda/runtime.cuh - what every CUDA kernel file needs around the kernels:
-// checked calls, the per-thread context (current stream, cuBLASLt handle and workspace),
-// streams and events, NVTX ranges, device memory, and the device-side error record.
+// strata/kernels/cuda/runtime.cuh - what every CUDA kernel file needs around the kernels: the
+// streams, events and checked calls of core/cuda_stream.cuh, launch and cuBLAS checks, the
+// per-thread context (cuBLASLt handle and workspace, the device error record), NVTX ranges,
+// device memory.
 //
-// Streams. strata's device tag strata::cuda is an empty type (layers pass `device{}`), so a
-// kernel cannot be handed a stream through it. Every CUDA kernel is enqueued on the calling
-// thread's *current stream*: gpu::current_stream(). By default that is a non-blocking stream
-// the context creates for the thread on first use; a gpu::stream_scope sets another for its
-// lifetime (and restores the previous one):
+// Every CUDA kernel is enqueued on the calling thread's current stream, gpu::current_stream()
+// (core/cuda_stream.cuh, where gpu::stream_scope sets it). Kernels never synchronize, except the
+// few whose host signature returns a value (sum_of_squares, all_finite): they synchronize the
+// current stream to return it.
 //
-//   gpu::stream compute, comm;                         // non-blocking streams
-//   { gpu::stream_scope on(compute);                   // kernels below go to `compute`
-//     kernels::layernorm_forward(cuda{}, ...);
-//     gpu::event grads_ready; grads_ready.record(compute);
-//     grads_ready.wait(comm); /* NCCL on comm */ }
-//
-// Kernels never synchronize, except the few whose host signature returns a value
-// (sum_of_squares, all_finite): they synchronize the current stream to return it.
-//
-// Errors. STRATA_CUDA_CHECK(call) throws strata::error naming the call, the CUDA error, the
-// file and line. Every launch is followed by STRATA_CUDA_CHECK_LAUNCH(name); with the
-// environment variable STRATA_CUDA_SYNC=1 that also synchronizes, so an asynchronous fault is
-// reported at the kernel that caused it. Bad data a kernel finds (a token id out of range) is
-// written to a device error record; gpu::check_device_errors() (also run by every synchronizing
-// call) throws it on the host.
+// Errors. STRATA_CUDA_CHECK(call) (core/cuda_stream.cuh) throws strata::error naming the call,
+// the CUDA error, the file and line. Every launch is followed by STRATA_CUDA_CHECK_LAUNCH(name);
+// with the environment variable STRATA_CUDA_SYNC=1 that also synchronizes, so an asynchronous
+// fault is reported at the kernel that caused it. Bad data a kernel finds (a token id out of
+// range) is written to a device error record; gpu::check_device_errors() (also run by every
+// synchronizing call) throws it on the host.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -37,17 +28,10 @@
 #include <utility>
 #include <vector>
 
+#include "strata/core/cuda_stream.cuh"
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/kernels/cuda/launch_config.hpp"
-
-// Throws strata::error when a CUDA runtime call fails: "CUDA error cudaErrorX (text) in
-// `call` at file:line".
-#define STRATA_CUDA_CHECK(call)                                                                     \
-  do {                                                                                              \
-    const cudaError_t strata_cuda_err_ = (call);                                                    \
-    if (strata_cuda_err_ != cudaSuccess) ::strata::gpu::detail::cuda_fail(strata_cuda_err_, #call, __FILE__, __LINE__); \
-  } while (0)
 
 // Same for cuBLAS / cuBLASLt status codes.
 #define STRATA_CUBLAS_CHECK(call)                                                                   \
@@ -64,9 +48,6 @@
 namespace strata::gpu {
 
 namespace detail {
-[[noreturn]] inline void cuda_fail(cudaError_t e, const char* call, const char* file, int line) {
-  fail("CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") in `", call, "` at ", file, ":", line);
-}
 [[noreturn]] inline void cublas_fail(cublasStatus_t s, const char* call, const char* file, int line) {
   fail("cuBLAS error ", int(s), " (", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s), ") in `", call,
        "` at ", file, ":", line);
@@ -112,54 +93,6 @@ __device__ inline void record_device_error(device_error_record* rec, device_erro
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// RAII streams and events.
-class stream {
- public:
-  // A non-blocking stream (no implicit synchronisation with the legacy default stream).
-  explicit stream(int priority = 0) {
-    STRATA_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
-  }
-  stream(const stream&) = delete;
-  stream& operator=(const stream&) = delete;
-  ~stream() {
-    if (s_) cudaStreamDestroy(s_);
-  }
-  cudaStream_t get() const { return s_; }
-  operator cudaStream_t() const { return s_; }
-  void synchronize() const { STRATA_CUDA_CHECK(cudaStreamSynchronize(s_)); }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
-class event {
- public:
-  // timing = false: a pure ordering event (cheaper).
-  explicit event(bool timing = false) {
-    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
-  }
-  event(const event&) = delete;
-  event& operator=(const event&) = delete;
-  ~event() {
-    if (e_) cudaEventDestroy(e_);
-  }
-  void record(cudaStream_t s) { STRATA_CUDA_CHECK(cudaEventRecord(e_, s)); }
-  // Work enqueued on `s` after this call waits for the recorded point.
-  void wait(cudaStream_t s) const { STRATA_CUDA_CHECK(cudaStreamWaitEvent(s, e_, 0)); }
-  void synchronize() const { STRATA_CUDA_CHECK(cudaEventSynchronize(e_)); }
-  // Milliseconds between two timing events.
-  float since(const event& start) const {
-    float ms = 0;
-    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, e_));
-    return ms;
-  }
-  cudaEvent_t get() const { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
-};
-
-// ---------------------------------------------------------------------------------------------
 // What identifies a GEMM for the algorithm cache (types, shapes, leading dimensions, epilogue,
 // operand alignments), as plain numbers.
 struct gemm_key {
@@ -168,18 +101,17 @@ struct gemm_key {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The per-thread, per-device context: current stream, cuBLASLt handle, one GEMM workspace per
-// stream it has run on (a workspace must not be shared by GEMMs running concurrently), the
-// device error record, and device properties the launchers need.
+// The per-thread, per-device context: the thread's streams on the device (core/cuda_stream.cuh),
+// cuBLASLt handle, one GEMM workspace per stream it has run on (a workspace must not be shared by
+// GEMMs running concurrently), the device error record, and device properties the launchers need.
 class context {
  public:
-  explicit context(int device) : device_(device) {
+  explicit context(int device) : device_(device), streams_(&detail::this_thread_streams()) {
     STRATA_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
-    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
     STRATA_CUBLAS_CHECK(cublasLtCreate(&lt_));
     STRATA_CUDA_CHECK(cudaMalloc(&errors_, sizeof(device_error_record)));
-    STRATA_CUDA_CHECK(cudaMemsetAsync(errors_, 0, sizeof(device_error_record), own_stream_));
-    STRATA_CUDA_CHECK(cudaStreamSynchronize(own_stream_));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(errors_, 0, sizeof(device_error_record), streams_->own));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(streams_->own));
     // Keep freed stream-ordered scratch in the pool instead of returning it to the driver
     // every synchronisation: scratch (gpu::scratch) then costs no cudaMalloc after warm-up.
     cudaMemPool_t pool;
@@ -193,12 +125,12 @@ class context {
     for (auto& w : workspaces_) cudaFree(w.second);
     if (errors_) cudaFree(errors_);
     if (lt_) cublasLtDestroy(lt_);
-    if (own_stream_) cudaStreamDestroy(own_stream_);
   }
 
   int device() const { return device_; }
   const cudaDeviceProp& properties() const { return props_; }
-  cudaStream_t stream() const { return current_ ? current_ : own_stream_; }
+  // The thread's current stream on this context's device.
+  cudaStream_t stream() const { return streams_->get(); }
   cublasLtHandle_t lt() const { return lt_; }
   device_error_record* errors() const { return errors_; }
   // fp32 GEMMs on TF32 tensor cores (faster, ~1e-3 relative error). Off by default.
@@ -226,11 +158,9 @@ class context {
   }
 
  private:
-  friend class stream_scope;
   int device_;
+  detail::thread_streams* streams_;
   cudaDeviceProp props_{};
-  cudaStream_t own_stream_ = nullptr;
-  cudaStream_t current_ = nullptr;  // set by stream_scope
   cublasLtHandle_t lt_ = nullptr;
   device_error_record* errors_ = nullptr;
   std::vector<std::pair<cudaStream_t, void*>> workspaces_;
@@ -247,21 +177,6 @@ inline context& this_context() {
   contexts.push_back(std::make_unique<context>(device));
   return *contexts.back();
 }
-
-inline cudaStream_t current_stream() { return this_context().stream(); }
-
-// Sets the calling thread's current stream for this scope; restores the previous one after.
-class stream_scope {
- public:
-  explicit stream_scope(cudaStream_t s) : ctx_(&this_context()), previous_(ctx_->current_) { ctx_->current_ = s; }
-  stream_scope(const stream_scope&) = delete;
-  stream_scope& operator=(const stream_scope&) = delete;
-  ~stream_scope() { ctx_->current_ = previous_; }
-
- private:
-  context* ctx_;
-  cudaStream_t previous_;
-};
 
 // Throws the first error a kernel recorded since the last check (and clears it). Synchronizes
 // the current stream.

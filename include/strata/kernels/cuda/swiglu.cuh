@@ -76,7 +76,7 @@ void swiglu_forward(cuda, T* out, const T* gate_up, std::int64_t N, std::int64_t
   STRATA_CUDA_CHECK_LAUNCH("swiglu_forward");
 }
 
-// Writes (=, does not accumulate) dgate_up [N, 2H]: the gate half, then the up half per row.
+// Writes dgate_up [N, 2H] (not read): the gate half, then the up half per row.
 template <class T>
 void swiglu_backward(cuda, T* dgate_up, const T* dout, const T* gate_up, std::int64_t N, std::int64_t H) {
   static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");

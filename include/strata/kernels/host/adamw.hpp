@@ -17,7 +17,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
-#include "strata/optim/step_state.hpp"
+#include "strata/core/step_state.hpp"
 #include "strata/policy/device.hpp"
 
 namespace strata::kernels {
@@ -104,7 +104,7 @@ void adamw_update(host, M* master, T* weights, const T* grad, M* m, M* v, std::i
                        grad_scale);
 }
 
-// The step the trainer's step_state decided (optim/step_state.hpp): nothing when state->apply
+// The step the trainer's step_state decided (core/step_state.hpp): nothing when state->apply
 // is 0; otherwise its bias corrections and its multiplier (clip / loss scale, times grad_scale).
 // h.beta1/beta2 must equal the step_rules'. The GPU overload reads the state on the device.
 template <class T, class M>

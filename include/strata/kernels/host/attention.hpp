@@ -15,9 +15,9 @@
 // task with an online softmax (running max and sum; the partial output is rescaled when the max
 // grows). Backward recomputes P from lse (no T x T state, one 64 x 64 block per thread) and runs
 // one (b, key/value head) per task: dP = dO Vᵀ, dS = P (dP - D) · scale with D = rowsum(dO · O),
-// dQ += dS K, dK += dSᵀ Q, dV += Pᵀ dO. The task owns the head's dK and dV, summed in acc_t over
-// every query head of its group and every query block before one rounding, and writes the dQ
-// rows of its group's query heads.
+// dQ = dS K, dK = dSᵀ Q, dV = Pᵀ dO. The task owns the head's dK and dV, summed in acc_t over
+// every query head of its group and every query block before one rounding, and the dQ rows of
+// its group's query heads: together every element of dqkv, written (never read).
 //
 // The block GEMMs are register-tiled loops here, not BLAS calls: each element is one chain of
 // multiply-adds in a fixed order whatever tile it falls in, so a query row's result depends on
@@ -158,13 +158,19 @@ inline void row_tile(A* c, std::int64_t ldc, const A* a, std::int64_t a_r, std::
 
 // Horizontal sum and max of a vec by shuffles that keep it in registers, in the fixed tree of
 // halves: lane i meets lane i + W for W = L/2 .. 1. u = v's lanes W .. 2W-1 moved to 0 .. W-1.
+// Each compiler's own builtin: clang has only __builtin_shufflevector, and nvcc's front end only
+// GCC's __builtin_shuffle.
 template <std::int64_t W, class A, std::size_t... I>
 inline void upper_half(vec<A>& u, const vec<A>& v, std::index_sequence<I...>) {
+#if defined(__clang__)
+  u = __builtin_shufflevector(v, v, static_cast<int>(I % W + W)...);
+#else
   // Lane indices as wide as A (__builtin_shuffle's rule); a constant mask becomes one shuffle.
   using index = std::conditional_t<sizeof(A) == 4, std::int32_t, std::int64_t>;
   typedef index mask __attribute__((vector_size(64)));
   const mask m = {static_cast<index>(I % W + W)...};
   u = __builtin_shuffle(v, m);
+#endif
 }
 
 template <class A>
@@ -372,10 +378,10 @@ void forward(O* out, acc_t<T>* lse, const T* qkv, const attention_shape& s) {
 }
 
 // --- Backward -----------------------------------------------------------------------------
-// Accumulates (+=) into dqkv. For query row t of head h, with P[t2] = exp(score - lse[t]):
+// Writes every element of dqkv. For query row t of head h, with P[t2] = exp(score - lse[t]):
 //   dP[t2] = dout[t] . v[t2],  D = dout[t] . out[t]  (= sum_t2 P[t2] dP[t2])
 //   dS[t2] = P[t2] (dP[t2] - D) · scale
-//   dq[t] += sum_t2 dS[t2] k[t2],  dk[t2] += dS[t2] q[t],  dv[t2] += P[t2] dout[t]
+//   dq[t] = sum_t2 dS[t2] k[t2],  dk[t2] = sum over (t, h) of dS[t2] q[t],  dv[t2] = sum of P[t2] dout[t]
 template <class T, class O>
 void backward(T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse, const O* out, const attention_shape& s) {
   using A = acc_t<T>;
@@ -466,7 +472,7 @@ void backward(T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse, const O
           for (std::int64_t r = 0; r < m; ++r) {
             if (r + ahead < m) prefetch_row<true>(dbase + (t0 + r + ahead) * W + h * d, d);
             T* dq_out = dbase + (t0 + r) * W + h * d;
-            for (std::int64_t i = 0; i < d; ++i) dq_out[i] = convert<T>(convert<A>(dq_out[i]) + dq[r * dp + i]);
+            for (std::int64_t i = 0; i < d; ++i) dq_out[i] = convert<T>(dq[r * dp + i]);
           }
         }
 
@@ -478,8 +484,8 @@ void backward(T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse, const O
         T* dk_out = dbase + t2 * W + k_off + kvh * d;
         T* dv_out = dbase + t2 * W + v_off + kvh * d;
         for (std::int64_t i = 0; i < d; ++i) {
-          dk_out[i] = convert<T>(convert<A>(dk_out[i]) + dk[t2 * dp + i]);
-          dv_out[i] = convert<T>(convert<A>(dv_out[i]) + dv[t2 * dp + i]);
+          dk_out[i] = convert<T>(dk[t2 * dp + i]);
+          dv_out[i] = convert<T>(dv[t2 * dp + i]);
         }
       }
     }
@@ -494,7 +500,8 @@ void attention_forward(host, T* out, acc_t<T>* lse, const T* qkv, const attentio
   attention_detail::forward(out, lse, qkv, s);
 }
 
-// Accumulates (+=) into dqkv [B, T, row_width]: the q, k and v gradients. lse and out are the
+// Writes dqkv [B, T, row_width], the q, k and v gradients (not read: the input's gradient, as
+// docs/architecture.md's "A training step" states for every backward kernel). lse and out are the
 // forward's (out gives D = rowsum(dout · out), so nothing of the forward is redone).
 template <class T>
 void attention_backward(host, T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse, const T* out,
@@ -512,7 +519,7 @@ void attention_forward(host, T* out, acc_t<T>* att, const T* qkv, std::int64_t B
   attention_forward(host{}, out, att, qkv, attention_detail::multi_head_shape("attention_forward", B, T_, C, NH));
 }
 
-// As above; accumulates (+=) into dqkv [B, T, 3C]. out: the forward's output. Without it the
+// As above; writes dqkv [B, T, 3C]. out: the forward's output. Without it the
 // forward is redone into scratch in acc_t (unrounded, so a bf16 call still rounds its result
 // once from the fp32 one), at the cost of one more forward.
 template <class T>

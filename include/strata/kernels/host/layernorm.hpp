@@ -36,7 +36,7 @@ inline A sum_in_lanes(std::int64_t n, Term&& term) {
   return part[0];
 }
 
-// One row of the backward: dx += rstd · (dnorm - mean(dnorm) - norm · mean(dnorm · norm)), and the
+// One row of the backward: dx = rstd · (dnorm - mean(dnorm) - norm · mean(dnorm · norm)), and the
 // row's terms of the weight and bias gradients added to dw and db. The pointers are restrict (the
 // caller's arrays never overlap): with six streams the compiler would otherwise not vectorise.
 template <class T, class A>
@@ -46,7 +46,7 @@ inline void backward_row(T* __restrict dx, A* __restrict dw, A* __restrict db, c
   for (std::int64_t c = 0; c < C; ++c) {
     const A norm = (convert<A>(x[c]) - m) * s;
     const A g = convert<A>(dy[c]);
-    dx[c] = convert<T>(convert<A>(dx[c]) + s * (g * convert<A>(weight[c]) - dnorm_mean - norm * dnorm_norm_mean));
+    dx[c] = convert<T>(s * (g * convert<A>(weight[c]) - dnorm_mean - norm * dnorm_norm_mean));
     dw[c] += g * norm;
     db[c] += g;
   }
@@ -77,9 +77,10 @@ void layernorm_forward(host, T* out, acc_t<T>* mean /*nullable*/, acc_t<T>* rstd
   }
 }
 
-// Accumulates (+=) into dinp, dweight and dbias.
+// Writes the input's gradient (not read) and accumulates (+=) into the parameters', as every
+// backward kernel does (docs/architecture.md, "A training step"):
 //   norm = (inp - mean) * rstd,  dnorm = dout * weight
-//   dinp   += rstd * (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm))
+//   dinp    = rstd * (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm))
 //   dweight += sum_n dout * norm,  dbias += sum_n dout
 // One pass over the rows: each chunk of rows (column_sum.hpp) sums its dweight and dbias terms
 // while the row is in cache, and the chunks' sums are then added in chunk order, an order fixed

@@ -19,17 +19,17 @@ void residual_forward(host, T* out, const T* a, const T* b, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = convert<T>(convert<A>(a[i]) + convert<A>(b[i]));
 }
 
-// Accumulates (+=) dout into both da and db (either may be null to skip it).
+// Writes dout into both da and db (either may be null to skip it): the inputs' gradients, written
+// as every backward kernel writes its input's (docs/architecture.md, "A training step"). A layer
+// whose input also feeds another branch adds the two with residual_forward.
 template <class T>
 void residual_backward(host, std::type_identity_t<T>* da /*nullable*/, std::type_identity_t<T>* db /*nullable*/,
                        const T* dout, std::int64_t n) {
-  using A = acc_t<T>;
   STRATA_CHECK(n >= 0, "residual_backward: negative length ", n);
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (std::int64_t i = 0; i < n; ++i) {
-    const A g = convert<A>(dout[i]);
-    if (da) da[i] = convert<T>(convert<A>(da[i]) + g);
-    if (db) db[i] = convert<T>(convert<A>(db[i]) + g);
+    if (da) da[i] = dout[i];
+    if (db) db[i] = dout[i];
   }
 }
 

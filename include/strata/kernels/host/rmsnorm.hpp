@@ -62,9 +62,10 @@ void residual_rmsnorm_forward(host, T* resid, T* out, acc_t<T>* rstd /*nullable*
   }
 }
 
-// Accumulates (+=) into dinp and dweight.
+// Writes the input's gradient (not read) and accumulates (+=) into the weight's, as every
+// backward kernel does (docs/architecture.md, "A training step"):
 //   norm = inp · rstd,  dnorm = dout · weight
-//   dinp    += rstd · (dnorm - norm · mean_c(dnorm · norm))
+//   dinp     = rstd · (dnorm - norm · mean_c(dnorm · norm))
 //   dweight += sum_n dout · norm
 // (layernorm's gradient without the mean terms: d rstd / d inp_c = -rstd³ inp_c / C.)
 template <class T>
@@ -87,7 +88,7 @@ void rmsnorm_backward(host, T* dinp, T* dweight, const T* dout, const T* inp, co
     for (std::int64_t c = 0; c < C; ++c) {
       const A norm = convert<A>(x[c]) * s;
       const A dnorm = convert<A>(dy[c]) * convert<A>(weight[c]);
-      dx[c] = convert<T>(convert<A>(dx[c]) + s * (dnorm - norm * dnorm_norm_mean));
+      dx[c] = convert<T>(s * (dnorm - norm * dnorm_norm_mean));
     }
   }
 

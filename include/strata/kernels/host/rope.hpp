@@ -87,7 +87,8 @@ void rope_forward(host, T* qkv, const attention_shape& s, double theta, std::int
 }
 
 // In place on dqkv [B, T, row_width]: the q and k gradient parts turn back by the opposite angle
-// (the rotation's transpose); the v part is untouched.
+// (the rotation's transpose); the v part is untouched. The gradient given becomes the rotation's
+// input gradient; nothing is added to anything.
 template <class T>
 void rope_backward(host, T* dqkv, const attention_shape& s, double theta, std::int64_t pos0 = 0) {
   rope_detail::check("rope_backward", s, theta, pos0);

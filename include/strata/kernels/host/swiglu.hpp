@@ -34,7 +34,7 @@ void swiglu_forward(host, T* out, const T* gate_up, std::int64_t N, std::int64_t
   }
 }
 
-// Writes (=) dgate_up [N, 2H]: gate_up is a fresh projection output, so nothing accumulates.
+// Writes dgate_up [N, 2H] (not read): an input's gradient, as every backward kernel writes it.
 template <class T>
 void swiglu_backward(host, T* dgate_up, const T* dout, const T* gate_up, std::int64_t N, std::int64_t H) {
   using A = acc_t<T>;

@@ -1,4 +1,4 @@
-// strata/optim/step_state.hpp - what an optimizer step decides after backward, kept where the
+// strata/core/step_state.hpp - what an optimizer step decides after backward, kept where the
 // model lives (device memory on a GPU, host memory on the host): the loss scale, the global
 // gradient norm, the clip factor, whether the step is applied, and the optimizer's step count.
 //
@@ -13,10 +13,13 @@
 // the host runs the very code the GPU runs. Its loss-scale rule is strata::loss_scaler's (a test
 // holds them equal); the scale used by this step's backward is the one the norm and the clip
 // factor divide by, and the updated scale applies from the next step.
+//
+// In core because the kernels that read and update it (loss scale, cross-entropy, AdamW) and the
+// optimizer and trainer that own it sit in folders that may not include each other's.
 #pragma once
 #include "strata/core/config.hpp"
+#include "strata/core/grad_clip.hpp"
 #include "strata/core/hd_math.hpp"
-#include "strata/optim/grad_clip.hpp"
 
 namespace strata {
 

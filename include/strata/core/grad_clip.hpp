@@ -1,8 +1,8 @@
-// strata/optim/grad_clip.hpp - the gradient-clipping coefficient.
+// strata/core/grad_clip.hpp - the gradient-clipping coefficient.
 //
-// The norm is taken over every gradient element of the model (all shards, once the parallel
-// layouts exist), so clipping never depends on how the model is split. STRATA_HD: the step's
-// bookkeeping (optim/step_state.hpp) calls it on the GPU too.
+// The norm is taken over every gradient element of the model (every rank's shards), so clipping
+// never depends on how the model is split. STRATA_HD: the step's bookkeeping
+// (core/step_state.hpp) calls it on the GPU too, which is why it sits in core with it.
 #pragma once
 #include "strata/core/config.hpp"
 
