@@ -21,7 +21,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -33,6 +32,9 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include <strata/core/json_number.hpp>
 #include <strata/plan/plan.hpp>
 
 #include "common/cli_checks.hpp"
@@ -44,7 +46,7 @@ namespace st = strata;
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Text and JSON formatting
+// Text formatting
 // ---------------------------------------------------------------------------------------------
 
 std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
@@ -95,52 +97,6 @@ std::string seconds_text(double s) {
   if (s >= 1e-3) return printf_string("%.4g ms", s * 1e3);
   return printf_string("%.3g us", s * 1e6);
 }
-
-// JSON values as text. Doubles take the shortest form that reads back to the same value (stable
-// across runs); integers are written whole; a non-finite number (never expected) becomes null.
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  if (v == std::floor(v) && std::fabs(v) < 9e15) return std::to_string(static_cast<std::int64_t>(v));
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, res.ptr);
-}
-std::string json_number(std::int64_t v) { return std::to_string(v); }
-std::string json_number(int v) { return std::to_string(v); }
-std::string json_bool(bool v) { return v ? "true" : "false"; }
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += printf_string("\\u%04x", static_cast<unsigned>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-// A JSON object with its keys in insertion order: add(key, already-formatted value).
-class json_object {
- public:
-  json_object& add(std::string_view key, std::string value) {
-    fields_.emplace_back(std::string(key), std::move(value));
-    return *this;
-  }
-  json_object& add(std::string_view key, const json_object& value) { return add(key, value.str()); }
-  std::string str() const {
-    std::string out = "{";
-    for (std::size_t i = 0; i < fields_.size(); ++i)
-      out += (i ? "," : "") + json_string(fields_[i].first) + ":" + fields_[i].second;
-    return out + "}";
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> fields_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Flags
@@ -249,16 +205,9 @@ struct gpt2_family {
                          (long long)m.d_model, (long long)m.heads, (long long)m.ffn_width(), (long long)m.seq,
                          (long long)m.vocab);
   }
-  static json_object json(const dims& m) {
-    json_object j;
-    j.add("layers", json_number(m.layers))
-        .add("hidden", json_number(m.d_model))
-        .add("heads", json_number(m.heads))
-        .add("ffn", json_number(m.ffn_width()))
-        .add("seq", json_number(m.seq))
-        .add("vocab", json_number(m.vocab))
-        .add("tied", json_bool(true));
-    return j;
+  static nlohmann::ordered_json json(const dims& m) {
+    return {{"layers", m.layers}, {"hidden", m.d_model}, {"heads", m.heads}, {"ffn", m.ffn_width()},
+            {"seq", m.seq},       {"vocab", m.vocab},    {"tied", true}};
   }
 };
 
@@ -287,17 +236,9 @@ struct llama_family {
                          (long long)m.layers, (long long)m.d_model, (long long)m.heads, (long long)m.kv(),
                          (long long)m.ffn_width(), (long long)m.seq, (long long)m.vocab, m.tied ? "tied" : "untied");
   }
-  static json_object json(const dims& m) {
-    json_object j;
-    j.add("layers", json_number(m.layers))
-        .add("hidden", json_number(m.d_model))
-        .add("heads", json_number(m.heads))
-        .add("kv_heads", json_number(m.kv()))
-        .add("ffn", json_number(m.ffn_width()))
-        .add("seq", json_number(m.seq))
-        .add("vocab", json_number(m.vocab))
-        .add("tied", json_bool(m.tied));
-    return j;
+  static nlohmann::ordered_json json(const dims& m) {
+    return {{"layers", m.layers}, {"hidden", m.d_model}, {"heads", m.heads},   {"kv_heads", m.kv()},
+            {"ffn", m.ffn_width()}, {"seq", m.seq},      {"vocab", m.vocab}, {"tied", m.tied}};
   }
 };
 
@@ -422,17 +363,26 @@ step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, c
   return e;
 }
 
-json_object estimate_json(const step_estimate& e) {
-  json_object o;
-  o.add("step_time_s", json_number(e.step_s))
-      .add("compute_s", json_number(e.compute_s))
-      .add("tp_s", json_number(e.tp_s))
-      .add("pp_s", json_number(e.pp_s))
-      .add("dp_s", json_number(e.dp_s))
-      .add("tokens_per_s", json_number(e.tokens_per_s))
-      .add("tflops_per_gpu", json_number(e.tflops_per_gpu))
-      .add("mfu", json_number(e.mfu));
-  return o;
+// The parameter counts and model-state bytes, in the order both JSON outputs give them.
+void add_model_state_fields(nlohmann::ordered_json& out, const st::plan_result& r) {
+  out["params_total"] = r.params_total;
+  out["params_per_rank"] = r.params_per_rank;
+  out["params_bytes"] = r.params_bytes;
+  out["grads_bytes"] = r.grads_bytes;
+  out["master_bytes"] = r.master_bytes;
+  out["optimizer_bytes"] = r.optimizer_bytes;
+  out["model_state_bytes"] = r.model_state_bytes();
+}
+
+nlohmann::ordered_json estimate_json(const step_estimate& e) {
+  return {{"step_time_s", st::json_number(e.step_s)},
+          {"compute_s", st::json_number(e.compute_s)},
+          {"tp_s", st::json_number(e.tp_s)},
+          {"pp_s", st::json_number(e.pp_s)},
+          {"dp_s", st::json_number(e.dp_s)},
+          {"tokens_per_s", st::json_number(e.tokens_per_s)},
+          {"tflops_per_gpu", st::json_number(e.tflops_per_gpu)},
+          {"mfu", st::json_number(e.mfu)}};
 }
 
 std::string device_text(const st::hw::device_spec& d, int storage_bytes) {
@@ -467,53 +417,37 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   const double mem = d.memory_bytes;
 
   if (o.json) {
-    json_object layout;
-    layout.add("dp", json_number(o.dp))
-        .add("tp", json_number(o.tp))
-        .add("pp", json_number(o.pp))
-        .add("virtual", json_number(o.virtual_chunks))
-        .add("zero", json_number(o.zero))
-        .add("micro_batch", json_number(o.micro_batch))
-        .add("microbatches", json_number(r.microbatches))
-        .add("sp", json_bool(sp))
-        .add("recompute", json_string(o.recompute))
-        .add("schedule", json_string(st::schedule_label(schedule)))
-        .add("precision", json_string(o.precision))
-        .add("optimizer", json_string(o.optimizer));
-    json_object comm;
-    comm.add("dp", json_number(r.comm_bytes.dp))
-        .add("tp", json_number(r.comm_bytes.tp))
-        .add("pp", json_number(r.comm_bytes.pp))
-        .add("embedding", json_number(r.comm_bytes.embedding));
-    json_object out;
-    out.add("model", json_string(F::name))
-        .add("shape", F::json(m))
-        .add("hw", json_string(d.name))
-        .add("device_memory_bytes", json_number(mem))
-        .add("layout", layout)
-        .add("global_batch", json_number(o.global_batch))
-        .add("params_total", json_number(r.params_total))
-        .add("params_per_rank", json_number(r.params_per_rank))
-        .add("params_bytes", json_number(r.params_bytes))
-        .add("grads_bytes", json_number(r.grads_bytes))
-        .add("master_bytes", json_number(r.master_bytes))
-        .add("optimizer_bytes", json_number(r.optimizer_bytes))
-        .add("model_state_bytes", json_number(r.model_state_bytes()))
-        .add("activation_bytes", json_number(r.activation_bytes))
-        .add("activation_bytes_per_microbatch", json_number(r.activation_bytes_per_microbatch))
-        .add("in_flight", json_number(r.in_flight))
-        .add("comm_buffer_bytes", json_number(r.comm_buffer_bytes))
-        .add("total_bytes", json_number(r.total_bytes()))
-        .add("memory_fraction", json_number(double(r.total_bytes()) / mem))
-        .add("fits", json_bool(fits))
-        .add("flops_per_step", json_number(r.flops_per_step))
-        .add("model_flops_per_step", json_number(r.model_flops_per_step))
-        .add("flops_per_rank", json_number(r.flops_per_rank))
-        .add("comm_bytes", comm)
-        .add("bubble_fraction", json_number(r.bubble_fraction))
-        .add("estimate", estimate_json(e))
-        .add("efficiency", json_number(o.efficiency));
-    std::printf("%s\n", out.str().c_str());
+    const nlohmann::ordered_json layout = {
+        {"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"virtual", o.virtual_chunks}, {"zero", o.zero},
+        {"micro_batch", o.micro_batch}, {"microbatches", r.microbatches}, {"sp", sp}, {"recompute", o.recompute},
+        {"schedule", std::string(st::schedule_label(schedule))}, {"precision", o.precision},
+        {"optimizer", o.optimizer}};
+    nlohmann::ordered_json out;
+    out["model"] = F::name;
+    out["shape"] = F::json(m);
+    out["hw"] = std::string(d.name);
+    out["device_memory_bytes"] = st::json_number(mem);
+    out["layout"] = layout;
+    out["global_batch"] = o.global_batch;
+    add_model_state_fields(out, r);
+    out["activation_bytes"] = r.activation_bytes;
+    out["activation_bytes_per_microbatch"] = r.activation_bytes_per_microbatch;
+    out["in_flight"] = r.in_flight;
+    out["comm_buffer_bytes"] = r.comm_buffer_bytes;
+    out["total_bytes"] = r.total_bytes();
+    out["memory_fraction"] = st::json_number(double(r.total_bytes()) / mem);
+    out["fits"] = fits;
+    out["flops_per_step"] = st::json_number(r.flops_per_step);
+    out["model_flops_per_step"] = st::json_number(r.model_flops_per_step);
+    out["flops_per_rank"] = st::json_number(r.flops_per_rank);
+    out["comm_bytes"] = {{"dp", st::json_number(r.comm_bytes.dp)},
+                         {"tp", st::json_number(r.comm_bytes.tp)},
+                         {"pp", st::json_number(r.comm_bytes.pp)},
+                         {"embedding", st::json_number(r.comm_bytes.embedding)}};
+    out["bubble_fraction"] = st::json_number(r.bubble_fraction);
+    out["estimate"] = estimate_json(e);
+    out["efficiency"] = st::json_number(o.efficiency);
+    std::printf("%s\n", out.dump().c_str());
     return 0;
   }
 
@@ -619,27 +553,21 @@ int run_model_state(const options& o, const st::hw::device_spec& d) {
   const double train_flops = 6.0 * double(n), infer_flops = 2.0 * double(n);
 
   if (o.json) {
-    json_object out;
-    out.add("hw", json_string(d.name))
-        .add("device_memory_bytes", json_number(mem))
-        .add("precision", json_string(o.precision))
-        .add("master", json_string(master))
-        .add("optimizer", json_string(o.optimizer))
-        .add("dp", json_number(o.dp))
-        .add("zero", json_number(o.zero))
-        .add("params_total", json_number(r.params_total))
-        .add("params_per_rank", json_number(r.params_per_rank))
-        .add("params_bytes", json_number(r.params_bytes))
-        .add("grads_bytes", json_number(r.grads_bytes))
-        .add("master_bytes", json_number(r.master_bytes))
-        .add("optimizer_bytes", json_number(r.optimizer_bytes))
-        .add("model_state_bytes", json_number(r.model_state_bytes()))
-        .add("total_bytes", json_number(r.model_state_bytes()))
-        .add("devices", json_number(devices))
-        .add("fits", json_bool(total <= mem))
-        .add("train_flops_per_token", json_number(train_flops))
-        .add("inference_flops_per_token", json_number(infer_flops));
-    std::printf("%s\n", out.str().c_str());
+    nlohmann::ordered_json out;
+    out["hw"] = std::string(d.name);
+    out["device_memory_bytes"] = st::json_number(mem);
+    out["precision"] = o.precision;
+    out["master"] = master;
+    out["optimizer"] = o.optimizer;
+    out["dp"] = o.dp;
+    out["zero"] = o.zero;
+    add_model_state_fields(out, r);
+    out["total_bytes"] = r.model_state_bytes();
+    out["devices"] = st::json_number(devices);
+    out["fits"] = total <= mem;
+    out["train_flops_per_token"] = st::json_number(train_flops);
+    out["inference_flops_per_token"] = st::json_number(infer_flops);
+    std::printf("%s\n", out.dump().c_str());
     return 0;
   }
 
@@ -753,27 +681,17 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
   }
 
   if (o.json) {
-    std::string out = "[";
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (std::size_t i = 0; i < shown; ++i) {
       const candidate& c = fitting[i];
-      json_object j;
-      j.add("model", json_string(F::name))
-          .add("dp", json_number(c.dp))
-          .add("tp", json_number(c.tp))
-          .add("pp", json_number(c.pp))
-          .add("virtual", json_number(c.v))
-          .add("zero", json_number(c.zero))
-          .add("micro_batch", json_number(c.micro))
-          .add("sp", json_bool(c.sp))
-          .add("recompute", json_string(recompute_name(c.recompute)))
-          .add("step_time_s", json_number(c.est.step_s))
-          .add("tokens_per_s", json_number(c.est.tokens_per_s))
-          .add("tflops_per_gpu", json_number(c.est.tflops_per_gpu))
-          .add("mfu", json_number(c.est.mfu))
-          .add("total_bytes", json_number(c.plan.total_bytes()));
-      out += (i ? "," : "") + j.str();
+      out.push_back({{"model", F::name}, {"dp", c.dp}, {"tp", c.tp}, {"pp", c.pp}, {"virtual", c.v}, {"zero", c.zero},
+                     {"micro_batch", c.micro}, {"sp", c.sp}, {"recompute", recompute_name(c.recompute)},
+                     {"step_time_s", st::json_number(c.est.step_s)},
+                     {"tokens_per_s", st::json_number(c.est.tokens_per_s)},
+                     {"tflops_per_gpu", st::json_number(c.est.tflops_per_gpu)},
+                     {"mfu", st::json_number(c.est.mfu)}, {"total_bytes", c.plan.total_bytes()}});
     }
-    std::printf("%s]\n", out.c_str());
+    std::printf("%s\n", out.dump().c_str());
     return 0;
   }
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -18,6 +19,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <strata/strata.hpp>
 
@@ -109,26 +112,35 @@ struct run_options {
   std::string progress = "auto";
 };
 
+// Six significant digits, what one step's timings are worth: the schedule's bubble of 1/9
+// reads 0.111111.
+inline nlohmann::ordered_json six_digits(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", v);
+  return st::json_number(std::strtod(text, nullptr));
+}
+
 // The per-stage busy and idle seconds of the last step, gathered over the pipeline group, as the
 // metrics' "pipeline" object (with the schedule's analytic bubble beside them).
 template <class Model>
 std::string pipeline_json(Model& model, st::mpi_communicator& pp) {
-  const auto& st_ = model.last_step();
-  const double mine[2] = {st_.busy_seconds, st_.idle_seconds};
+  const auto& last = model.last_step();
+  const double mine[2] = {last.busy_seconds, last.idle_seconds};
   std::vector<double> all(2 * std::size_t(pp.size()));
   pp.all_gather(std::span<const double>(mine, 2), std::span<double>(all));
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "{\"schedule\":\"%s\",\"analytic_bubble\":%.6g,\"stages\":[",
-                std::string(st::schedule_label(model.placement().shape.schedule)).c_str(),
-                st::analytic_bubble(model.placement().shape));
-  std::string s = buf;
+  const auto& shape = model.placement().shape;
+  nlohmann::ordered_json stages = nlohmann::ordered_json::array();
   for (int q = 0; q < pp.size(); ++q) {
     const double busy = all[2 * std::size_t(q)], idle = all[2 * std::size_t(q) + 1];
-    std::snprintf(buf, sizeof buf, "%s{\"busy_s\":%.6g,\"idle_s\":%.6g,\"idle_share\":%.6g}", q ? "," : "", busy, idle,
-                  busy + idle > 0 ? idle / (busy + idle) : 0.0);
-    s += buf;
+    stages.push_back({{"busy_s", six_digits(busy)},
+                      {"idle_s", six_digits(idle)},
+                      {"idle_share", six_digits(busy + idle > 0 ? idle / (busy + idle) : 0.0)}});
   }
-  return s + "]}";
+  nlohmann::ordered_json pipeline;
+  pipeline["schedule"] = std::string(st::schedule_label(shape.schedule));
+  pipeline["analytic_bubble"] = six_digits(st::analytic_bubble(shape));
+  pipeline["stages"] = std::move(stages);
+  return pipeline.dump();
 }
 
 // Every setting of the layout comes from the flags: degrees, ZeRO stage, sequence parallelism,

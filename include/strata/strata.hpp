@@ -7,6 +7,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/extents.hpp"
 #include "strata/core/init.hpp"
+#include "strata/core/json_number.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/core/tensor.hpp"
 
