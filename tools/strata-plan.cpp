@@ -38,8 +38,7 @@
 #include <strata/plan/plan.hpp>
 
 #include "common/cli_checks.hpp"
-#include "gpt2/gpt2.hpp"
-#include "llama/llama.hpp"
+#include "common/model_families.hpp"
 
 namespace st = strata;
 
@@ -153,9 +152,7 @@ CLI::Validator device_preset() {
 struct options {
   // model shape
   std::string model = "gpt2";
-  std::int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0, ffn = 0;
-  std::int64_t kv_heads = 0;  // llama: 0 as many as heads
-  bool tied = false;          // llama: the head shares the embedding's table
+  example_models::model_shape shape;
   std::int64_t global_batch = 0, micro_batch = 1;
   // layout
   int dp = 1, tp = 1, pp = 1, virtual_chunks = 1, zero = 0;
@@ -185,62 +182,23 @@ std::string precision_text(const std::string& precision) {
 // The model families the shape flags describe
 // ---------------------------------------------------------------------------------------------
 //
-// Each names its example's dims and model template, fills the dims from the flags and describes
-// the shape in words and JSON. The modes below are templates on the family: every figure is
-// plan_model's sum of that model's own layers' costs, never a formula of the tool's.
+// examples/common/model_families.hpp names each example's dims and model template, fills the
+// dims from the flags and describes the shape in words and JSON. The modes below are templates
+// on the family: every figure is plan_model's sum of that model's own layers' costs, never a
+// formula of the tool's.
 
-// GPT-2 (examples/gpt2/gpt2.hpp): learned positions, multi-head attention, a GELU MLP of width
-// --ffn (default 4 x --hidden), a head tied to the embedding.
-struct gpt2_family {
-  static constexpr const char* name = "gpt2";
-  using dims = gpt2::dims;
-  template <class P>
-  using model = gpt2::model<P>;
+using example_models::gpt2_family;
+using example_models::llama_family;
 
-  static dims shape(const options& o) {
-    return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .heads = o.heads, .d_model = o.hidden, .ffn = o.ffn};
-  }
-  static std::string text(const dims& m) {
-    return printf_string("GPT: %lld layers, hidden %lld, %lld heads, FFN %lld, seq %lld, vocab %lld", (long long)m.layers,
-                         (long long)m.d_model, (long long)m.heads, (long long)m.ffn_width(), (long long)m.seq,
-                         (long long)m.vocab);
-  }
-  static nlohmann::ordered_json json(const dims& m) {
-    return {{"layers", m.layers}, {"hidden", m.d_model}, {"heads", m.heads}, {"ffn", m.ffn_width()},
-            {"seq", m.seq},       {"vocab", m.vocab},    {"tied", true}};
-  }
-};
-
-// Llama (examples/llama/llama.hpp): rotary positions, grouped-query attention with --kv-heads
-// key/value heads (default: as many as heads), SwiGLU of width --ffn (default 8/3 x --hidden
-// rounded up to 32), RMSNorm, a head of its own unless --tied.
-struct llama_family {
-  static constexpr const char* name = "llama";
-  using dims = llama::dims;
-  template <class P>
-  using model = llama::model<P>;
-
-  static dims shape(const options& o) {
-    if (o.kv_heads > 0 && o.heads % o.kv_heads != 0)
-      throw usage_error("--kv-heads " + std::to_string(o.kv_heads) + " does not divide --heads " +
-                        std::to_string(o.heads));
-    if ((o.hidden / o.heads) % 2 != 0)
-      throw usage_error("the rotary embedding needs an even head size, got --hidden " + std::to_string(o.hidden) +
-                        " / --heads " + std::to_string(o.heads) + " = " + std::to_string(o.hidden / o.heads));
-    return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .heads = o.heads, .d_model = o.hidden,
-            .kv_heads = o.kv_heads, .ffn = o.ffn, .tied = o.tied};
-  }
-  static std::string text(const dims& m) {
-    return printf_string("Llama: %lld layers, hidden %lld, %lld heads, %lld kv heads, SwiGLU FFN %lld, seq %lld, "
-                         "vocab %lld, %s head",
-                         (long long)m.layers, (long long)m.d_model, (long long)m.heads, (long long)m.kv(),
-                         (long long)m.ffn_width(), (long long)m.seq, (long long)m.vocab, m.tied ? "tied" : "untied");
-  }
-  static nlohmann::ordered_json json(const dims& m) {
-    return {{"layers", m.layers}, {"hidden", m.d_model}, {"heads", m.heads},   {"kv_heads", m.kv()},
-            {"ffn", m.ffn_width()}, {"seq", m.seq},      {"vocab", m.vocab}, {"tied", m.tied}};
-  }
-};
+// What Llama's layers would refuse of the shape flags, said in the flags' words.
+void check_llama_flags(const example_models::model_shape& s) {
+  if (s.kv_heads > 0 && s.heads % s.kv_heads != 0)
+    throw usage_error("--kv-heads " + std::to_string(s.kv_heads) + " does not divide --heads " +
+                      std::to_string(s.heads));
+  if ((s.d_model / s.heads) % 2 != 0)
+    throw usage_error("the rotary embedding needs an even head size, got --hidden " + std::to_string(s.d_model) +
+                      " / --heads " + std::to_string(s.heads) + " = " + std::to_string(s.d_model / s.heads));
+}
 
 // A family's model in a precision, on a GPU (its kernels and memory; attention keeps one logsumexp
 // per query row, as on the host). plan_model takes the layout from the setup, so the policy's own
@@ -424,7 +382,7 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
         {"optimizer", o.optimizer}};
     nlohmann::ordered_json out;
     out["model"] = F::name;
-    out["shape"] = F::json(m);
+    out["shape"] = F::shape_json(m);
     out["hw"] = std::string(d.name);
     out["device_memory_bytes"] = st::json_number(mem);
     out["layout"] = layout;
@@ -452,7 +410,7 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   }
 
   const int ranks = o.dp * o.tp * o.pp;
-  std::printf("strata-plan: %s (%s parameters)\n", F::text(m).c_str(), grouped(r.params_total).c_str());
+  std::printf("strata-plan: %s (%s parameters)\n", F::shape_text(m).c_str(), grouped(r.params_total).c_str());
   std::printf("layout:   dp %d x tp %d x pp %d = %d rank%s, ZeRO-%d, %s, recompute %s", o.dp, o.tp, o.pp, ranks,
               ranks == 1 ? "" : "s", o.zero,
               sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
@@ -695,7 +653,7 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
     return 0;
   }
 
-  std::printf("strata-plan --search: %s, global batch %lld\n", F::text(m).c_str(), (long long)B);
+  std::printf("strata-plan --search: %s, global batch %lld\n", F::shape_text(m).c_str(), (long long)B);
   std::printf("on %d x %s\n", G, device_text(d, storage).c_str());
   std::printf("%s, %s; step-time model: compute at %g of peak, ranks placed tp, dp, pp (see --help)\n",
               precision_text(o.precision).c_str(), opt == st::optimizer_kind::adamw ? "AdamW" : "SGD with momentum",
@@ -729,7 +687,7 @@ Search step-time model (ranks the layouts; an estimate, not a measurement):
 // Plan one layout or search, for the family the flags name.
 template <class F>
 int run_shape(const options& o, const st::hw::device_spec& d) {
-  const typename F::dims shape = F::shape(o);
+  const typename F::dims shape = F::shape(o.shape);
   return o.search ? run_search<F>(o, shape, d) : run_plan<F>(o, shape, d);
 }
 
@@ -750,19 +708,20 @@ int main(int argc, char** argv) {
   shape_flags.push_back(app.add_option("--model", o.model, "the example model the shape flags describe: gpt2 "
                                                            "(examples/gpt2) or llama (examples/llama)")
                             ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str());
-  shape_flags.push_back(app.add_option("--layers", o.layers, "transformer blocks")->check(positive));
-  shape_flags.push_back(app.add_option("--hidden", o.hidden, "model width")->check(positive));
-  shape_flags.push_back(app.add_option("--heads", o.heads, "attention heads (must divide --hidden)")->check(positive));
-  shape_flags.push_back(app.add_option("--seq", o.seq, "sequence length")->check(positive));
-  shape_flags.push_back(app.add_option("--vocab", o.vocab, "vocabulary size")->check(positive));
-  shape_flags.push_back(app.add_option("--ffn", o.ffn, "FFN width: gpt2 the MLP's (default 4 x --hidden), llama the "
+  shape_flags.push_back(app.add_option("--layers", o.shape.layers, "transformer blocks")->check(positive));
+  shape_flags.push_back(app.add_option("--hidden", o.shape.d_model, "model width")->check(positive));
+  shape_flags.push_back(app.add_option("--heads", o.shape.heads, "attention heads (must divide --hidden)")->check(positive));
+  shape_flags.push_back(app.add_option("--seq", o.shape.seq, "sequence length")->check(positive));
+  shape_flags.push_back(app.add_option("--vocab", o.shape.vocab, "vocabulary size")->check(positive));
+  shape_flags.push_back(app.add_option("--ffn", o.shape.ffn, "FFN width: gpt2 the MLP's (default 4 x --hidden), llama the "
                                                        "SwiGLU's (default 8/3 x --hidden rounded up to 32)")
                             ->check(positive));
   // Llama only (refused with --model gpt2).
-  auto* kv_heads = app.add_option("--kv-heads", o.kv_heads, "llama: key/value heads, dividing --heads (0: as many as "
+  auto* kv_heads = app.add_option("--kv-heads", o.shape.kv_heads, "llama: key/value heads, dividing --heads (0: as many as "
                                                             "heads); tp may also be a multiple of it")
                        ->check(cli_checks::integer_at_least(0));
-  auto* tied = app.add_flag("--tied", o.tied, "llama: the LM head shares the token embedding's table (default: its own)");
+  auto* tied =
+      app.add_flag("--tied", o.shape.tied, "llama: the LM head shares the token embedding's table (default: its own)");
   shape_flags.push_back(kv_heads);
   shape_flags.push_back(tied);
   auto* global_batch =
@@ -839,9 +798,9 @@ int main(int argc, char** argv) {
 
     // Plan and search need a shape and a batch.
     std::string missing;
-    const std::pair<const char*, std::int64_t> required[] = {{"--layers", o.layers}, {"--hidden", o.hidden},
-                                                             {"--heads", o.heads},   {"--seq", o.seq},
-                                                             {"--vocab", o.vocab},   {"--global-batch", o.global_batch}};
+    const std::pair<const char*, std::int64_t> required[] = {
+        {"--layers", o.shape.layers}, {"--hidden", o.shape.d_model}, {"--heads", o.shape.heads},
+        {"--seq", o.shape.seq},       {"--vocab", o.shape.vocab},    {"--global-batch", o.global_batch}};
     for (const auto& [name, value] : required)
       if (value == 0) missing += (missing.empty() ? "" : ", ") + std::string(name);
     if (o.search && o.gpus == 0) missing += (missing.empty() ? "" : ", ") + std::string("--gpus");
@@ -849,8 +808,11 @@ int main(int argc, char** argv) {
       throw usage_error("missing " + missing +
                         " (a plan needs --layers, --hidden, --heads, --seq, --vocab and --global-batch; "
                         "--search also --gpus; or give --params N for the model-state estimate); see --help");
-    STRATA_CHECK(o.hidden % o.heads == 0, "--heads ", o.heads, " does not divide --hidden ", o.hidden);
-    return o.model == "llama" ? run_shape<llama_family>(o, device) : run_shape<gpt2_family>(o, device);
+    STRATA_CHECK(o.shape.d_model % o.shape.heads == 0, "--heads ", o.shape.heads, " does not divide --hidden ",
+                 o.shape.d_model);
+    if (o.model != "llama") return run_shape<gpt2_family>(o, device);
+    check_llama_flags(o.shape);
+    return run_shape<llama_family>(o, device);
   } catch (const usage_error& e) {
     std::fprintf(stderr, "strata-plan: error: %s\n", e.what());
     return 2;

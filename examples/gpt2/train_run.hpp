@@ -1,5 +1,5 @@
-// examples/gpt2/train_run.hpp - gpt2_train's run: the flags, the model families, and one
-// training of a family's model on a device, the same on the host and on GPUs.
+// examples/gpt2/train_run.hpp - gpt2_train's run: the flags, and one training of a model family's
+// model (examples/common/model_families.hpp) on a device, the same on the host and on GPUs.
 //
 // train<Family, Device, Precision> builds one strata::training of the family's model under
 // st::policy<Device, flag_layout, Precision> and runs it: plan, start-up checks, checkpoints,
@@ -24,59 +24,16 @@
 
 #include <strata/strata.hpp>
 
-#include "gpt2.hpp"
-#include "gpt2_hf.hpp"
-#include "llama/llama.hpp"
-#include "llama/llama_hf.hpp"
+#include "common/model_families.hpp"
+#include "common/model_families_hf.hpp"
 
 namespace gpt2_train {
 
 namespace st = strata;
 
-// The shape flags of every model; each model takes the ones it has.
-struct shape_flags {
-  std::int64_t vocab = 256, seq = 64, layers = 3, heads = 4, d_model = 96;
-  std::int64_t ffn = 0;       // 0: the model's own rule (GPT-2 4 x d_model, Llama 8/3 x d_model)
-  std::int64_t kv_heads = 0;  // Llama: 0 as many as heads
-  double rope_theta = 10000.0, norm_eps = 1e-5;
-};
-
-// The models gpt2_train trains: the declaration, its shape from the flags, its Hugging Face names.
-struct gpt2_family {
-  template <class P>
-  using model = gpt2::model<P>;
-  using dims = gpt2::dims;
-  static constexpr const char* name = "gpt2";
-  static constexpr const char* hf_class = "GPT2LMHeadModel";
-  static dims shape(const shape_flags& f) {
-    return {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .d_model = f.d_model, .ffn = f.ffn};
-  }
-  template <class T>
-  static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
-    gpt2::export_hf<T>(path, d, serial);
-  }
-  static std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes) {
-    return gpt2::import_hf(path, d, notes);
-  }
-};
-struct llama_family {
-  template <class P>
-  using model = llama::model<P>;
-  using dims = llama::dims;
-  static constexpr const char* name = "llama";
-  static constexpr const char* hf_class = "LlamaForCausalLM";
-  static dims shape(const shape_flags& f) {
-    return {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .d_model = f.d_model,
-            .kv_heads = f.kv_heads, .ffn = f.ffn, .rope_theta = f.rope_theta, .norm_eps = f.norm_eps};
-  }
-  template <class T>
-  static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
-    llama::export_hf<T>(path, d, serial);
-  }
-  static std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes) {
-    return llama::import_hf(path, d, notes);
-  }
-};
+// The models gpt2_train trains (examples/common/model_families.hpp).
+using example_models::gpt2_family;
+using example_models::llama_family;
 
 // What a device adds to a run: where its memory is, and what is said about it.
 struct device_hooks {
@@ -88,7 +45,7 @@ struct device_hooks {
 
 struct run_options {
   std::string model = "gpt2";
-  shape_flags shape;
+  example_models::model_shape shape{.vocab = 256, .seq = 64, .layers = 3, .heads = 4, .d_model = 96};  // CPU-sized
   std::int64_t batch = 16, micro_batch = 0;
   int steps = 250, warmup = 10;
   double lr = 3e-3, grad_clip = 1.0;
@@ -212,7 +169,7 @@ int train(const run_options& o, st::world& world, const device_hooks& dev) {
   if (!o.init_from.empty()) {
     // Every rank reads the file and keeps its own pieces, before the optimizer copies the weights.
     std::vector<std::string> notes;
-    topts.initial_weights = Family::import_hf(o.init_from, dims, &notes);
+    topts.initial_weights = example_models::import_hf(o.init_from, dims, &notes);
     if (lead) {
       std::printf("init-from: %s (%zu weights)\n", o.init_from.c_str(), topts.initial_weights.size());
       for (const auto& note : notes) std::printf("init-from: %s\n", note.c_str());
@@ -326,7 +283,7 @@ int train(const run_options& o, st::world& world, const device_hooks& dev) {
     // The whole model, gathered from every piece and stage, written by rank 0.
     const auto serial = run.serial_weights();
     if (lead) {
-      Family::template export_hf<typename P::storage>(o.export_path, dims, serial);
+      example_models::export_hf<typename P::storage>(o.export_path, dims, serial);
       std::printf("export: %s (%zu weights, Hugging Face %s names)\n", o.export_path.c_str(), serial.size(),
                   Family::hf_class);
     }
