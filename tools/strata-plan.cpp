@@ -21,7 +21,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -33,18 +32,20 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include <strata/core/json_number.hpp>
 #include <strata/plan/plan.hpp>
 
 #include "common/cli_checks.hpp"
-#include "gpt2/gpt2.hpp"
-#include "llama/llama.hpp"
+#include "common/model_families.hpp"
 
 namespace st = strata;
 
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Text and JSON formatting
+// Text formatting
 // ---------------------------------------------------------------------------------------------
 
 std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
@@ -95,52 +96,6 @@ std::string seconds_text(double s) {
   if (s >= 1e-3) return printf_string("%.4g ms", s * 1e3);
   return printf_string("%.3g us", s * 1e6);
 }
-
-// JSON values as text. Doubles take the shortest form that reads back to the same value (stable
-// across runs); integers are written whole; a non-finite number (never expected) becomes null.
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  if (v == std::floor(v) && std::fabs(v) < 9e15) return std::to_string(static_cast<std::int64_t>(v));
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, res.ptr);
-}
-std::string json_number(std::int64_t v) { return std::to_string(v); }
-std::string json_number(int v) { return std::to_string(v); }
-std::string json_bool(bool v) { return v ? "true" : "false"; }
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += printf_string("\\u%04x", static_cast<unsigned>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-// A JSON object with its keys in insertion order: add(key, already-formatted value).
-class json_object {
- public:
-  json_object& add(std::string_view key, std::string value) {
-    fields_.emplace_back(std::string(key), std::move(value));
-    return *this;
-  }
-  json_object& add(std::string_view key, const json_object& value) { return add(key, value.str()); }
-  std::string str() const {
-    std::string out = "{";
-    for (std::size_t i = 0; i < fields_.size(); ++i)
-      out += (i ? "," : "") + json_string(fields_[i].first) + ":" + fields_[i].second;
-    return out + "}";
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> fields_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Flags
@@ -197,9 +152,7 @@ CLI::Validator device_preset() {
 struct options {
   // model shape
   std::string model = "gpt2";
-  std::int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0, ffn = 0;
-  std::int64_t kv_heads = 0;  // llama: 0 as many as heads
-  bool tied = false;          // llama: the head shares the embedding's table
+  example_models::model_shape shape;
   std::int64_t global_batch = 0, micro_batch = 1;
   // layout
   int dp = 1, tp = 1, pp = 1, virtual_chunks = 1, zero = 0;
@@ -229,77 +182,23 @@ std::string precision_text(const std::string& precision) {
 // The model families the shape flags describe
 // ---------------------------------------------------------------------------------------------
 //
-// Each names its example's dims and model template, fills the dims from the flags and describes
-// the shape in words and JSON. The modes below are templates on the family: every figure is
-// plan_model's sum of that model's own layers' costs, never a formula of the tool's.
+// examples/common/model_families.hpp names each example's dims and model template, fills the
+// dims from the flags and describes the shape in words and JSON. The modes below are templates
+// on the family: every figure is plan_model's sum of that model's own layers' costs, never a
+// formula of the tool's.
 
-// GPT-2 (examples/gpt2/gpt2.hpp): learned positions, multi-head attention, a GELU MLP of width
-// --ffn (default 4 x --hidden), a head tied to the embedding.
-struct gpt2_family {
-  static constexpr const char* name = "gpt2";
-  using dims = gpt2::dims;
-  template <class P>
-  using model = gpt2::model<P>;
+using example_models::gpt2_family;
+using example_models::llama_family;
 
-  static dims shape(const options& o) {
-    return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .heads = o.heads, .d_model = o.hidden, .ffn = o.ffn};
-  }
-  static std::string text(const dims& m) {
-    return printf_string("GPT: %lld layers, hidden %lld, %lld heads, FFN %lld, seq %lld, vocab %lld", (long long)m.layers,
-                         (long long)m.d_model, (long long)m.heads, (long long)m.ffn_width(), (long long)m.seq,
-                         (long long)m.vocab);
-  }
-  static json_object json(const dims& m) {
-    json_object j;
-    j.add("layers", json_number(m.layers))
-        .add("hidden", json_number(m.d_model))
-        .add("heads", json_number(m.heads))
-        .add("ffn", json_number(m.ffn_width()))
-        .add("seq", json_number(m.seq))
-        .add("vocab", json_number(m.vocab))
-        .add("tied", json_bool(true));
-    return j;
-  }
-};
-
-// Llama (examples/llama/llama.hpp): rotary positions, grouped-query attention with --kv-heads
-// key/value heads (default: as many as heads), SwiGLU of width --ffn (default 8/3 x --hidden
-// rounded up to 32), RMSNorm, a head of its own unless --tied.
-struct llama_family {
-  static constexpr const char* name = "llama";
-  using dims = llama::dims;
-  template <class P>
-  using model = llama::model<P>;
-
-  static dims shape(const options& o) {
-    if (o.kv_heads > 0 && o.heads % o.kv_heads != 0)
-      throw usage_error("--kv-heads " + std::to_string(o.kv_heads) + " does not divide --heads " +
-                        std::to_string(o.heads));
-    if ((o.hidden / o.heads) % 2 != 0)
-      throw usage_error("the rotary embedding needs an even head size, got --hidden " + std::to_string(o.hidden) +
-                        " / --heads " + std::to_string(o.heads) + " = " + std::to_string(o.hidden / o.heads));
-    return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .heads = o.heads, .d_model = o.hidden,
-            .kv_heads = o.kv_heads, .ffn = o.ffn, .tied = o.tied};
-  }
-  static std::string text(const dims& m) {
-    return printf_string("Llama: %lld layers, hidden %lld, %lld heads, %lld kv heads, SwiGLU FFN %lld, seq %lld, "
-                         "vocab %lld, %s head",
-                         (long long)m.layers, (long long)m.d_model, (long long)m.heads, (long long)m.kv(),
-                         (long long)m.ffn_width(), (long long)m.seq, (long long)m.vocab, m.tied ? "tied" : "untied");
-  }
-  static json_object json(const dims& m) {
-    json_object j;
-    j.add("layers", json_number(m.layers))
-        .add("hidden", json_number(m.d_model))
-        .add("heads", json_number(m.heads))
-        .add("kv_heads", json_number(m.kv()))
-        .add("ffn", json_number(m.ffn_width()))
-        .add("seq", json_number(m.seq))
-        .add("vocab", json_number(m.vocab))
-        .add("tied", json_bool(m.tied));
-    return j;
-  }
-};
+// What Llama's layers would refuse of the shape flags, said in the flags' words.
+void check_llama_flags(const example_models::model_shape& s) {
+  if (s.kv_heads > 0 && s.heads % s.kv_heads != 0)
+    throw usage_error("--kv-heads " + std::to_string(s.kv_heads) + " does not divide --heads " +
+                      std::to_string(s.heads));
+  if ((s.d_model / s.heads) % 2 != 0)
+    throw usage_error("the rotary embedding needs an even head size, got --hidden " + std::to_string(s.d_model) +
+                      " / --heads " + std::to_string(s.heads) + " = " + std::to_string(s.d_model / s.heads));
+}
 
 // A family's model in a precision, on a GPU (its kernels and memory; attention keeps one logsumexp
 // per query row, as on the host). plan_model takes the layout from the setup, so the policy's own
@@ -422,17 +321,26 @@ step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, c
   return e;
 }
 
-json_object estimate_json(const step_estimate& e) {
-  json_object o;
-  o.add("step_time_s", json_number(e.step_s))
-      .add("compute_s", json_number(e.compute_s))
-      .add("tp_s", json_number(e.tp_s))
-      .add("pp_s", json_number(e.pp_s))
-      .add("dp_s", json_number(e.dp_s))
-      .add("tokens_per_s", json_number(e.tokens_per_s))
-      .add("tflops_per_gpu", json_number(e.tflops_per_gpu))
-      .add("mfu", json_number(e.mfu));
-  return o;
+// The parameter counts and model-state bytes, in the order both JSON outputs give them.
+void add_model_state_fields(nlohmann::ordered_json& out, const st::plan_result& r) {
+  out["params_total"] = r.params_total;
+  out["params_per_rank"] = r.params_per_rank;
+  out["params_bytes"] = r.params_bytes;
+  out["grads_bytes"] = r.grads_bytes;
+  out["master_bytes"] = r.master_bytes;
+  out["optimizer_bytes"] = r.optimizer_bytes;
+  out["model_state_bytes"] = r.model_state_bytes();
+}
+
+nlohmann::ordered_json estimate_json(const step_estimate& e) {
+  return {{"step_time_s", st::json_number(e.step_s)},
+          {"compute_s", st::json_number(e.compute_s)},
+          {"tp_s", st::json_number(e.tp_s)},
+          {"pp_s", st::json_number(e.pp_s)},
+          {"dp_s", st::json_number(e.dp_s)},
+          {"tokens_per_s", st::json_number(e.tokens_per_s)},
+          {"tflops_per_gpu", st::json_number(e.tflops_per_gpu)},
+          {"mfu", st::json_number(e.mfu)}};
 }
 
 std::string device_text(const st::hw::device_spec& d, int storage_bytes) {
@@ -467,58 +375,42 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   const double mem = d.memory_bytes;
 
   if (o.json) {
-    json_object layout;
-    layout.add("dp", json_number(o.dp))
-        .add("tp", json_number(o.tp))
-        .add("pp", json_number(o.pp))
-        .add("virtual", json_number(o.virtual_chunks))
-        .add("zero", json_number(o.zero))
-        .add("micro_batch", json_number(o.micro_batch))
-        .add("microbatches", json_number(r.microbatches))
-        .add("sp", json_bool(sp))
-        .add("recompute", json_string(o.recompute))
-        .add("schedule", json_string(st::schedule_label(schedule)))
-        .add("precision", json_string(o.precision))
-        .add("optimizer", json_string(o.optimizer));
-    json_object comm;
-    comm.add("dp", json_number(r.comm_bytes.dp))
-        .add("tp", json_number(r.comm_bytes.tp))
-        .add("pp", json_number(r.comm_bytes.pp))
-        .add("embedding", json_number(r.comm_bytes.embedding));
-    json_object out;
-    out.add("model", json_string(F::name))
-        .add("shape", F::json(m))
-        .add("hw", json_string(d.name))
-        .add("device_memory_bytes", json_number(mem))
-        .add("layout", layout)
-        .add("global_batch", json_number(o.global_batch))
-        .add("params_total", json_number(r.params_total))
-        .add("params_per_rank", json_number(r.params_per_rank))
-        .add("params_bytes", json_number(r.params_bytes))
-        .add("grads_bytes", json_number(r.grads_bytes))
-        .add("master_bytes", json_number(r.master_bytes))
-        .add("optimizer_bytes", json_number(r.optimizer_bytes))
-        .add("model_state_bytes", json_number(r.model_state_bytes()))
-        .add("activation_bytes", json_number(r.activation_bytes))
-        .add("activation_bytes_per_microbatch", json_number(r.activation_bytes_per_microbatch))
-        .add("in_flight", json_number(r.in_flight))
-        .add("comm_buffer_bytes", json_number(r.comm_buffer_bytes))
-        .add("total_bytes", json_number(r.total_bytes()))
-        .add("memory_fraction", json_number(double(r.total_bytes()) / mem))
-        .add("fits", json_bool(fits))
-        .add("flops_per_step", json_number(r.flops_per_step))
-        .add("model_flops_per_step", json_number(r.model_flops_per_step))
-        .add("flops_per_rank", json_number(r.flops_per_rank))
-        .add("comm_bytes", comm)
-        .add("bubble_fraction", json_number(r.bubble_fraction))
-        .add("estimate", estimate_json(e))
-        .add("efficiency", json_number(o.efficiency));
-    std::printf("%s\n", out.str().c_str());
+    const nlohmann::ordered_json layout = {
+        {"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"virtual", o.virtual_chunks}, {"zero", o.zero},
+        {"micro_batch", o.micro_batch}, {"microbatches", r.microbatches}, {"sp", sp}, {"recompute", o.recompute},
+        {"schedule", std::string(st::schedule_label(schedule))}, {"precision", o.precision},
+        {"optimizer", o.optimizer}};
+    nlohmann::ordered_json out;
+    out["model"] = F::name;
+    out["shape"] = F::shape_json(m);
+    out["hw"] = std::string(d.name);
+    out["device_memory_bytes"] = st::json_number(mem);
+    out["layout"] = layout;
+    out["global_batch"] = o.global_batch;
+    add_model_state_fields(out, r);
+    out["activation_bytes"] = r.activation_bytes;
+    out["activation_bytes_per_microbatch"] = r.activation_bytes_per_microbatch;
+    out["in_flight"] = r.in_flight;
+    out["comm_buffer_bytes"] = r.comm_buffer_bytes;
+    out["total_bytes"] = r.total_bytes();
+    out["memory_fraction"] = st::json_number(double(r.total_bytes()) / mem);
+    out["fits"] = fits;
+    out["flops_per_step"] = st::json_number(r.flops_per_step);
+    out["model_flops_per_step"] = st::json_number(r.model_flops_per_step);
+    out["flops_per_rank"] = st::json_number(r.flops_per_rank);
+    out["comm_bytes"] = {{"dp", st::json_number(r.comm_bytes.dp)},
+                         {"tp", st::json_number(r.comm_bytes.tp)},
+                         {"pp", st::json_number(r.comm_bytes.pp)},
+                         {"embedding", st::json_number(r.comm_bytes.embedding)}};
+    out["bubble_fraction"] = st::json_number(r.bubble_fraction);
+    out["estimate"] = estimate_json(e);
+    out["efficiency"] = st::json_number(o.efficiency);
+    std::printf("%s\n", out.dump().c_str());
     return 0;
   }
 
   const int ranks = o.dp * o.tp * o.pp;
-  std::printf("strata-plan: %s (%s parameters)\n", F::text(m).c_str(), grouped(r.params_total).c_str());
+  std::printf("strata-plan: %s (%s parameters)\n", F::shape_text(m).c_str(), grouped(r.params_total).c_str());
   std::printf("layout:   dp %d x tp %d x pp %d = %d rank%s, ZeRO-%d, %s, recompute %s", o.dp, o.tp, o.pp, ranks,
               ranks == 1 ? "" : "s", o.zero,
               sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
@@ -619,27 +511,21 @@ int run_model_state(const options& o, const st::hw::device_spec& d) {
   const double train_flops = 6.0 * double(n), infer_flops = 2.0 * double(n);
 
   if (o.json) {
-    json_object out;
-    out.add("hw", json_string(d.name))
-        .add("device_memory_bytes", json_number(mem))
-        .add("precision", json_string(o.precision))
-        .add("master", json_string(master))
-        .add("optimizer", json_string(o.optimizer))
-        .add("dp", json_number(o.dp))
-        .add("zero", json_number(o.zero))
-        .add("params_total", json_number(r.params_total))
-        .add("params_per_rank", json_number(r.params_per_rank))
-        .add("params_bytes", json_number(r.params_bytes))
-        .add("grads_bytes", json_number(r.grads_bytes))
-        .add("master_bytes", json_number(r.master_bytes))
-        .add("optimizer_bytes", json_number(r.optimizer_bytes))
-        .add("model_state_bytes", json_number(r.model_state_bytes()))
-        .add("total_bytes", json_number(r.model_state_bytes()))
-        .add("devices", json_number(devices))
-        .add("fits", json_bool(total <= mem))
-        .add("train_flops_per_token", json_number(train_flops))
-        .add("inference_flops_per_token", json_number(infer_flops));
-    std::printf("%s\n", out.str().c_str());
+    nlohmann::ordered_json out;
+    out["hw"] = std::string(d.name);
+    out["device_memory_bytes"] = st::json_number(mem);
+    out["precision"] = o.precision;
+    out["master"] = master;
+    out["optimizer"] = o.optimizer;
+    out["dp"] = o.dp;
+    out["zero"] = o.zero;
+    add_model_state_fields(out, r);
+    out["total_bytes"] = r.model_state_bytes();
+    out["devices"] = st::json_number(devices);
+    out["fits"] = total <= mem;
+    out["train_flops_per_token"] = st::json_number(train_flops);
+    out["inference_flops_per_token"] = st::json_number(infer_flops);
+    std::printf("%s\n", out.dump().c_str());
     return 0;
   }
 
@@ -753,31 +639,21 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
   }
 
   if (o.json) {
-    std::string out = "[";
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (std::size_t i = 0; i < shown; ++i) {
       const candidate& c = fitting[i];
-      json_object j;
-      j.add("model", json_string(F::name))
-          .add("dp", json_number(c.dp))
-          .add("tp", json_number(c.tp))
-          .add("pp", json_number(c.pp))
-          .add("virtual", json_number(c.v))
-          .add("zero", json_number(c.zero))
-          .add("micro_batch", json_number(c.micro))
-          .add("sp", json_bool(c.sp))
-          .add("recompute", json_string(recompute_name(c.recompute)))
-          .add("step_time_s", json_number(c.est.step_s))
-          .add("tokens_per_s", json_number(c.est.tokens_per_s))
-          .add("tflops_per_gpu", json_number(c.est.tflops_per_gpu))
-          .add("mfu", json_number(c.est.mfu))
-          .add("total_bytes", json_number(c.plan.total_bytes()));
-      out += (i ? "," : "") + j.str();
+      out.push_back({{"model", F::name}, {"dp", c.dp}, {"tp", c.tp}, {"pp", c.pp}, {"virtual", c.v}, {"zero", c.zero},
+                     {"micro_batch", c.micro}, {"sp", c.sp}, {"recompute", recompute_name(c.recompute)},
+                     {"step_time_s", st::json_number(c.est.step_s)},
+                     {"tokens_per_s", st::json_number(c.est.tokens_per_s)},
+                     {"tflops_per_gpu", st::json_number(c.est.tflops_per_gpu)},
+                     {"mfu", st::json_number(c.est.mfu)}, {"total_bytes", c.plan.total_bytes()}});
     }
-    std::printf("%s]\n", out.c_str());
+    std::printf("%s\n", out.dump().c_str());
     return 0;
   }
 
-  std::printf("strata-plan --search: %s, global batch %lld\n", F::text(m).c_str(), (long long)B);
+  std::printf("strata-plan --search: %s, global batch %lld\n", F::shape_text(m).c_str(), (long long)B);
   std::printf("on %d x %s\n", G, device_text(d, storage).c_str());
   std::printf("%s, %s; step-time model: compute at %g of peak, ranks placed tp, dp, pp (see --help)\n",
               precision_text(o.precision).c_str(), opt == st::optimizer_kind::adamw ? "AdamW" : "SGD with momentum",
@@ -811,7 +687,7 @@ Search step-time model (ranks the layouts; an estimate, not a measurement):
 // Plan one layout or search, for the family the flags name.
 template <class F>
 int run_shape(const options& o, const st::hw::device_spec& d) {
-  const typename F::dims shape = F::shape(o);
+  const typename F::dims shape = F::shape(o.shape);
   return o.search ? run_search<F>(o, shape, d) : run_plan<F>(o, shape, d);
 }
 
@@ -832,19 +708,20 @@ int main(int argc, char** argv) {
   shape_flags.push_back(app.add_option("--model", o.model, "the example model the shape flags describe: gpt2 "
                                                            "(examples/gpt2) or llama (examples/llama)")
                             ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str());
-  shape_flags.push_back(app.add_option("--layers", o.layers, "transformer blocks")->check(positive));
-  shape_flags.push_back(app.add_option("--hidden", o.hidden, "model width")->check(positive));
-  shape_flags.push_back(app.add_option("--heads", o.heads, "attention heads (must divide --hidden)")->check(positive));
-  shape_flags.push_back(app.add_option("--seq", o.seq, "sequence length")->check(positive));
-  shape_flags.push_back(app.add_option("--vocab", o.vocab, "vocabulary size")->check(positive));
-  shape_flags.push_back(app.add_option("--ffn", o.ffn, "FFN width: gpt2 the MLP's (default 4 x --hidden), llama the "
+  shape_flags.push_back(app.add_option("--layers", o.shape.layers, "transformer blocks")->check(positive));
+  shape_flags.push_back(app.add_option("--hidden", o.shape.d_model, "model width")->check(positive));
+  shape_flags.push_back(app.add_option("--heads", o.shape.heads, "attention heads (must divide --hidden)")->check(positive));
+  shape_flags.push_back(app.add_option("--seq", o.shape.seq, "sequence length")->check(positive));
+  shape_flags.push_back(app.add_option("--vocab", o.shape.vocab, "vocabulary size")->check(positive));
+  shape_flags.push_back(app.add_option("--ffn", o.shape.ffn, "FFN width: gpt2 the MLP's (default 4 x --hidden), llama the "
                                                        "SwiGLU's (default 8/3 x --hidden rounded up to 32)")
                             ->check(positive));
   // Llama only (refused with --model gpt2).
-  auto* kv_heads = app.add_option("--kv-heads", o.kv_heads, "llama: key/value heads, dividing --heads (0: as many as "
+  auto* kv_heads = app.add_option("--kv-heads", o.shape.kv_heads, "llama: key/value heads, dividing --heads (0: as many as "
                                                             "heads); tp may also be a multiple of it")
                        ->check(cli_checks::integer_at_least(0));
-  auto* tied = app.add_flag("--tied", o.tied, "llama: the LM head shares the token embedding's table (default: its own)");
+  auto* tied =
+      app.add_flag("--tied", o.shape.tied, "llama: the LM head shares the token embedding's table (default: its own)");
   shape_flags.push_back(kv_heads);
   shape_flags.push_back(tied);
   auto* global_batch =
@@ -921,9 +798,9 @@ int main(int argc, char** argv) {
 
     // Plan and search need a shape and a batch.
     std::string missing;
-    const std::pair<const char*, std::int64_t> required[] = {{"--layers", o.layers}, {"--hidden", o.hidden},
-                                                             {"--heads", o.heads},   {"--seq", o.seq},
-                                                             {"--vocab", o.vocab},   {"--global-batch", o.global_batch}};
+    const std::pair<const char*, std::int64_t> required[] = {
+        {"--layers", o.shape.layers}, {"--hidden", o.shape.d_model}, {"--heads", o.shape.heads},
+        {"--seq", o.shape.seq},       {"--vocab", o.shape.vocab},    {"--global-batch", o.global_batch}};
     for (const auto& [name, value] : required)
       if (value == 0) missing += (missing.empty() ? "" : ", ") + std::string(name);
     if (o.search && o.gpus == 0) missing += (missing.empty() ? "" : ", ") + std::string("--gpus");
@@ -931,8 +808,11 @@ int main(int argc, char** argv) {
       throw usage_error("missing " + missing +
                         " (a plan needs --layers, --hidden, --heads, --seq, --vocab and --global-batch; "
                         "--search also --gpus; or give --params N for the model-state estimate); see --help");
-    STRATA_CHECK(o.hidden % o.heads == 0, "--heads ", o.heads, " does not divide --hidden ", o.hidden);
-    return o.model == "llama" ? run_shape<llama_family>(o, device) : run_shape<gpt2_family>(o, device);
+    STRATA_CHECK(o.shape.d_model % o.shape.heads == 0, "--heads ", o.shape.heads, " does not divide --hidden ",
+                 o.shape.d_model);
+    if (o.model != "llama") return run_shape<gpt2_family>(o, device);
+    check_llama_flags(o.shape);
+    return run_shape<llama_family>(o, device);
   } catch (const usage_error& e) {
     std::fprintf(stderr, "strata-plan: error: %s\n", e.what());
     return 2;

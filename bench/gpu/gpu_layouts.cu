@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <strata/comm/gpu_groups.cuh>
 #include <strata/kernels/all.hpp>
 #include <strata/strata.hpp>
@@ -72,21 +74,17 @@ int run(st::world& world, int argc, char** argv) {
   st::gpu::check_device_errors();
   if (world.rank() != 0) return 0;
   const auto& l = run.layout();
-  char head[256];
-  std::snprintf(head, sizeof head, "{\"layout\":\"dp%d tp%d%s pp%d zero%d\",\"ranks\":%d,\"engine\":\"%s\",\"losses\":[",
-                l.dp, l.tp, l.sequence_parallel ? "+sp" : "", l.pp, l.zero_stage, world.size(), run.groups().engine());
-  std::string out = head;
-  for (std::size_t i = 0; i < losses.size(); ++i) {
-    char v[40];
-    std::snprintf(v, sizeof v, "%s%.17g", i ? "," : "", losses[i]);
-    out += v;
-  }
+  nlohmann::ordered_json result;
+  result["layout"] = "dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + (l.sequence_parallel ? "+sp" : "") +
+                     " pp" + std::to_string(l.pp) + " zero" + std::to_string(l.zero_stage);
+  result["ranks"] = world.size();
+  result["engine"] = run.groups().engine();
+  result["losses"] = losses;  // a non-finite loss is null
   // The median of the steps after the first (it allocates and warms up).
   std::vector<double> later(tokens_per_s.begin() + (tokens_per_s.size() > 1 ? 1 : 0), tokens_per_s.end());
   std::sort(later.begin(), later.end());
-  char tail[96];
-  std::snprintf(tail, sizeof tail, "],\"tokens_per_s\":%.1f}", later.empty() ? 0.0 : later[later.size() / 2]);
-  out += tail;
+  result["tokens_per_s"] = st::json_number(later.empty() ? 0.0 : later[later.size() / 2]);
+  const std::string out = result.dump();
   std::printf("%s\n", out.c_str());
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");

@@ -1,5 +1,5 @@
-// examples/gpt2/train_run.hpp - gpt2_train's run: the flags, the model families, and one
-// training of a family's model on a device, the same on the host and on GPUs.
+// examples/gpt2/train_run.hpp - gpt2_train's run: the flags, and one training of a model family's
+// model (examples/common/model_families.hpp) on a device, the same on the host and on GPUs.
 //
 // train<Family, Device, Precision> builds one strata::training of the family's model under
 // st::policy<Device, flag_layout, Precision> and runs it: plan, start-up checks, checkpoints,
@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -19,61 +20,20 @@
 #include <type_traits>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <strata/strata.hpp>
 
-#include "gpt2.hpp"
-#include "gpt2_hf.hpp"
-#include "llama/llama.hpp"
-#include "llama/llama_hf.hpp"
+#include "common/model_families.hpp"
+#include "common/model_families_hf.hpp"
 
 namespace gpt2_train {
 
 namespace st = strata;
 
-// The shape flags of every model; each model takes the ones it has.
-struct shape_flags {
-  std::int64_t vocab = 256, seq = 64, layers = 3, heads = 4, d_model = 96;
-  std::int64_t ffn = 0;       // 0: the model's own rule (GPT-2 4 x d_model, Llama 8/3 x d_model)
-  std::int64_t kv_heads = 0;  // Llama: 0 as many as heads
-  double rope_theta = 10000.0, norm_eps = 1e-5;
-};
-
-// The models gpt2_train trains: the declaration, its shape from the flags, its Hugging Face names.
-struct gpt2_family {
-  template <class P>
-  using model = gpt2::model<P>;
-  using dims = gpt2::dims;
-  static constexpr const char* name = "gpt2";
-  static constexpr const char* hf_class = "GPT2LMHeadModel";
-  static dims shape(const shape_flags& f) {
-    return {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .d_model = f.d_model, .ffn = f.ffn};
-  }
-  template <class T>
-  static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
-    gpt2::export_hf<T>(path, d, serial);
-  }
-  static std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes) {
-    return gpt2::import_hf(path, d, notes);
-  }
-};
-struct llama_family {
-  template <class P>
-  using model = llama::model<P>;
-  using dims = llama::dims;
-  static constexpr const char* name = "llama";
-  static constexpr const char* hf_class = "LlamaForCausalLM";
-  static dims shape(const shape_flags& f) {
-    return {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .d_model = f.d_model,
-            .kv_heads = f.kv_heads, .ffn = f.ffn, .rope_theta = f.rope_theta, .norm_eps = f.norm_eps};
-  }
-  template <class T>
-  static void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
-    llama::export_hf<T>(path, d, serial);
-  }
-  static std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes) {
-    return llama::import_hf(path, d, notes);
-  }
-};
+// The models gpt2_train trains (examples/common/model_families.hpp).
+using example_models::gpt2_family;
+using example_models::llama_family;
 
 // What a device adds to a run: where its memory is, and what is said about it.
 struct device_hooks {
@@ -85,7 +45,7 @@ struct device_hooks {
 
 struct run_options {
   std::string model = "gpt2";
-  shape_flags shape;
+  example_models::model_shape shape{.vocab = 256, .seq = 64, .layers = 3, .heads = 4, .d_model = 96};  // CPU-sized
   std::int64_t batch = 16, micro_batch = 0;
   int steps = 250, warmup = 10;
   double lr = 3e-3, grad_clip = 1.0;
@@ -109,26 +69,35 @@ struct run_options {
   std::string progress = "auto";
 };
 
+// Six significant digits, what one step's timings are worth: the schedule's bubble of 1/9
+// reads 0.111111.
+inline nlohmann::ordered_json six_digits(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", v);
+  return st::json_number(std::strtod(text, nullptr));
+}
+
 // The per-stage busy and idle seconds of the last step, gathered over the pipeline group, as the
 // metrics' "pipeline" object (with the schedule's analytic bubble beside them).
 template <class Model>
 std::string pipeline_json(Model& model, st::mpi_communicator& pp) {
-  const auto& st_ = model.last_step();
-  const double mine[2] = {st_.busy_seconds, st_.idle_seconds};
+  const auto& last = model.last_step();
+  const double mine[2] = {last.busy_seconds, last.idle_seconds};
   std::vector<double> all(2 * std::size_t(pp.size()));
   pp.all_gather(std::span<const double>(mine, 2), std::span<double>(all));
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "{\"schedule\":\"%s\",\"analytic_bubble\":%.6g,\"stages\":[",
-                std::string(st::schedule_label(model.placement().shape.schedule)).c_str(),
-                st::analytic_bubble(model.placement().shape));
-  std::string s = buf;
+  const auto& shape = model.placement().shape;
+  nlohmann::ordered_json stages = nlohmann::ordered_json::array();
   for (int q = 0; q < pp.size(); ++q) {
     const double busy = all[2 * std::size_t(q)], idle = all[2 * std::size_t(q) + 1];
-    std::snprintf(buf, sizeof buf, "%s{\"busy_s\":%.6g,\"idle_s\":%.6g,\"idle_share\":%.6g}", q ? "," : "", busy, idle,
-                  busy + idle > 0 ? idle / (busy + idle) : 0.0);
-    s += buf;
+    stages.push_back({{"busy_s", six_digits(busy)},
+                      {"idle_s", six_digits(idle)},
+                      {"idle_share", six_digits(busy + idle > 0 ? idle / (busy + idle) : 0.0)}});
   }
-  return s + "]}";
+  nlohmann::ordered_json pipeline;
+  pipeline["schedule"] = std::string(st::schedule_label(shape.schedule));
+  pipeline["analytic_bubble"] = six_digits(st::analytic_bubble(shape));
+  pipeline["stages"] = std::move(stages);
+  return pipeline.dump();
 }
 
 // Every setting of the layout comes from the flags: degrees, ZeRO stage, sequence parallelism,
@@ -143,221 +112,324 @@ inline st::layout_overrides layout_flags(const run_options& o) {
           .schedule = o.schedule};
 }
 
+// What every part of a run reads: the flags, the launch, the device's hooks, and where this rank
+// stands.
+struct run_context {
+  const run_options& o;
+  st::world& world;
+  const device_hooks& dev;
+  bool lead = false;       // rank 0: it prints, writes the metrics and exports
+  bool pipelined = false;  // pipeline stages or model chunks: micro-batches come from the schedule
+};
+
+// The plan of the run, and the device --hw names (null without --hw or without a plan).
+struct run_plan {
+  std::optional<st::plan_result> figures;
+  const st::hw::device_spec* device = nullptr;
+};
+
+// The plan, before anything is allocated: with --hw, a layout that does not fit the device
+// stops here on every rank, naming the numbers. The loop reports FLOP/s and MFU from it.
+template <class Model>
+run_plan plan_run(const run_context& c, const typename Model::config& dims, const st::layout_config& layout) {
+  const run_options& o = c.o;
+  st::plan_setup setup;
+  setup.layout = layout;
+  setup.recompute = st::parse_recompute_mode(o.recompute);
+  setup.schedule = st::parse_pipeline_schedule(layout.schedule);
+  const std::int64_t micro =
+      o.micro_batch > 0 && !c.pipelined ? o.micro_batch : o.batch / layout.dp / layout.microbatches;
+  run_plan plan;
+  try {
+    if (micro > 0 && o.batch % (layout.dp * micro) == 0)
+      plan.figures = st::plan_model<Model>(dims, {.micro = micro, .global = o.batch}, setup);
+  } catch (const st::error&) {
+    // A shape the layout cannot split: the start-up checks after the plan name it in their words.
+  }
+  if (!plan.figures) return plan;
+  if (c.lead)
+    std::printf("plan: %.1f MB model state + %.1f MB activations per rank, %.3g FLOP per step\n",
+                double(plan.figures->model_state_bytes()) / 1e6, double(plan.figures->activation_bytes) / 1e6,
+                plan.figures->flops_per_step);
+  if (!o.hw.empty()) {
+    plan.device = st::hw::find(o.hw);
+    STRATA_CHECK(plan.device != nullptr, "gpt2_train: --hw ", o.hw, " is not a known device (a100_40gb, a100_80gb, "
+                 "h100_80gb, h200_141gb)");
+    plan.figures->check_fits(*plan.device);
+  }
+  return plan;
+}
+
+// The run's options from the flags, all but the initial weights.
+inline st::training_options training_options_for(const run_context& c) {
+  const run_options& o = c.o;
+  st::training_options options{.layout = layout_flags(o),
+                               .blocks_per_virtual_stage = o.stage_layers,
+                               .recompute = st::parse_recompute_mode(o.recompute),
+                               .seed = st::seed{o.seed},
+                               .optimizer = {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
+                               .bucket_elems = o.bucket_elems,
+                               .memory = c.dev.memory};
+  options.trainer.micro_batch = c.pipelined ? 0 : o.micro_batch;
+  options.trainer.schedule = {o.lr, o.lr / 10, std::min(o.warmup, o.steps), o.steps};
+  options.trainer.grad_clip = o.grad_clip;
+  return options;
+}
+
+// The token shards of --data, or the generated corpus, which is byte-level: its tokens need a
+// vocabulary of at least 256.
+inline st::token_stream open_data(const run_options& o, std::int64_t vocab) {
+  if (!o.data.empty())
+    return st::token_stream::from_glob(o.data, vocab, o.seed, st::parse_data_order(o.data_order));
+  STRATA_CHECK(vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ", vocab);
+  return st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed, st::parse_data_order(o.data_order));
+}
+
+// The weights of --init-from: every rank reads the file and keeps its own pieces, before the
+// optimizer copies the weights.
+template <class Family>
+std::vector<double> read_initial_weights(const run_context& c, const typename Family::dims& dims) {
+  std::vector<std::string> notes;
+  std::vector<double> weights = example_models::import_hf(c.o.init_from, dims, &notes);
+  if (c.lead) {
+    std::printf("init-from: %s (%zu weights)\n", c.o.init_from.c_str(), weights.size());
+    for (const auto& note : notes) std::printf("init-from: %s\n", note.c_str());
+  }
+  return weights;
+}
+
+// Where the steps start: the checkpoints of --save (none without it) and the first step to run.
+struct run_start {
+  std::optional<st::checkpointer> checkpoints;
+  int first_step = 0;
+};
+
+// Checkpoints: every rank saves its pieces; --resume continues from the newest complete one,
+// whatever layout saved it, with the data where that step left it. Without --resume the
+// directory must hold no other run's.
+template <class Run>
+run_start open_checkpoints(const run_context& c, Run& run, st::token_stream& data) {
+  const run_options& o = c.o;
+  run_start start;
+  if (o.save_dir.empty()) return start;
+  start.checkpoints.emplace(run.make_checkpointer({o.save_dir, o.keep}));
+  if (!o.resume) {
+    start.checkpoints->start_new_run();
+  } else if (const auto loaded = run.resume(*start.checkpoints)) {
+    data.seek(loaded->progress.data_position);
+    start.first_step = loaded->progress.step;
+    if (c.lead)
+      std::printf("resume: %s (step %d, saved under %s)\n", loaded->path.c_str(), start.first_step,
+                  loaded->layout.dump().c_str());
+  } else if (c.lead) {
+    std::printf("resume: no complete checkpoint in '%s' yet; starting at step 0\n", o.save_dir.c_str());
+  }
+  return start;
+}
+
+// Rank 0's account of the run before its first step: the model, the data and batch, the layout.
+template <class Family, class Model>
+void print_run_summary(const run_context& c, const typename Family::dims& dims, const st::layout_config& layout,
+                       Model& model, const st::token_stream& data) {
+  const run_options& o = c.o;
+  const std::int64_t micro_batch = c.pipelined ? o.batch / layout.dp / layout.microbatches
+                                               : (o.micro_batch ? o.micro_batch : o.batch / layout.dp);
+  std::printf("gpt2_train: %s, %lld layers, %lld heads", Family::name, (long long)dims.layers, (long long)dims.heads);
+  if constexpr (std::is_same_v<Family, llama_family>) std::printf(" (%lld key/value)", (long long)dims.kv());
+  std::printf(", d_model %lld, ffn %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n", (long long)dims.d_model,
+              (long long)dims.ffn_width(), (long long)dims.seq, (long long)dims.vocab,
+              (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "", o.precision.c_str());
+  std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; "
+              "recompute %s\n",
+              o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
+              (long long)dims.seq, (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp,
+              o.sp ? " + sequence parallel" : "", o.recompute.c_str());
+  if (c.pipelined) {
+    const auto& sh = model.placement().shape;
+    std::printf("pipeline: %d stages, %s, %d micro-batches of %lld, %d chunks per stage; analytic bubble %.3f\n",
+                sh.stages, std::string(st::schedule_label(sh.schedule)).c_str(), sh.microbatches,
+                (long long)micro_batch, sh.chunks, st::analytic_bubble(sh));
+  }
+}
+
+// What the steps leave for the end of the run.
+struct steps_done {
+  std::string last_saved;   // the newest checkpoint the steps wrote; empty: none
+  long step_crossings = 0;  // the most copies one step made between the host and the device
+};
+
+// Rank 0's report of step `step`: its progress line, a word on an update skipped for good, and
+// its metrics line.
+template <class Run>
+void report_step(const run_context& c, Run& run, st::progress& progress, st::metrics_file* metrics, int step,
+                 const st::step_result& r, const std::string& suffix, st::step_extras extras) {
+  progress.update(step, r, suffix + c.dev.step_suffix);
+  if (!r.applied && run.trainer().nonfinite_steps_in_a_row() > 0) {
+    // No loss scale can answer this one (fp32, bf16; fp16 at its minimum): say so in words.
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "step %d: the gradient norm is %g: update skipped, weights unchanged (%d such steps in a row; "
+                  "%d stop the run)", step, r.grad_norm, run.trainer().nonfinite_steps_in_a_row(),
+                  run.options().trainer.nonfinite_step_limit);
+    progress.message(buf);
+  }
+  if (step == c.o.steps) progress.end_line();  // what follows the loop prints on lines of its own
+  if (metrics) {
+    const std::string comm = run.groups().counters_json();
+    extras.skipped_steps = run.trainer().scaler().skipped_steps();
+    extras.comm = comm;
+    metrics->write(r, run.ledger(), extras);
+  }
+}
+
+// The steps after `start.first_step` up to --steps, each one checkpointed when --save-every
+// says so and reported on rank 0. `flops` holds the plan's and the device's figures for MFU.
+template <class Run>
+steps_done run_steps(const run_context& c, Run& run, st::token_stream& data, std::int64_t seq, run_start& start,
+                     st::metrics_file* metrics, const st::step_extras& flops, const st::fault_injection& fault) {
+  const run_options& o = c.o;
+  st::progress progress(o.steps, st::parse_progress_style(o.progress));
+  steps_done done;
+  for (int s = start.first_step; s < o.steps; ++s) {
+    if (fault.kill_at_step == s + 1 && fault.targets(c.world.rank(), c.world.size()))
+      st::fault_injection::die("before a step");
+    run.groups().reset_counters();
+    const long crossed = c.dev.crossings ? c.dev.crossings() : 0;
+    const auto r = run.step(data.next_batch(o.batch, seq));
+    if (c.dev.crossings) done.step_crossings = std::max(done.step_crossings, c.dev.crossings() - crossed);
+    if (start.checkpoints && o.save_every > 0 && (s + 1) % o.save_every == 0)
+      done.last_saved = run.save(*start.checkpoints, data.position());
+    std::string pipeline, idle;
+    if (c.pipelined) {
+      if (!o.metrics.empty()) pipeline = pipeline_json(run.model(), run.mesh().pp());  // collective over the stages
+      const auto& last = run.model().last_step();
+      char buf[48];
+      std::snprintf(buf, sizeof buf, " | idle %4.1f%%", 100.0 * last.idle_seconds / (last.busy_seconds + last.idle_seconds));
+      idle = buf;
+    }
+    if (!c.lead) continue;
+    st::step_extras extras = flops;
+    extras.pipeline = pipeline;
+    report_step(c, run, progress, metrics, s + 1, r, idle, extras);
+  }
+  return done;
+}
+
+// After the steps: the run's last checkpoint (unless its last step just saved one), and what
+// the device saw.
+template <class Run>
+void finish_steps(const run_context& c, Run& run, const st::token_stream& data, run_start& start,
+                  const steps_done& done) {
+  const run_options& o = c.o;
+  std::string last_saved = done.last_saved;
+  if (start.checkpoints && run.steps() > start.first_step && (o.save_every == 0 || run.steps() % o.save_every != 0))
+    last_saved = run.save(*start.checkpoints, data.position());
+  if (c.lead && !last_saved.empty()) std::printf("checkpoint: %s\n", last_saved.c_str());
+  if (c.dev.after_steps) c.dev.after_steps();
+  if (c.lead && c.dev.crossings)
+    std::printf("%s memory: at most %ld copies between it and the host per step (the batch in; the loss and the "
+                "step's norm and decision out)\n",
+                c.dev.memory->name, done.step_crossings);
+  if (c.lead && c.dev.memory)
+    std::printf("%s memory: %.1f MB at the peak on rank 0 (parameters, gradients, optimizer state, activations)\n",
+                c.dev.memory->name, double(run.ledger().total_peak()) / 1e6);
+}
+
+// --export: the whole model, gathered from every piece and stage, written by rank 0.
+template <class Family, class Storage, class Run>
+void export_weights(const run_context& c, Run& run, const typename Family::dims& dims) {
+  const auto serial = run.serial_weights();
+  if (!c.lead) return;
+  example_models::export_hf<Storage>(c.o.export_path, dims, serial);
+  std::printf("export: %s (%zu weights, Hugging Face %s names)\n", c.o.export_path.c_str(), serial.size(),
+              Family::hf_class);
+}
+
+// The tokens --sample-tokens continues: --prompt-ids, or --prompt's bytes ("The " by default)
+// where tokens are bytes, or token 0.
+inline std::vector<std::int32_t> sample_prompt(const run_options& o, bool bytes) {
+  std::vector<std::int32_t> prompt = o.prompt_ids;
+  if (prompt.empty() && bytes)
+    for (const unsigned char c : o.prompt.empty() ? std::string("The ") : o.prompt) prompt.push_back(c);
+  if (prompt.empty()) prompt = {0};
+  return prompt;
+}
+
+// --sample-tokens: every rank generates the same tokens in step (st::generator: a key/value
+// cache, under any layout; each token decided on a rank holding the head and broadcast); rank 0
+// prints them. The generated corpus is byte-level: text prompts and printed samples are bytes.
+// Token shards come from another tokenizer: prompts are ids, and so is the output.
+template <class Device, class Run>
+void print_sample(const run_context& c, Run& run, std::int64_t vocab) {
+  const run_options& o = c.o;
+  const bool bytes = o.data.empty() && vocab >= 256;
+  const std::vector<std::int32_t> prompt = sample_prompt(o, bytes);
+  // A position table bounds what the model can continue; a rotary model is not bounded.
+  const std::int64_t limit = run.model().max_positions();
+  const std::int64_t count = limit > 0 ? std::min<std::int64_t>(o.sample_tokens, limit - std::int64_t(prompt.size()) + 1)
+                                       : o.sample_tokens;
+  // No CUDA kernel attends over a cache yet: on GPUs each token is a forward over the window,
+  // which needs the whole model on each rank.
+  const bool on_gpu = std::is_base_of_v<st::cuda, Device>;
+  if (on_gpu && c.pipelined) {
+    if (c.lead) std::printf("sample: skipped (on GPUs generation needs the whole model on each rank; pipeline stages hold part of it)\n");
+    return;
+  }
+  STRATA_CHECK(count > 0, "gpt2_train: a prompt of ", prompt.size(), " tokens leaves no room in the model's ", limit,
+               " positions");
+  st::generator gen(run);
+  const auto out = gen.generate(prompt, {.new_tokens = count,
+                                         .sample = {.temperature = o.temperature, .top_k = o.top_k, .seed = o.seed},
+                                         .cache = !on_gpu});
+  if (!c.lead) return;
+  std::printf("sample:%s\n", count < o.sample_tokens ? (" (" + std::to_string(count) + " tokens: the model's " +
+                                                         std::to_string(limit) + " positions)").c_str() : "");
+  const auto show = [&](std::int32_t t) {
+    if (bytes) std::putchar(t == '\n' ? '\n' : (t >= 32 && t < 127 ? char(t) : '?'));
+    else std::printf("%d ", t);
+  };
+  for (auto t : prompt) show(t);
+  for (auto t : out) show(t);
+  std::printf("\n");
+}
+
 template <class Family, class Device, class Precision>
 int train(const run_options& o, st::world& world, const device_hooks& dev) {
   using P = st::policy<Device, flag_layout, Precision>;
   using model_decl = typename Family::template model<P>;
   const typename Family::dims dims = Family::shape(o.shape);
   const st::layout_config layout = st::resolve_layout<flag_layout>(world.size(), layout_flags(o));
-  const bool lead = world.rank() == 0;
-  const bool pipelined = layout.pp > 1 || layout.virtual_chunks > 1;
+  const run_context c{.o = o, .world = world, .dev = dev, .lead = world.rank() == 0,
+                      .pipelined = layout.pp > 1 || layout.virtual_chunks > 1};
 
-  // The plan, before anything is allocated: with --hw, a layout that does not fit the device
-  // stops here on every rank, naming the numbers. The loop reports FLOP/s and MFU from it.
-  std::optional<st::plan_result> plan;
-  const st::hw::device_spec* device = nullptr;
-  {
-    st::plan_setup setup;
-    setup.layout = layout;
-    setup.recompute = st::parse_recompute_mode(o.recompute);
-    setup.schedule = st::parse_pipeline_schedule(layout.schedule);
-    const std::int64_t micro = o.micro_batch > 0 && !pipelined ? o.micro_batch : o.batch / layout.dp / layout.microbatches;
-    try {
-      if (micro > 0 && o.batch % (layout.dp * micro) == 0)
-        plan = st::plan_model<model_decl>(dims, {.micro = micro, .global = o.batch}, setup);
-    } catch (const st::error&) {
-      // A shape the layout cannot split: the start-up checks below name it in their words.
-    }
-    if (plan && lead)
-      std::printf("plan: %.1f MB model state + %.1f MB activations per rank, %.3g FLOP per step\n",
-                  double(plan->model_state_bytes()) / 1e6, double(plan->activation_bytes) / 1e6, plan->flops_per_step);
-    if (plan && !o.hw.empty()) {
-      device = st::hw::find(o.hw);
-      STRATA_CHECK(device != nullptr, "gpt2_train: --hw ", o.hw, " is not a known device (a100_40gb, a100_80gb, "
-                   "h100_80gb, h200_141gb)");
-      plan->check_fits(*device);
-    }
-  }
-
-  st::training_options topts{.layout = layout_flags(o),
-                             .blocks_per_virtual_stage = o.stage_layers,
-                             .recompute = st::parse_recompute_mode(o.recompute),
-                             .seed = st::seed{o.seed},
-                             .optimizer = {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
-                             .bucket_elems = o.bucket_elems,
-                             .memory = dev.memory};
-  topts.trainer.micro_batch = pipelined ? 0 : o.micro_batch;
-  topts.trainer.schedule = {o.lr, o.lr / 10, std::min(o.warmup, o.steps), o.steps};
-  topts.trainer.grad_clip = o.grad_clip;
+  const run_plan plan = plan_run<model_decl>(c, dims, layout);
+  st::training_options options = training_options_for(c);
   // The data before the weights: a glob that matches nothing, or a token past the vocabulary,
   // fails here rather than after a large --init-from file is read.
-  if (o.data.empty())
-    STRATA_CHECK(dims.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
-                 dims.vocab);
-  st::token_stream data = o.data.empty()
-                              ? st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed, st::parse_data_order(o.data_order))
-                              : st::token_stream::from_glob(o.data, dims.vocab, o.seed, st::parse_data_order(o.data_order));
-  if (!o.init_from.empty()) {
-    // Every rank reads the file and keeps its own pieces, before the optimizer copies the weights.
-    std::vector<std::string> notes;
-    topts.initial_weights = Family::import_hf(o.init_from, dims, &notes);
-    if (lead) {
-      std::printf("init-from: %s (%zu weights)\n", o.init_from.c_str(), topts.initial_weights.size());
-      for (const auto& note : notes) std::printf("init-from: %s\n", note.c_str());
-    }
-  }
-  st::training<model_decl> run(world, dims, std::move(topts));
-  auto& model = run.model();
-  auto& mesh = run.mesh();
+  st::token_stream data = open_data(o, dims.vocab);
+  if (!o.init_from.empty()) options.initial_weights = read_initial_weights<Family>(c, dims);
+  st::training<model_decl> run(world, dims, std::move(options));
 
   // A batch the ranks or the schedule cannot share fails here, on every rank.
   const auto rows = run.synchronizer().local_rows(o.batch).second;
-  STRATA_CHECK(!pipelined || rows % layout.microbatches == 0, "gpt2_train: ", rows, " sequences per data-parallel rank (--batch ",
-               o.batch, ") do not split into --microbatches ", layout.microbatches);
+  STRATA_CHECK(!c.pipelined || rows % layout.microbatches == 0, "gpt2_train: ", rows,
+               " sequences per data-parallel rank (--batch ", o.batch, ") do not split into --microbatches ",
+               layout.microbatches);
 
-  // Checkpoints: every rank saves its pieces; --resume continues from the newest complete one,
-  // whatever layout saved it. Without --resume the directory must hold no other run's.
-  std::optional<st::checkpointer> checkpoints;
-  int first_step = 0;
-  if (!o.save_dir.empty()) {
-    checkpoints.emplace(run.make_checkpointer({o.save_dir, o.keep}));
-    if (!o.resume) {
-      checkpoints->start_new_run();
-    } else {
-      if (const auto loaded = run.resume(*checkpoints)) {
-        data.seek(loaded->progress.data_position);
-        first_step = loaded->progress.step;
-        if (lead)
-          std::printf("resume: %s (step %d, saved under %s)\n", loaded->path.c_str(), first_step,
-                      loaded->layout.dump().c_str());
-      } else if (lead) {
-        std::printf("resume: no complete checkpoint in '%s' yet; starting at step 0\n", o.save_dir.c_str());
-      }
-    }
-  }
+  run_start start = open_checkpoints(c, run, data);
   std::unique_ptr<st::metrics_file> metrics;
-  if (lead && !o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics, first_step > 0);
+  if (c.lead && !o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics, start.first_step > 0);
   const auto fault = st::fault_injection::from_env();
-  std::string last_saved;
+  if (c.lead) print_run_summary<Family>(c, dims, layout, run.model(), data);
 
-  const std::int64_t micro_batch =
-      pipelined ? o.batch / layout.dp / layout.microbatches : (o.micro_batch ? o.micro_batch : o.batch / layout.dp);
-  if (lead) {
-    std::printf("gpt2_train: %s, %lld layers, %lld heads", Family::name, (long long)dims.layers, (long long)dims.heads);
-    if constexpr (std::is_same_v<Family, llama_family>) std::printf(" (%lld key/value)", (long long)dims.kv());
-    std::printf(", d_model %lld, ffn %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n", (long long)dims.d_model,
-                (long long)dims.ffn_width(), (long long)dims.seq, (long long)dims.vocab,
-                (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "", o.precision.c_str());
-    std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; "
-                "recompute %s\n",
-                o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
-                (long long)dims.seq, (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp,
-                o.sp ? " + sequence parallel" : "", o.recompute.c_str());
-    if (pipelined) {
-      const auto& sh = model.placement().shape;
-      std::printf("pipeline: %d stages, %s, %d micro-batches of %lld, %d chunks per stage; analytic bubble %.3f\n",
-                  sh.stages, std::string(st::schedule_label(sh.schedule)).c_str(), sh.microbatches,
-                  (long long)micro_batch, sh.chunks, st::analytic_bubble(sh));
-    }
-  }
-  st::progress progress(o.steps, st::parse_progress_style(o.progress));
-  long step_crossings = 0;  // the most copies one step made between the host and the device
-  for (int s = first_step; s < o.steps; ++s) {
-    if (fault.kill_at_step == s + 1 && fault.targets(world.rank(), world.size())) st::fault_injection::die("before a step");
-    run.groups().reset_counters();
-    const long crossed = dev.crossings ? dev.crossings() : 0;
-    auto r = run.step(data.next_batch(o.batch, dims.seq));
-    if (dev.crossings) step_crossings = std::max(step_crossings, dev.crossings() - crossed);
-    if (checkpoints && o.save_every > 0 && (s + 1) % o.save_every == 0) last_saved = run.save(*checkpoints, data.position());
-    std::string pipeline, idle;
-    if (pipelined) {
-      if (!o.metrics.empty()) pipeline = pipeline_json(model, mesh.pp());  // collective over the stages
-      const auto& last = model.last_step();
-      char buf[48];
-      std::snprintf(buf, sizeof buf, " | idle %4.1f%%", 100.0 * last.idle_seconds / (last.busy_seconds + last.idle_seconds));
-      idle = buf;
-    }
-    if (!lead) continue;
-    progress.update(s + 1, r, idle + dev.step_suffix);
-    if (!r.applied && run.trainer().nonfinite_steps_in_a_row() > 0) {
-      // No loss scale can answer this one (fp32, bf16; fp16 at its minimum): say so in words.
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "step %d: the gradient norm is %g: update skipped, weights unchanged (%d such steps in a row; "
-                    "%d stop the run)", s + 1, r.grad_norm, run.trainer().nonfinite_steps_in_a_row(),
-                    run.options().trainer.nonfinite_step_limit);
-      progress.message(buf);
-    }
-    if (s + 1 == o.steps) progress.end_line();  // what follows the loop prints on lines of its own
-    if (metrics) {
-      // MFU counts every rank of the launch against the device's peak for the storage precision.
-      const std::string comm = run.groups().counters_json();
-      metrics->write(r, run.ledger(),
-                     {.model_flops_per_step = plan ? plan->model_flops_per_step : 0.0,
-                      .peak_flops = device ? world.size() * device->peak_flops(int(sizeof(typename P::storage))) : 0.0,
-                      .skipped_steps = run.trainer().scaler().skipped_steps(), .comm = comm, .pipeline = pipeline});
-    }
-  }
+  // MFU counts every rank of the launch against the device's peak for the storage precision.
+  const st::step_extras flops{
+      .model_flops_per_step = plan.figures ? plan.figures->model_flops_per_step : 0.0,
+      .peak_flops = plan.device ? world.size() * plan.device->peak_flops(int(sizeof(typename P::storage))) : 0.0};
+  const steps_done done = run_steps(c, run, data, dims.seq, start, metrics.get(), flops, fault);
+  finish_steps(c, run, data, start, done);
 
-  if (checkpoints && run.steps() > first_step && (o.save_every == 0 || run.steps() % o.save_every != 0))
-    last_saved = run.save(*checkpoints, data.position());  // the end of the run, unless just saved
-  if (lead && !last_saved.empty()) std::printf("checkpoint: %s\n", last_saved.c_str());
-  if (dev.after_steps) dev.after_steps();
-  if (lead && dev.crossings)
-    std::printf("%s memory: at most %ld copies between it and the host per step (the batch in; the loss and the "
-                "step's norm and decision out)\n",
-                dev.memory->name, step_crossings);
-  if (lead && dev.memory)
-    std::printf("%s memory: %.1f MB at the peak on rank 0 (parameters, gradients, optimizer state, activations)\n",
-                dev.memory->name, double(run.ledger().total_peak()) / 1e6);
-
-  if (!o.export_path.empty()) {
-    // The whole model, gathered from every piece and stage, written by rank 0.
-    const auto serial = run.serial_weights();
-    if (lead) {
-      Family::template export_hf<typename P::storage>(o.export_path, dims, serial);
-      std::printf("export: %s (%zu weights, Hugging Face %s names)\n", o.export_path.c_str(), serial.size(),
-                  Family::hf_class);
-    }
-  }
-
-  if (o.sample_tokens > 0) {
-    // Every rank generates the same tokens in step (st::generator: a key/value cache, under any
-    // layout; each token decided on a rank holding the head and broadcast); rank 0 prints them.
-    // The generated corpus is byte-level: text prompts and printed samples are bytes. Token
-    // shards come from another tokenizer: prompts are ids, and so is the output.
-    const bool bytes = o.data.empty() && dims.vocab >= 256;
-    std::vector<std::int32_t> prompt = o.prompt_ids;
-    if (prompt.empty() && bytes)
-      for (const unsigned char c : o.prompt.empty() ? std::string("The ") : o.prompt) prompt.push_back(c);
-    if (prompt.empty()) prompt = {0};
-    // A position table bounds what the model can continue; a rotary model is not bounded.
-    const std::int64_t limit = model.max_positions();
-    const std::int64_t count = limit > 0 ? std::min<std::int64_t>(o.sample_tokens, limit - std::int64_t(prompt.size()) + 1)
-                                         : o.sample_tokens;
-    // No CUDA kernel attends over a cache yet: on GPUs each token is a forward over the window,
-    // which needs the whole model on each rank.
-    const bool on_gpu = std::is_base_of_v<st::cuda, Device>;
-    if (on_gpu && pipelined) {
-      if (lead) std::printf("sample: skipped (on GPUs generation needs the whole model on each rank; pipeline stages hold part of it)\n");
-      return 0;
-    }
-    STRATA_CHECK(count > 0, "gpt2_train: a prompt of ", prompt.size(), " tokens leaves no room in the model's ", limit,
-                 " positions");
-    st::generator gen(run);
-    const auto out = gen.generate(prompt, {.new_tokens = count,
-                                           .sample = {.temperature = o.temperature, .top_k = o.top_k, .seed = o.seed},
-                                           .cache = !on_gpu});
-    if (!lead) return 0;
-    std::printf("sample:%s\n", count < o.sample_tokens ? (" (" + std::to_string(count) + " tokens: the model's " +
-                                                           std::to_string(limit) + " positions)").c_str() : "");
-    const auto show = [&](std::int32_t t) {
-      if (bytes) std::putchar(t == '\n' ? '\n' : (t >= 32 && t < 127 ? char(t) : '?'));
-      else std::printf("%d ", t);
-    };
-    for (auto t : prompt) show(t);
-    for (auto t : out) show(t);
-    std::printf("\n");
-  }
+  if (!o.export_path.empty()) export_weights<Family, typename P::storage>(c, run, dims);
+  if (o.sample_tokens > 0) print_sample<Device>(c, run, dims.vocab);
   return 0;
 }
 

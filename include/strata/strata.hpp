@@ -8,6 +8,7 @@
 #include "strata/core/extents.hpp"
 #include "strata/core/grad_clip.hpp"
 #include "strata/core/init.hpp"
+#include "strata/core/json_number.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/core/step_state.hpp"
 #include "strata/core/tensor.hpp"

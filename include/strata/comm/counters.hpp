@@ -35,6 +35,8 @@
 #include <string_view>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 namespace strata {
 
 // The kinds of operation a communicator counts.
@@ -135,23 +137,18 @@ class comm_counters {
   void reset() { by_op_ = {}; }
 
   // {"all_reduce":{"calls":1,"bytes_sent":8,"bytes_received":8},...}: operations never called
-  // are left out, so an idle group prints {}.
-  std::string json() const {
-    std::string s = "{";
-    bool first = true;
+  // are left out, so an idle group is {}.
+  nlohmann::ordered_json to_json() const {
+    nlohmann::ordered_json ops = nlohmann::ordered_json::object();
     for (int i = 0; i < op_kind_count; ++i) {
       const op_counts& c = by_op_[static_cast<std::size_t>(i)];
       if (c.calls == 0) continue;
-      if (!first) s += ',';
-      first = false;
-      s += '"';
-      s += op_name(static_cast<op_kind>(i));
-      s += "\":{\"calls\":" + std::to_string(c.calls) + ",\"bytes_sent\":" + std::to_string(c.bytes_sent) +
-           ",\"bytes_received\":" + std::to_string(c.bytes_received) + '}';
+      ops[std::string(op_name(static_cast<op_kind>(i)))] = {
+          {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}};
     }
-    s += '}';
-    return s;
+    return ops;
   }
+  std::string json() const { return to_json().dump(); }
 
  private:
   static std::size_t index(op_kind k) { return static_cast<std::size_t>(k); }
@@ -162,16 +159,10 @@ class comm_counters {
 // The `comm` object of the metrics: {"dp":{...},"tp":{...}} in the order given. Null pointers
 // (a group this rank is not in) are skipped.
 inline std::string comm_json(std::initializer_list<const comm_counters*> groups) {
-  std::string s = "{";
-  bool first = true;
-  for (const comm_counters* g : groups) {
-    if (!g) continue;
-    if (!first) s += ',';
-    first = false;
-    s += '"' + g->group() + "\":" + g->json();
-  }
-  s += '}';
-  return s;
+  nlohmann::ordered_json by_group = nlohmann::ordered_json::object();
+  for (const comm_counters* g : groups)
+    if (g) by_group[g->group()] = g->to_json();
+  return by_group.dump();
 }
 
 }  // namespace strata

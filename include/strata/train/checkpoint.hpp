@@ -728,126 +728,170 @@ class checkpointer {
 
   template <class P>
   loaded_checkpoint load_unchecked(const std::string& step_dir, train_state_ref<P> s) {
-    using T = typename P::storage;
-    using M = typename P::master;
     const json manifest = checkpoint_files::read_manifest(step_dir);
+    check_same_model_and_precision<P>(manifest, step_dir);
+    const saved_pieces saved = read_pieces<P>(manifest, step_dir, s.params);
+    for (const auto& e : s.params.entries()) {
+      const auto found = saved.by_param.find(e.name);
+      STRATA_CHECK(found != saved.by_param.end(), "checkpoint '", step_dir, "' holds no parameter '", e.name, "'");
+      install_rank_part(e, assemble_serial(e, found->second, step_dir), s);
+    }
+    loaded_checkpoint out = saved_progress(manifest, step_dir);
+    s.optimizer.restore_steps_taken(out.progress.optimizer_steps);
+    return out;
+  }
+
+  // A checkpoint of another model, or saved in another precision, is refused, naming the difference.
+  template <class P>
+  void check_same_model_and_precision(const json& manifest, const std::string& step_dir) const {
     STRATA_CHECK(manifest.at("model") == model_, "checkpoint '", step_dir, "' is of another model: ",
                  model_difference(manifest.at("model"), model_));
     const json precision = precision_json<P>();
     STRATA_CHECK(manifest.at("precision") == precision, "checkpoint '", step_dir, "' was saved in precision ",
                  manifest.at("precision").dump(), "; this run uses ", precision.dump());
+  }
 
-    // Every rank file, checked, and its pieces by parameter.
+  // Every rank file's tensors and its pieces by parameter; the pieces point into the tensors.
+  struct saved_pieces {
     std::vector<std::vector<named_tensor>> files;
-    files.reserve(manifest.at("files").size());
     std::map<std::string, std::vector<piece>> by_param;
+  };
+
+  // Every rank file the manifest lists, checked, and its pieces by parameter.
+  template <class P>
+  static saved_pieces read_pieces(const json& manifest, const std::string& step_dir,
+                                  const parameter_store<typename P::storage>& params) {
+    saved_pieces saved;
+    saved.files.reserve(manifest.at("files").size());
     std::map<std::string, const param_info*> model_params;
-    for (const auto& e : s.params.entries()) model_params[e.name] = &e;
-    for (const auto& entry : manifest.at("files")) {
-      const std::string file_name = json_string_field(entry, "name", "checkpoint '" + step_dir + "': a manifest file entry");
-      // A name, not a path: the manifest must not send the reader outside the step directory.
-      STRATA_CHECK(!file_name.empty() && file_name != "." && file_name != ".." && file_name.find('/') == std::string::npos,
-                   "checkpoint '", step_dir, "': the manifest names the rank file '", file_name,
-                   "', which is not a plain file name");
-      const std::string path = (std::filesystem::path(step_dir) / file_name).string();
-      std::map<std::string, std::string> meta;
-      files.push_back(decode_safetensors(checkpoint_files::read_rank_file(step_dir, entry), path, &meta));
-      std::map<std::string, const named_tensor*> named;
-      for (const auto& t : files.back()) named[t.name] = &t;
-      STRATA_CHECK(meta.count("pieces"), "checkpoint file '", path, "' has no piece list in its metadata");
-      const json list = parse_untrusted_json(meta["pieces"], "checkpoint file '" + path + "': the piece list");
-      STRATA_CHECK(list.is_array(), "checkpoint file '", path, "': the piece list is ", json_shown(list),
-                   ", expected an array");
-      for (std::size_t k = 0; k < list.size(); ++k) {
-        piece p = read_piece(list[k], path, k, model_params);
-        const std::string name = p.param;
-        const std::string key = name + "@" + std::to_string(p.begin);
-        const auto find = [&](const std::string& kind, bool required) -> const named_tensor* {
-          const auto it = named.find(kind + "/" + key);
-          STRATA_CHECK(!required || it != named.end(), "checkpoint file '", path, "' lacks tensor '", kind, "/", key, "'");
-          if (it == named.end()) return nullptr;
-          STRATA_CHECK(it->second->numel() == p.count, "checkpoint file '", path, "': tensor '", kind, "/", key, "' has ",
-                       it->second->numel(), " elements, its piece ", p.count);
-          return it->second;
-        };
-        p.weights = find("weights", true);
-        p.master = find("master", P::precision::keeps_master_copy);
-        p.m = find("exp_avg", true);
-        p.v = find("exp_avg_sq", true);
-        by_param[name].push_back(p);
+    for (const auto& e : params.entries()) model_params[e.name] = &e;
+    for (const auto& entry : manifest.at("files")) read_rank_file_pieces<P>(entry, step_dir, model_params, saved);
+    return saved;
+  }
+
+  // One rank file of the manifest: its tensors, and each piece of its list with the tensors of
+  // each kind it names.
+  template <class P>
+  static void read_rank_file_pieces(const json& entry, const std::string& step_dir,
+                                    const std::map<std::string, const param_info*>& model_params, saved_pieces& saved) {
+    const std::string file_name = json_string_field(entry, "name", "checkpoint '" + step_dir + "': a manifest file entry");
+    // A name, not a path: the manifest must not send the reader outside the step directory.
+    STRATA_CHECK(!file_name.empty() && file_name != "." && file_name != ".." && file_name.find('/') == std::string::npos,
+                 "checkpoint '", step_dir, "': the manifest names the rank file '", file_name,
+                 "', which is not a plain file name");
+    const std::string path = (std::filesystem::path(step_dir) / file_name).string();
+    std::map<std::string, std::string> meta;
+    saved.files.push_back(decode_safetensors(checkpoint_files::read_rank_file(step_dir, entry), path, &meta));
+    std::map<std::string, const named_tensor*> named;
+    for (const auto& t : saved.files.back()) named[t.name] = &t;
+    STRATA_CHECK(meta.count("pieces"), "checkpoint file '", path, "' has no piece list in its metadata");
+    const json list = parse_untrusted_json(meta["pieces"], "checkpoint file '" + path + "': the piece list");
+    STRATA_CHECK(list.is_array(), "checkpoint file '", path, "': the piece list is ", json_shown(list),
+                 ", expected an array");
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      piece p = read_piece(list[k], path, k, model_params);
+      const std::string key = p.param + "@" + std::to_string(p.begin);
+      const auto find = [&](const std::string& kind, bool required) -> const named_tensor* {
+        const auto it = named.find(kind + "/" + key);
+        STRATA_CHECK(!required || it != named.end(), "checkpoint file '", path, "' lacks tensor '", kind, "/", key, "'");
+        if (it == named.end()) return nullptr;
+        STRATA_CHECK(it->second->numel() == p.count, "checkpoint file '", path, "': tensor '", kind, "/", key, "' has ",
+                     it->second->numel(), " elements, its piece ", p.count);
+        return it->second;
+      };
+      p.weights = find("weights", true);
+      p.master = find("master", P::precision::keeps_master_copy);
+      p.m = find("exp_avg", true);
+      p.v = find("exp_avg_sq", true);
+      saved.by_param[p.param].push_back(p);
+    }
+  }
+
+  // One parameter's whole (serial) tensor of each kind.
+  struct serial_tensors {
+    std::vector<double> weights, master, m1, m2;
+  };
+
+  // Parameter e's serial tensors, from every piece of it; every element must be covered.
+  static serial_tensors assemble_serial(const param_info& e, const std::vector<piece>& pieces,
+                                        const std::string& step_dir) {
+    const std::int64_t n = serial_numel(e.shard, e.numel);
+    const auto count = static_cast<std::size_t>(n);
+    serial_tensors t{std::vector<double>(count), std::vector<double>(count), std::vector<double>(count),
+                     std::vector<double>(count)};
+    std::vector<char> covered(count, 0);
+    for (const auto& p : pieces) {
+      const std::int64_t theirs = serial_numel(p.shard, p.numel);
+      STRATA_CHECK(theirs == n, "checkpoint file '", p.file, "': parameter '", e.name, "' has ", theirs,
+                   " elements there, ", n, " in this model");
+      const auto pw = p.weights->values(), pm1 = p.m->values(), pm2 = p.v->values();
+      const auto pmw = p.master ? p.master->values() : std::vector<double>();
+      for (std::int64_t k = 0; k < p.count; ++k) {
+        const std::int64_t i = p.begin + k;
+        if (!whole(p.shard) && p.shard.is_padding(i)) continue;
+        const auto g = std::size_t(whole(p.shard) ? i : p.shard.global_index(i));
+        // read_piece made this impossible; kept so that no piece list can ever write past the tensors.
+        STRATA_CHECK(g < count, "checkpoint file '", p.file, "': element ", i, " of parameter '", e.name,
+                     "' lands at ", g, ", past its ", count, " elements");
+        const auto at = std::size_t(k);
+        t.weights[g] = pw[at];
+        if (p.master) t.master[g] = pmw[at];
+        t.m1[g] = pm1[at];
+        t.m2[g] = pm2[at];
+        covered[g] = 1;
       }
     }
+    const auto gap = std::find(covered.begin(), covered.end(), 0);
+    STRATA_CHECK(gap == covered.end(), "checkpoint '", step_dir, "': no file holds element ", gap - covered.begin(),
+                 " of parameter '", e.name, "'");
+    return t;
+  }
 
+  // This rank's part of parameter e: its flat weights (absent under ZeRO-3), then the optimizer's
+  // segments. Built on the host, then copied to wherever the state lives.
+  template <class P>
+  static void install_rank_part(const param_info& e, const serial_tensors& t, train_state_ref<P> s) {
+    using T = typename P::storage;
+    using M = typename P::master;
     auto& params = s.params;
     auto& opt = s.optimizer;
     const auto& space = params.ledger().space();
     const auto m = opt.first_moments(), v = opt.second_moments(), master = opt.master_weights();
-    for (const auto& e : params.entries()) {
-      const auto found = by_param.find(e.name);
-      STRATA_CHECK(found != by_param.end(), "checkpoint '", step_dir, "' holds no parameter '", e.name, "'");
-      // The whole (serial) tensor of each kind, from every piece of it.
-      const std::int64_t n = serial_numel(e.shard, e.numel);
-      const auto count = static_cast<std::size_t>(n);
-      std::vector<double> w(count), mw(count), m1(count), m2(count);
-      std::vector<char> covered(count, 0);
-      for (const auto& p : found->second) {
-        const std::int64_t theirs = serial_numel(p.shard, p.numel);
-        STRATA_CHECK(theirs == n, "checkpoint file '", p.file, "': parameter '", e.name, "' has ", theirs,
-                     " elements there, ", n, " in this model");
-        const auto pw = p.weights->values(), pm1 = p.m->values(), pm2 = p.v->values();
-        const auto pmw = p.master ? p.master->values() : std::vector<double>();
-        for (std::int64_t k = 0; k < p.count; ++k) {
-          const std::int64_t i = p.begin + k;
-          if (!whole(p.shard) && p.shard.is_padding(i)) continue;
-          const auto g = std::size_t(whole(p.shard) ? i : p.shard.global_index(i));
-          // read_piece made this impossible; kept so that no piece list can ever write past w.
-          STRATA_CHECK(g < count, "checkpoint file '", p.file, "': element ", i, " of parameter '", e.name,
-                       "' lands at ", g, ", past its ", count, " elements");
-          const auto at = std::size_t(k);
-          w[g] = pw[at];
-          if (p.master) mw[g] = pmw[at];
-          m1[g] = pm1[at];
-          m2[g] = pm2[at];
-          covered[g] = 1;
-        }
+    const auto serial_of = [&](std::int64_t i) -> std::int64_t {
+      if (whole(e.shard)) return i;
+      return e.shard.is_padding(i) ? -1 : e.shard.global_index(i);
+    };
+    if (!params.weights_released()) {
+      std::vector<T> mine(static_cast<std::size_t>(e.numel));
+      for (std::int64_t i = 0; i < e.numel; ++i) {
+        const auto g = serial_of(i);
+        mine[std::size_t(i)] = convert<T>(g < 0 ? 0.0 : t.weights[std::size_t(g)]);
       }
-      const auto gap = std::find(covered.begin(), covered.end(), 0);
-      STRATA_CHECK(gap == covered.end(), "checkpoint '", step_dir, "': no file holds element ", gap - covered.begin(),
-                   " of parameter '", e.name, "'");
-      // This rank's part: the flat weights (absent under ZeRO-3), then the optimizer's segments.
-      const auto serial_of = [&](std::int64_t i) -> std::int64_t {
-        if (whole(e.shard)) return i;
-        return e.shard.is_padding(i) ? -1 : e.shard.global_index(i);
-      };
-      // Built on the host, then copied to wherever the state lives.
-      if (!params.weights_released()) {
-        std::vector<T> mine(static_cast<std::size_t>(e.numel));
-        for (std::int64_t i = 0; i < e.numel; ++i) {
-          const auto g = serial_of(i);
-          mine[std::size_t(i)] = convert<T>(g < 0 ? 0.0 : w[std::size_t(g)]);
-        }
-        put(space, params.weights_data() + e.offset, mine);
-      }
-      for (const auto& seg : opt.segments()) {
-        if (seg.flat < e.offset || seg.flat >= e.offset + e.numel) continue;
-        const auto n = std::size_t(seg.count);
-        std::vector<T> sw(n);
-        std::vector<M> smw(master.empty() ? 0 : n), sm1(n), sm2(n);
-        for (std::size_t k = 0; k < n; ++k) {
-          const auto g = serial_of(seg.flat - e.offset + std::int64_t(k));
-          const auto value = [&](const std::vector<double>& x) { return g < 0 ? 0.0 : x[std::size_t(g)]; };
-          sw[k] = convert<T>(value(w));
-          if (!master.empty()) smw[k] = convert<M>(value(mw));
-          sm1[k] = convert<M>(value(m1));
-          sm2[k] = convert<M>(value(m2));
-        }
-        put(space, opt.segment_weights(seg), sw);
-        if (!master.empty()) put(space, master.data() + seg.state, smw);
-        put(space, m.data() + seg.state, sm1);
-        put(space, v.data() + seg.state, sm2);
-      }
+      put(space, params.weights_data() + e.offset, mine);
     }
+    for (const auto& seg : opt.segments()) {
+      if (seg.flat < e.offset || seg.flat >= e.offset + e.numel) continue;
+      const auto n = std::size_t(seg.count);
+      std::vector<T> sw(n);
+      std::vector<M> smw(master.empty() ? 0 : n), sm1(n), sm2(n);
+      for (std::size_t k = 0; k < n; ++k) {
+        const auto g = serial_of(seg.flat - e.offset + std::int64_t(k));
+        const auto value = [&](const std::vector<double>& x) { return g < 0 ? 0.0 : x[std::size_t(g)]; };
+        sw[k] = convert<T>(value(t.weights));
+        if (!master.empty()) smw[k] = convert<M>(value(t.master));
+        sm1[k] = convert<M>(value(t.m1));
+        sm2[k] = convert<M>(value(t.m2));
+      }
+      put(space, opt.segment_weights(seg), sw);
+      if (!master.empty()) put(space, master.data() + seg.state, smw);
+      put(space, m.data() + seg.state, sm1);
+      put(space, v.data() + seg.state, sm2);
+    }
+  }
 
+  // Where the run stood when the checkpoint was saved: the step, the optimizer's and loss
+  // scaler's counts, and the data's seed and position.
+  static loaded_checkpoint saved_progress(const json& manifest, const std::string& step_dir) {
     loaded_checkpoint out;
     out.path = step_dir;
     out.layout = manifest.at("layout");
@@ -859,7 +903,6 @@ class checkpointer {
     pr.scaler.skipped = manifest.at("loss_scaler").at("skipped").get<long>();
     pr.seed = manifest.at("data").at("seed").get<std::uint64_t>();
     pr.data_position = manifest.at("data").at("position").get<std::uint64_t>();
-    opt.restore_steps_taken(pr.optimizer_steps);
     return out;
   }
 

@@ -1,7 +1,7 @@
 // strata/train/metrics.hpp - one JSON object per step, one line each, for tools to read.
 //
 //   {"step":3,"loss":4.1203389167785645,"lr":0.0006,"grad_norm":1.8,"tokens_per_s":5120,
-//    "flops_per_s":1.2e9,"mfu":null,"loss_scale":1,"skipped_steps":0,"applied":true,
+//    "flops_per_s":1200000000,"mfu":null,"loss_scale":1,"skipped_steps":0,"applied":true,
 //    "mem":{"parameters":...,"gradients":...,...},"mem_peak":{...},
 //    "comm":{"world":{...},"dp":{"all_reduce":{"calls":..,"bytes_sent":..,"bytes_received":..}},...}}
 //
@@ -12,7 +12,10 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "strata/core/error.hpp"
+#include "strata/core/json_number.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/train/trainer.hpp"
 
@@ -32,64 +35,41 @@ struct step_extras {
 };
 
 namespace detail {
-// %.9g by default; 17 significant digits where a reader must get the double back exactly.
-inline void json_number(std::string& out, double v, int digits = 9) {
-  if (!std::isfinite(v)) {  // JSON has no NaN or infinity
-    out += "null";
-    return;
-  }
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
-  out += buf;
+// The caller's objects (comm, pipeline) arrive as JSON text; parsed, they nest in the line.
+inline nlohmann::ordered_json json_object_field(std::string_view text, const char* field) {
+  nlohmann::ordered_json object = nlohmann::ordered_json::parse(text, nullptr, false);
+  STRATA_CHECK(object.is_object(), "metrics: step_extras::", field, " is not a JSON object: ", text);
+  return object;
 }
-inline void json_bytes_by_category(std::string& out, const memory_ledger& ledger, bool peak) {
-  out += '{';
+inline nlohmann::ordered_json bytes_by_category(const memory_ledger& ledger, bool peak) {
+  nlohmann::ordered_json bytes = nlohmann::ordered_json::object();
   for (int i = 0; i < memory_category_count; ++i) {
-    auto c = static_cast<memory_category>(i);
-    if (i) out += ',';
-    out += '"';
-    out += category_name(c);
-    out += "\":";
-    out += std::to_string(peak ? ledger.peak(c) : ledger.current(c));
+    const auto c = static_cast<memory_category>(i);
+    bytes[std::string(category_name(c))] = peak ? ledger.peak(c) : ledger.current(c);
   }
-  out += '}';
+  return bytes;
 }
 }  // namespace detail
 
 inline std::string metrics_line(const step_result& r, const memory_ledger& ledger, const step_extras& x) {
   const bool timed = r.seconds > 0;
   const double flops_per_s = timed && x.model_flops_per_step > 0 ? x.model_flops_per_step / r.seconds : NAN;
-  std::string s = "{\"step\":" + std::to_string(r.step) + ",\"loss\":";
-  detail::json_number(s, r.loss, 17);  // resumed runs are compared with straight ones bit for bit
-  s += ",\"lr\":";
-  detail::json_number(s, r.lr);
-  s += ",\"grad_norm\":";
-  detail::json_number(s, r.grad_norm);
-  s += ",\"tokens_per_s\":";
-  detail::json_number(s, timed ? double(r.tokens) / r.seconds : 0.0);
-  s += ",\"flops_per_s\":";
-  detail::json_number(s, flops_per_s);
-  s += ",\"mfu\":";
-  detail::json_number(s, x.peak_flops > 0 ? flops_per_s / x.peak_flops : NAN);
-  s += ",\"loss_scale\":";
-  detail::json_number(s, r.loss_scale);
-  s += ",\"skipped_steps\":" + std::to_string(x.skipped_steps);
-  s += ",\"applied\":";
-  s += r.applied ? "true" : "false";
-  s += ",\"mem\":";
-  detail::json_bytes_by_category(s, ledger, false);
-  s += ",\"mem_peak\":";
-  detail::json_bytes_by_category(s, ledger, true);
-  if (!x.comm.empty()) {
-    s += ",\"comm\":";
-    s += x.comm;
-  }
-  if (!x.pipeline.empty()) {
-    s += ",\"pipeline\":";
-    s += x.pipeline;
-  }
-  s += '}';
-  return s;
+  nlohmann::ordered_json line;
+  line["step"] = r.step;
+  line["loss"] = json_number(r.loss);  // resumed runs are compared with straight ones bit for bit
+  line["lr"] = json_number(r.lr);
+  line["grad_norm"] = json_number(r.grad_norm);
+  line["tokens_per_s"] = json_number(timed ? double(r.tokens) / r.seconds : 0.0);
+  line["flops_per_s"] = json_number(flops_per_s);
+  line["mfu"] = json_number(x.peak_flops > 0 ? flops_per_s / x.peak_flops : NAN);
+  line["loss_scale"] = json_number(r.loss_scale);
+  line["skipped_steps"] = x.skipped_steps;
+  line["applied"] = r.applied;
+  line["mem"] = detail::bytes_by_category(ledger, false);
+  line["mem_peak"] = detail::bytes_by_category(ledger, true);
+  if (!x.comm.empty()) line["comm"] = detail::json_object_field(x.comm, "comm");
+  if (!x.pipeline.empty()) line["pipeline"] = detail::json_object_field(x.pipeline, "pipeline");
+  return line.dump();
 }
 
 // The earlier form: no FLOP figures (both null) and no skipped-step count.
