@@ -19,6 +19,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/step_state.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -115,5 +116,20 @@ void adamw_update(host, M* master, T* weights, const T* grad, M* m, M* v, std::i
   adamw_detail::update(master, weights, grad, m, v, n, h, state->bias_correction1, state->bias_correction2,
                        grad_scale * state->grad_mult);
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp): each storage type with
+// the master type its precisions keep (fp32 and fp64 are their own master; bf16 and fp16 keep fp32).
+#define STRATA_HOST_ADAMW(type, master)                                                                        \
+  STRATA_HOST_KERNEL_AS(type, void adamw_update<type, master>(host, master*, type*, const type*, master*,      \
+                                                               master*, std::int64_t, const adamw_hyper&, int, \
+                                                               double))                                        \
+  STRATA_HOST_KERNEL_AS(type, void adamw_update<type, master>(host, master*, type*, const type*, master*,      \
+                                                               master*, std::int64_t, const adamw_hyper&,      \
+                                                               const step_state*, double))
+STRATA_HOST_ADAMW(float, float)
+STRATA_HOST_ADAMW(double, double)
+STRATA_HOST_ADAMW(bf16, float)
+STRATA_HOST_ADAMW(fp16, float)
+#undef STRATA_HOST_ADAMW
 
 }  // namespace strata::kernels

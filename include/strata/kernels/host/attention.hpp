@@ -44,6 +44,7 @@
 #include "strata/kernels/host/openmp.hpp"
 #include "strata/kernels/host/vector_math.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -535,5 +536,18 @@ void attention_backward(host, T* dqkv, const T* dout, const T* qkv, const acc_t<
   attention_detail::forward(recomputed.data(), static_cast<acc_t<T>*>(nullptr), qkv, s);
   attention_detail::backward(dqkv, dout, qkv, att, recomputed.data(), s);
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp); the shape overloads,
+// which the (B, T, C, NH) ones call.
+#define STRATA_HOST_ATTENTION(type)                                                                           \
+  STRATA_HOST_KERNEL_AS(type, void attention_forward<type>(host, type*, acc_t<type>*, const type*,            \
+                                                            const attention_shape&))                          \
+  STRATA_HOST_KERNEL_AS(type, void attention_backward<type>(host, type*, const type*, const type*,            \
+                                                             const acc_t<type>*, const type*, const attention_shape&))
+STRATA_HOST_ATTENTION(float)
+STRATA_HOST_ATTENTION(double)
+STRATA_HOST_ATTENTION(bf16)
+STRATA_HOST_ATTENTION(fp16)
+#undef STRATA_HOST_ATTENTION
 
 }  // namespace strata::kernels

@@ -26,6 +26,7 @@
 #include "strata/kernels/host/attention.hpp"
 #include "strata/kernels/host/openmp.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -82,5 +83,8 @@ void cached_attention_forward(host, T* out, T* k_cache, T* v_cache, const T* qkv
     }
   }
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(cached_attention_forward)
 
 }  // namespace strata::kernels

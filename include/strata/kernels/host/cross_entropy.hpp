@@ -17,6 +17,7 @@
 #include "strata/core/error.hpp"
 #include "strata/kernels/host/vector_math.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -192,5 +193,12 @@ void vocab_parallel_finish(host, acc_t<T>* losses, T* logits /*nullable*/, const
     for (std::int64_t v = real; v < Vl; ++v) row[v] = convert<T>(A(0));
   }
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(cross_entropy_forward)
+STRATA_HOST_KERNEL(cross_entropy_forward_backward)
+STRATA_HOST_KERNEL(vocab_parallel_max)
+STRATA_HOST_KERNEL(vocab_parallel_sums)
+STRATA_HOST_KERNEL(vocab_parallel_finish)
 
 }  // namespace strata::kernels

@@ -17,6 +17,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -156,5 +157,13 @@ void embedding_backward(host, T* dwte, T* dwpe, const T* dout, const std::int32_
   token_embedding_backward(host{}, dwte, dout, tokens, B * T_, C, 0, std::numeric_limits<std::int64_t>::max());
   position_embedding_backward(host{}, dwpe, dout, B, T_, C);
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(embedding_forward)
+STRATA_HOST_KERNEL(embedding_lookup_range)
+STRATA_HOST_KERNEL(position_embedding_add)
+STRATA_HOST_KERNEL(token_embedding_backward)
+STRATA_HOST_KERNEL(position_embedding_backward)
+STRATA_HOST_KERNEL(embedding_backward)
 
 }  // namespace strata::kernels

@@ -20,6 +20,7 @@
 #include "strata/kernels/host/column_sum.hpp"
 #include "strata/kernels/host/vector_math.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -97,5 +98,10 @@ void bias_gelu_backward(host, T* dpre, std::type_identity_t<T>* dbias /*nullable
       gelu_detail::backward_row_with_bias(dpre + n * OC, partial.data() + k * OC, pre + n * OC, dact + n * OC, OC);
   column_sum::add_chunk_sums(dbias, partial.data(), chunks.count, OC, OC);
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(gelu_forward)
+STRATA_HOST_KERNEL(gelu_backward)
+STRATA_HOST_KERNEL(bias_gelu_backward)
 
 }  // namespace strata::kernels

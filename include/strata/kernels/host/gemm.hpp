@@ -45,6 +45,7 @@
 #include "strata/core/memory.hpp"
 #include "strata/kernels/host/openmp.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -247,5 +248,8 @@ void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std:
   gemm_detail::reference_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #endif
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(gemm)
 
 }  // namespace strata::kernels

@@ -15,6 +15,7 @@
 #include "strata/core/error.hpp"
 #include "strata/kernels/host/column_sum.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -116,5 +117,9 @@ void layernorm_backward(host, T* dinp, T* dweight, T* dbias, const T* dout, cons
   column_sum::add_chunk_sums(dweight, partial.data(), chunks.count, C, 2 * C);
   column_sum::add_chunk_sums(dbias, partial.data() + C, chunks.count, C, 2 * C);
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(layernorm_forward)
+STRATA_HOST_KERNEL(layernorm_backward)
 
 }  // namespace strata::kernels

@@ -16,6 +16,7 @@
 #include "strata/kernels/host/gelu.hpp"
 #include "strata/kernels/host/gemm.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -102,5 +103,10 @@ void linear_backward(host, workspace& ws, std::type_identity_t<T>* dinp /*nullab
     }
   }
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(linear_forward)
+STRATA_HOST_KERNEL(linear_gelu_forward)
+STRATA_HOST_KERNEL(linear_backward)
 
 }  // namespace strata::kernels

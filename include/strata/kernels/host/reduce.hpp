@@ -13,6 +13,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -102,5 +103,11 @@ void convert_array(host, To* dst, const From* src, std::int64_t n) {
     for (std::int64_t i = 0; i < n; ++i) dst[i] = convert<To>(src[i]);
   }
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(sum_of_squares)
+STRATA_HOST_KERNEL(sum_of_squares_into)
+STRATA_HOST_KERNEL(all_finite)
+STRATA_HOST_KERNEL(scale_in_place)
 
 }  // namespace strata::kernels

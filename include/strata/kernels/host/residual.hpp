@@ -8,6 +8,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -32,5 +33,9 @@ void residual_backward(host, std::type_identity_t<T>* da /*nullable*/, std::type
     if (db) db[i] = dout[i];
   }
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(residual_forward)
+STRATA_HOST_KERNEL(residual_backward)
 
 }  // namespace strata::kernels

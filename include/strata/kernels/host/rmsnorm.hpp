@@ -18,6 +18,7 @@
 #include "strata/core/error.hpp"
 #include "strata/kernels/host/layernorm.hpp"  // layernorm_detail::sum_in_lanes
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -107,5 +108,10 @@ void rmsnorm_backward(host, T* dinp, T* dweight, const T* dout, const T* inp, co
     for (std::int64_t c = lo; c < hi; ++c) dweight[c] = convert<T>(convert<A>(dweight[c]) + dw[c - lo]);
   }
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(rmsnorm_forward)
+STRATA_HOST_KERNEL(residual_rmsnorm_forward)
+STRATA_HOST_KERNEL(rmsnorm_backward)
 
 }  // namespace strata::kernels

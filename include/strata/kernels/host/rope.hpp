@@ -22,6 +22,7 @@
 #include "strata/core/error.hpp"
 #include "strata/kernels/attention_shape.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -94,5 +95,9 @@ void rope_backward(host, T* dqkv, const attention_shape& s, double theta, std::i
   rope_detail::check("rope_backward", s, theta, pos0);
   rope_detail::rotate(dqkv, s, theta, pos0, true);
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(rope_forward)
+STRATA_HOST_KERNEL(rope_backward)
 
 }  // namespace strata::kernels

@@ -14,6 +14,7 @@
 #include "strata/core/error.hpp"
 #include "strata/kernels/host/vector_math.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/kernels/host/instantiation.hpp"
 
 namespace strata::kernels {
 
@@ -54,5 +55,9 @@ void swiglu_backward(host, T* dgate_up, const T* dout, const T* gate_up, std::in
     }
   }
 }
+
+// Compiled once where a program asks (kernels/host/instantiation.hpp).
+STRATA_HOST_KERNEL(swiglu_forward)
+STRATA_HOST_KERNEL(swiglu_backward)
 
 }  // namespace strata::kernels
