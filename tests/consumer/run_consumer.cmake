@@ -7,7 +7,8 @@
 #
 # Usage: cmake -DMODE=... -DWORK_DIR=... -DSTRATA_SOURCE_DIR=... -DSTRATA_BINARY_DIR=...
 #              -DCONSUMER_SOURCE_DIR=... -DGENERATOR=... [-DGENERATOR_PLATFORM=...]
-#              [-DGENERATOR_TOOLSET=...] [-DMAKE_PROGRAM=...] -DCXX_COMPILER=... [-DCONFIG=...]
+#              [-DGENERATOR_TOOLSET=...] [-DMAKE_PROGRAM=...] -DCXX_COMPILER=...
+#              [-DCXX_COMPILER_LAUNCHER=...] [-DCONFIG=...]
 #              [-DEXPECTED_BLAS=OpenBLAS|MKL] -P run_consumer.cmake
 cmake_minimum_required(VERSION 3.24)
 
@@ -52,6 +53,9 @@ if(GENERATOR_TOOLSET)
 endif()
 if(MAKE_PROGRAM)
   list(APPEND configure_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
+endif()
+if(CXX_COMPILER_LAUNCHER)
+  list(APPEND configure_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${CXX_COMPILER_LAUNCHER}")
 endif()
 
 if(MODE STREQUAL "add_subdirectory")
