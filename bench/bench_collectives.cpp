@@ -71,9 +71,8 @@ void BM_mpi_native_all_reduce(benchmark::State& state) {
   const std::size_t count = static_cast<std::size_t>(state.range(0)) / sizeof(float);
   std::vector<float> data(count, 0.0f);
   const double n = ranks();
-  timed(state, double(count * sizeof(float)), 2 * (n - 1) / n, [&] {
-    MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  });
+  timed(state, double(count * sizeof(float)), 2 * (n - 1) / n,
+        [&] { MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
 }
 
 void BM_all_gather(benchmark::State& state) {
@@ -87,8 +86,7 @@ void BM_reduce_scatter(benchmark::State& state) {
   const std::size_t block = block_of<float>(state.range(0));
   const std::size_t n = static_cast<std::size_t>(comm().size());
   std::vector<float> in(block * n, 0.0f), out(block);
-  timed(state, double(block * n * sizeof(float)), (ranks() - 1) / ranks(),
-        [&] { comm().reduce_scatter(in, out); });
+  timed(state, double(block * n * sizeof(float)), (ranks() - 1) / ranks(), [&] { comm().reduce_scatter(in, out); });
 }
 
 constexpr std::int64_t smallest = 1 << 10, largest = std::int64_t{64} << 20;

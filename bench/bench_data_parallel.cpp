@@ -33,7 +33,8 @@ void BM_dp_step(benchmark::State& state) {
   auto& world = the_world->comm();
   st::memory_ledger ledger;
   st::sequential_model<gpt2::model<P>> model(ledger, d, st::seed{1});
-  st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), world, {.zero_stage = zero, .bucket_elems = 1 << 16});
+  st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), world,
+                                                {.zero_stage = zero, .bucket_elems = 1 << 16});
   st::adamw<P> opt(dp, {.lr = 1e-3});  // this rank's segments (a ZeRO shard for stages >= 1)
   st::trainer_options o;
   o.schedule = {1e-3, 1e-4, 0, 1000000};
@@ -58,7 +59,12 @@ void BM_dp_step(benchmark::State& state) {
   state.counters["ranks"] = world.size();
   state.counters["buckets"] = double(dp.layout().buckets().size());
 }
-BENCHMARK(BM_dp_step)->Name("dp_step/zero")->DenseRange(0, 3)->Iterations(10)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dp_step)
+    ->Name("dp_step/zero")
+    ->DenseRange(0, 3)
+    ->Iterations(10)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

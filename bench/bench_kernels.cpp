@@ -89,8 +89,8 @@ void BM_cblas_sgemm(benchmark::State& state) {
   std::vector<float> c(static_cast<std::size_t>(std::int64_t(M) * Nn));
   strata::kernels::blas_core::ensure_selected();  // the core or threading layer, as kernels::gemm has it
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, Nn, K, 1.0f,
-                a.data(), ta ? M : K, b.data(), tb ? K : Nn, beta, c.data(), Nn);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, Nn, K, 1.0f, a.data(),
+                ta ? M : K, b.data(), tb ? K : Nn, beta, c.data(), Nn);
     benchmark::DoNotOptimize(c.data());
   }
   report_flops(state, 2.0 * M * Nn * K);
@@ -160,8 +160,11 @@ void BM_gqa_attention_backward(benchmark::State& state) {
 // counted.
 template <class T_>
 void BM_attention_step(benchmark::State& state) {
-  const k::attention_shape s{.batch = state.range(0), .seq = state.range(1), .heads = state.range(2),
-                             .kv_heads = state.range(2), .head_dim = state.range(3)};
+  const k::attention_shape s{.batch = state.range(0),
+                             .seq = state.range(1),
+                             .heads = state.range(2),
+                             .kv_heads = state.range(2),
+                             .head_dim = state.range(3)};
   const bool backward = state.range(4) != 0;
   auto qkv = random_array<T_>(s.batch * s.seq * s.row_width(), 7),
        dout = random_array<T_>(s.batch * s.seq * s.q_width(), 8);
@@ -425,10 +428,30 @@ void BM_convert_array(benchmark::State& state) {
 using strata::bf16;
 
 // linear at the attention projection (OC = C) and the MLP up-projection (OC = 4C).
-BENCHMARK_TEMPLATE(BM_linear_forward, float)->Arg(C)->Arg(4 * C)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_linear_forward, bf16)->Arg(C)->Arg(4 * C)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_linear_backward, float)->Arg(C)->Arg(4 * C)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_linear_backward, bf16)->Arg(C)->Arg(4 * C)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_linear_forward, float)
+    ->Arg(C)
+    ->Arg(4 * C)
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_linear_forward, bf16)
+    ->Arg(C)
+    ->Arg(4 * C)
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_linear_backward, float)
+    ->Arg(C)
+    ->Arg(4 * C)
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_linear_backward, bf16)
+    ->Arg(C)
+    ->Arg(4 * C)
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 // The GEMMs above, raw: forward {N, OC, C, no, trans, beta 1}; backward dinp {N, C, OC, no, no, 1}
 // and dweight {OC, C, N, trans, no, 1}.
 BENCHMARK(BM_cblas_sgemm)
@@ -439,7 +462,8 @@ BENCHMARK(BM_cblas_sgemm)
     ->Args({N, 4 * C, C, 0, 1, 1})
     ->Args({N, C, 4 * C, 0, 0, 1})
     ->Args({4 * C, C, N, 1, 0, 1})
-    ->MinTime(min_time)->UseRealTime()
+    ->MinTime(min_time)
+    ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_TEMPLATE(BM_attention_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -454,12 +478,22 @@ BENCHMARK_TEMPLATE(BM_gqa_attention_backward, bf16)->MinTime(min_time)->UseRealT
 
 BENCHMARK_TEMPLATE(BM_attention_step, float)
     ->ArgNames({"B", "T", "H", "d", "bwd"})
-    ->Args({8, 256, 6, 64, 0})->Args({8, 256, 6, 64, 1})->Args({8, 64, 4, 24, 0})->Args({8, 64, 4, 24, 1})
-    ->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Args({8, 256, 6, 64, 0})
+    ->Args({8, 256, 6, 64, 1})
+    ->Args({8, 64, 4, 24, 0})
+    ->Args({8, 64, 4, 24, 1})
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_attention_step, bf16)
     ->ArgNames({"B", "T", "H", "d", "bwd"})
-    ->Args({8, 256, 6, 64, 0})->Args({8, 256, 6, 64, 1})->Args({8, 64, 4, 24, 0})->Args({8, 64, 4, 24, 1})
-    ->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Args({8, 256, 6, 64, 0})
+    ->Args({8, 256, 6, 64, 1})
+    ->Args({8, 64, 4, 24, 0})
+    ->Args({8, 64, 4, 24, 1})
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_TEMPLATE(BM_layernorm_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_layernorm_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -487,8 +521,14 @@ BENCHMARK_TEMPLATE(BM_embedding_forward, float)->MinTime(min_time)->UseRealTime(
 BENCHMARK_TEMPLATE(BM_embedding_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_embedding_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_embedding_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, float)
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, bf16)
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_adamw_update, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_adamw_update, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_sum_of_squares, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -499,8 +539,14 @@ BENCHMARK_TEMPLATE(BM_scale_in_place, float)->MinTime(min_time)->UseRealTime()->
 BENCHMARK_TEMPLATE(BM_scale_in_place, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_convert_array, bf16, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_convert_array, float, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_convert_array, strata::fp16, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_convert_array, float, strata::fp16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_convert_array, strata::fp16, float)
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_convert_array, float, strata::fp16)
+    ->MinTime(min_time)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

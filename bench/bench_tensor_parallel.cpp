@@ -111,6 +111,5 @@ int main(int argc, char** argv) {
     const std::string name = "tp_block/t:" + std::to_string(t) + "/sp:" + (sp ? "1" : "0");
     benchmark::RegisterBenchmark(name.c_str(), BM_tp_block, sp)->UseManualTime()->Unit(benchmark::kMillisecond);
   }
-  return strata_bench::run_on_every_rank(argc, argv, world,
-                                         {{"shape", "b=4 s=128 h=256 heads=8 hidden=1024 fp32"}});
+  return strata_bench::run_on_every_rank(argc, argv, world, {{"shape", "b=4 s=128 h=256 heads=8 hidden=1024 fp32"}});
 }

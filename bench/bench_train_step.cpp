@@ -29,7 +29,7 @@ struct shape {
   std::int64_t layers, d_model, heads, seq, vocab, batch;
   gpt2::dims dims() const { return {.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .d_model = d_model}; }
 };
-constexpr shape small{"small", 3, 96, 4, 64, 256, 16};   // gpt2_train's default
+constexpr shape small{"small", 3, 96, 4, 64, 256, 16};  // gpt2_train's default
 constexpr shape medium{"medium", 6, 384, 6, 256, 8192, 8};
 
 // A serial run of the example GPT-2: model, AdamW, trainer and one batch.
@@ -42,7 +42,9 @@ struct run {
   st::trainer<st::sequential_model<gpt2::model<P>>, st::adamw<P>> train;
   st::token_batch batch;
   explicit run(const shape& s)
-      : model(ledger, s.dims(), st::seed{1}), opt(model, {.lr = 1e-3}), train(model, opt, options()),
+      : model(ledger, s.dims(), st::seed{1}),
+        opt(model, {.lr = 1e-3}),
+        train(model, opt, options()),
         batch(st::token_stream(st::byte_tokens(st::generate_corpus(100000)), 1).next_batch(s.batch, s.seq)) {
     train.step(batch);  // warm-up: activations allocated
   }
@@ -86,8 +88,8 @@ static void profile(const shape& s, const char* precision, int steps, st::profil
   const double wall = st::profiler::now() - t0;
   st::profiler::enable(false);
   std::cout << "## " << s.name << " (" << s.layers << " layers, " << s.d_model << " wide, seq " << s.seq << ", vocab "
-            << s.vocab << ", batch " << s.batch << "), " << precision << ": "
-            << double(steps * s.batch * s.seq) / wall << " tokens/s over " << steps << " steps\n";
+            << s.vocab << ", batch " << s.batch << "), " << precision << ": " << double(steps * s.batch * s.seq) / wall
+            << " tokens/s over " << steps << " steps\n";
   st::profiler::report(std::cout, wall, steps);
   std::cout << "\n";
 }
@@ -125,8 +127,8 @@ int main(int argc, char** argv) {
   }
   if (argc >= 2 && std::strcmp(argv[1], "--profile") == 0) {
     const int steps = argc >= 3 ? std::stoi(argv[2]) : 10;
-    const auto clock = argc >= 4 && std::strcmp(argv[3], "cpu") == 0 ? st::profiler::clock::process_cpu
-                                                                    : st::profiler::clock::wall;
+    const auto clock =
+        argc >= 4 && std::strcmp(argv[3], "cpu") == 0 ? st::profiler::clock::process_cpu : st::profiler::clock::wall;
     std::cout << "host BLAS: " << host_blas() << "\n";
     for (const shape& s : {small, medium}) {
       profile<st::fp32>(s, "fp32", steps, clock);

@@ -221,16 +221,17 @@ bool tensor_degree_fits(const typename F::dims& m, int tp) {
   try {
     st::check_tensor_extents<on_gpu<F, st::mixed<st::bf16, float>>>(m, tp);
     return true;
-  } catch (const st::error&) {
-    return false;
-  }
+  } catch (const st::error&) { return false; }
 }
 
 std::string schedule_tag(st::pipeline_schedule_kind k) {
   switch (k) {
-    case st::pipeline_schedule_kind::gpipe: return "gpipe";
-    case st::pipeline_schedule_kind::interleaved: return "interleaved_1f1b";
-    default: return "one_f_one_b";
+    case st::pipeline_schedule_kind::gpipe:
+      return "gpipe";
+    case st::pipeline_schedule_kind::interleaved:
+      return "interleaved_1f1b";
+    default:
+      return "one_f_one_b";
   }
 }
 
@@ -357,11 +358,12 @@ std::string device_text(const st::hw::device_spec& d, int storage_bytes) {
 template <class F>
 int run_plan(const options& o, const typename F::dims& m, const st::hw::device_spec& d) {
   const st::batch b{.micro = o.micro_batch, .global = o.global_batch};
-  auto schedule = o.virtual_chunks > 1 ? st::pipeline_schedule_kind::interleaved : st::pipeline_schedule_kind::one_f_one_b;
+  auto schedule =
+      o.virtual_chunks > 1 ? st::pipeline_schedule_kind::interleaved : st::pipeline_schedule_kind::one_f_one_b;
   if (!o.schedule.empty()) schedule = st::parse_pipeline_schedule(o.schedule);
   if (o.virtual_chunks > 1 && schedule != st::pipeline_schedule_kind::interleaved)
-    throw usage_error("--virtual " + std::to_string(o.virtual_chunks) + " needs --schedule interleaved, got --schedule " +
-                      o.schedule);
+    throw usage_error("--virtual " + std::to_string(o.virtual_chunks) +
+                      " needs --schedule interleaved, got --schedule " + o.schedule);
   const std::int64_t per_dp = o.dp * o.micro_batch;
   const std::int64_t microbatches = o.global_batch % per_dp == 0 ? o.global_batch / per_dp : 1;
   const auto opt = o.optimizer == "sgd" ? st::optimizer_kind::sgd : st::optimizer_kind::adamw;
@@ -375,11 +377,18 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   const double mem = d.memory_bytes;
 
   if (o.json) {
-    const nlohmann::ordered_json layout = {
-        {"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"virtual", o.virtual_chunks}, {"zero", o.zero},
-        {"micro_batch", o.micro_batch}, {"microbatches", r.microbatches}, {"sp", sp}, {"recompute", o.recompute},
-        {"schedule", std::string(st::schedule_label(schedule))}, {"precision", o.precision},
-        {"optimizer", o.optimizer}};
+    const nlohmann::ordered_json layout = {{"dp", o.dp},
+                                           {"tp", o.tp},
+                                           {"pp", o.pp},
+                                           {"virtual", o.virtual_chunks},
+                                           {"zero", o.zero},
+                                           {"micro_batch", o.micro_batch},
+                                           {"microbatches", r.microbatches},
+                                           {"sp", sp},
+                                           {"recompute", o.recompute},
+                                           {"schedule", std::string(st::schedule_label(schedule))},
+                                           {"precision", o.precision},
+                                           {"optimizer", o.optimizer}};
     nlohmann::ordered_json out;
     out["model"] = F::name;
     out["shape"] = F::shape_json(m);
@@ -412,8 +421,7 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   const int ranks = o.dp * o.tp * o.pp;
   std::printf("strata-plan: %s (%s parameters)\n", F::shape_text(m).c_str(), grouped(r.params_total).c_str());
   std::printf("layout:   dp %d x tp %d x pp %d = %d rank%s, ZeRO-%d, %s, recompute %s", o.dp, o.tp, o.pp, ranks,
-              ranks == 1 ? "" : "s", o.zero,
-              sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
+              ranks == 1 ? "" : "s", o.zero, sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
   if (o.pp > 1 || o.virtual_chunks > 1)
     std::printf(", %s schedule, %d chunk%s per stage", std::string(st::schedule_label(schedule)).c_str(),
                 o.virtual_chunks, o.virtual_chunks > 1 ? "s" : "");
@@ -478,8 +486,7 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   if (o.pp > 1)
     std::printf(" ((pp-1)/(virtual x microbatches + pp-1) = %d/%lld)\n", o.pp - 1,
                 (long long)(o.virtual_chunks * r.microbatches + o.pp - 1));
-  else
-    std::printf(" (no pipeline)\n");
+  else std::printf(" (no pipeline)\n");
   std::printf("estimate (the --search model at efficiency %g): step %s, %s tokens/s, %.1f TFLOP/s per GPU, MFU %s\n",
               o.efficiency, seconds_text(e.step_s).c_str(), grouped(std::llround(e.tokens_per_s)).c_str(),
               e.tflops_per_gpu, percent(e.mfu).c_str());
@@ -532,7 +539,7 @@ int run_model_state(const options& o, const st::hw::device_spec& d) {
   std::printf("strata-plan: model state of %s parameters per rank (dp %d, ZeRO-%d), no activations\n",
               grouped(n).c_str(), o.dp, o.zero);
   std::printf("  %s weights and gradients, %s, %s (%d fp32 moment%s)\n\n", o.precision.c_str(),
-              fp32                ? "which are their own master copy"
+              fp32               ? "which are their own master copy"
               : master == "fp32" ? "an fp32 master copy"
                                  : "no master copy",
               moments == 2 ? "AdamW" : "SGD with momentum", moments, moments == 2 ? "s" : "");
@@ -544,8 +551,8 @@ int run_model_state(const options& o, const st::hw::device_spec& d) {
   row("master", double(r.master_bytes), master == "fp32" ? "   (4 bytes each)" : "   (none)");
   row("moments", double(r.optimizer_bytes), printf_string("   (%d x 4 bytes each)", moments));
   row("total", total,
-      printf_string("   = %s x %s (%g GB)%s", devices >= 10 ? printf_string("%.1f", devices).c_str()
-                                                            : printf_string("%.3g", devices).c_str(),
+      printf_string("   = %s x %s (%g GB)%s",
+                    devices >= 10 ? printf_string("%.1f", devices).c_str() : printf_string("%.3g", devices).c_str(),
                     std::string(d.name).c_str(), mem / 1e9, total <= mem ? ", fits one" : ""));
   std::printf("\nFLOPs per token: training 6N = %.3g, inference 2N = %.3g\n", train_flops, infer_flops);
   return 0;
@@ -566,9 +573,12 @@ struct candidate {
 
 const char* recompute_name(st::recompute_mode r) {
   switch (r) {
-    case st::recompute_mode::selective: return "selective";
-    case st::recompute_mode::full: return "full";
-    default: return "none";
+    case st::recompute_mode::selective:
+      return "selective";
+    case st::recompute_mode::full:
+      return "full";
+    default:
+      return "none";
   }
 }
 
@@ -599,7 +609,8 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
             if (dp == 1 && zero > 0) continue;  // nothing to shard over: the same plan as ZeRO-0
             for (const bool sp : {false, true}) {
               if (sp && (tp == 1 || m.seq % tp)) continue;
-              for (const auto rc : {st::recompute_mode::none, st::recompute_mode::selective, st::recompute_mode::full}) {
+              for (const auto rc :
+                   {st::recompute_mode::none, st::recompute_mode::selective, st::recompute_mode::full}) {
                 candidate c{dp, tp, pp, v, zero, micro, sp, rc, {}, {}};
                 const st::plan_setup s = make_setup(dp, tp, pp, v, zero, sp, M, rc, opt, schedule);
                 const st::batch b{.micro = micro, .global = B};
@@ -642,12 +653,20 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (std::size_t i = 0; i < shown; ++i) {
       const candidate& c = fitting[i];
-      out.push_back({{"model", F::name}, {"dp", c.dp}, {"tp", c.tp}, {"pp", c.pp}, {"virtual", c.v}, {"zero", c.zero},
-                     {"micro_batch", c.micro}, {"sp", c.sp}, {"recompute", recompute_name(c.recompute)},
+      out.push_back({{"model", F::name},
+                     {"dp", c.dp},
+                     {"tp", c.tp},
+                     {"pp", c.pp},
+                     {"virtual", c.v},
+                     {"zero", c.zero},
+                     {"micro_batch", c.micro},
+                     {"sp", c.sp},
+                     {"recompute", recompute_name(c.recompute)},
                      {"step_time_s", st::json_number(c.est.step_s)},
                      {"tokens_per_s", st::json_number(c.est.tokens_per_s)},
                      {"tflops_per_gpu", st::json_number(c.est.tflops_per_gpu)},
-                     {"mfu", st::json_number(c.est.mfu)}, {"total_bytes", c.plan.total_bytes()}});
+                     {"mfu", st::json_number(c.est.mfu)},
+                     {"total_bytes", c.plan.total_bytes()}});
     }
     std::printf("%s\n", out.dump().c_str());
     return 0;
@@ -705,20 +724,25 @@ int main(int argc, char** argv) {
 
   // Model shape.
   std::vector<CLI::Option*> shape_flags;
-  shape_flags.push_back(app.add_option("--model", o.model, "the example model the shape flags describe: gpt2 "
-                                                           "(examples/gpt2) or llama (examples/llama)")
-                            ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str());
+  shape_flags.push_back(app.add_option("--model", o.model,
+                                       "the example model the shape flags describe: gpt2 "
+                                       "(examples/gpt2) or llama (examples/llama)")
+                            ->check(CLI::IsMember({"gpt2", "llama"}))
+                            ->capture_default_str());
   shape_flags.push_back(app.add_option("--layers", o.shape.layers, "transformer blocks")->check(positive));
   shape_flags.push_back(app.add_option("--hidden", o.shape.d_model, "model width")->check(positive));
-  shape_flags.push_back(app.add_option("--heads", o.shape.heads, "attention heads (must divide --hidden)")->check(positive));
+  shape_flags.push_back(
+      app.add_option("--heads", o.shape.heads, "attention heads (must divide --hidden)")->check(positive));
   shape_flags.push_back(app.add_option("--seq", o.shape.seq, "sequence length")->check(positive));
   shape_flags.push_back(app.add_option("--vocab", o.shape.vocab, "vocabulary size")->check(positive));
-  shape_flags.push_back(app.add_option("--ffn", o.shape.ffn, "FFN width: gpt2 the MLP's (default 4 x --hidden), llama the "
-                                                       "SwiGLU's (default 8/3 x --hidden rounded up to 32)")
+  shape_flags.push_back(app.add_option("--ffn", o.shape.ffn,
+                                       "FFN width: gpt2 the MLP's (default 4 x --hidden), llama the "
+                                       "SwiGLU's (default 8/3 x --hidden rounded up to 32)")
                             ->check(positive));
   // Llama only (refused with --model gpt2).
-  auto* kv_heads = app.add_option("--kv-heads", o.shape.kv_heads, "llama: key/value heads, dividing --heads (0: as many as "
-                                                            "heads); tp may also be a multiple of it")
+  auto* kv_heads = app.add_option("--kv-heads", o.shape.kv_heads,
+                                  "llama: key/value heads, dividing --heads (0: as many as "
+                                  "heads); tp may also be a multiple of it")
                        ->check(cli_checks::integer_at_least(0));
   auto* tied =
       app.add_flag("--tied", o.shape.tied, "llama: the LM head shares the token embedding's table (default: its own)");
@@ -731,43 +755,56 @@ int main(int argc, char** argv) {
   // Layout (plan mode; --search chooses these itself).
   std::vector<CLI::Option*> layout_flags;
   layout_flags.push_back(app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch")
-                             ->check(positive)->capture_default_str());
+                             ->check(positive)
+                             ->capture_default_str());
   auto* dp = app.add_option("--dp", o.dp, "data-parallel degree")->check(positive)->capture_default_str();
   auto* zero = app.add_option("--zero", o.zero, "ZeRO stage 0-3 (1: optimizer state, 2: + gradients, 3: + weights)")
-                   ->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
-  layout_flags.push_back(app.add_option("--tp", o.tp, "tensor-parallel degree")->check(positive)->capture_default_str());
+                   ->check(CLI::IsMember({0, 1, 2, 3}))
+                   ->capture_default_str();
+  layout_flags.push_back(
+      app.add_option("--tp", o.tp, "tensor-parallel degree")->check(positive)->capture_default_str());
   layout_flags.push_back(app.add_option("--pp", o.pp, "pipeline stages")->check(positive)->capture_default_str());
   layout_flags.push_back(app.add_option("--virtual", o.virtual_chunks, "model chunks per stage (interleaved schedule)")
-                             ->check(positive)->capture_default_str());
+                             ->check(positive)
+                             ->capture_default_str());
   layout_flags.push_back(app.add_flag("--sp", o.sp, "sequence parallelism in the tensor-parallel group"));
   layout_flags.push_back(app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full")
-                             ->check(CLI::IsMember({"none", "selective", "full"}))->capture_default_str());
-  layout_flags.push_back(
-      app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved (default 1f1b, "
-                                               "interleaved when --virtual > 1)")
-          ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"})));
+                             ->check(CLI::IsMember({"none", "selective", "full"}))
+                             ->capture_default_str());
+  layout_flags.push_back(app.add_option("--schedule", o.schedule,
+                                        "pipeline schedule: gpipe, 1f1b, interleaved (default 1f1b, "
+                                        "interleaved when --virtual > 1)")
+                             ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"})));
 
   // Training and device.
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16 (16-bit: with fp32 master weights)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw (2 fp32 moments) or sgd (momentum: 1)")
-      ->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
   app.add_option("--hw", o.hw, "device preset: " + preset_names())->check(device_preset())->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON value instead of the table");
-  auto* efficiency = app.add_option("--efficiency", o.efficiency, "share of the peak FLOP/s the step-time model assumes")
-                         ->check(cli_checks::real_in(0, false, 1))->capture_default_str();
+  auto* efficiency =
+      app.add_option("--efficiency", o.efficiency, "share of the peak FLOP/s the step-time model assumes")
+          ->check(cli_checks::real_in(0, false, 1))
+          ->capture_default_str();
 
   // Back-of-envelope.
   auto* params = app.add_option("--params", o.params, "model-state estimate for N parameters (70e9 or 70000000000)")
                      ->check(param_count());
-  app.add_option("--master", o.master, "with --params: fp32 master copy or none (default fp32 for "
-                                                      "16-bit precisions)")
-                     ->check(CLI::IsMember({"fp32", "none"}))->needs(params);
+  app.add_option("--master", o.master,
+                 "with --params: fp32 master copy or none (default fp32 for "
+                 "16-bit precisions)")
+      ->check(CLI::IsMember({"fp32", "none"}))
+      ->needs(params);
 
   // Search.
   auto* search = app.add_flag("--search", o.search, "rank every layout of --gpus devices that fits");
   app.add_option("--gpus", o.gpus, "with --search: number of devices")->check(positive)->needs(search);
-  app.add_option("--top", o.top, "with --search: how many layouts to show")->check(positive)->needs(search)
+  app.add_option("--top", o.top, "with --search: how many layouts to show")
+      ->check(positive)
+      ->needs(search)
       ->capture_default_str();
 
   for (auto* f : shape_flags) params->excludes(f);

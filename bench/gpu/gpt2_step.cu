@@ -89,10 +89,14 @@ double peak_tflops(const std::string& name) {
 
 double gemm_ceiling_tflops() {
   const std::int64_t n = 8192;
-  dvec<bf16> A(static_cast<std::size_t>(n * n)), B(static_cast<std::size_t>(n * n)), Cm(static_cast<std::size_t>(n * n));
-  const double ms = time_ms([&] {
-    k::cuda_detail::lt_matmul<bf16>("gemm ceiling", false, true, n, n, n, 1.0f, A.get(), n, B.get(), n, 0.0f, Cm.get(), n);
-  }, 10);
+  dvec<bf16> A(static_cast<std::size_t>(n * n)), B(static_cast<std::size_t>(n * n)),
+      Cm(static_cast<std::size_t>(n * n));
+  const double ms = time_ms(
+      [&] {
+        k::cuda_detail::lt_matmul<bf16>("gemm ceiling", false, true, n, n, n, 1.0f, A.get(), n, B.get(), n, 0.0f,
+                                        Cm.get(), n);
+      },
+      10);
   return 2.0 * double(n) * n * n / (ms * 1e-3) / 1e12;
 }
 
@@ -123,8 +127,9 @@ int main(int argc, char** argv) {
     STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const std::int64_t N = B * T;
     const param_layout P = make_layout();
-    std::printf("strata GPT-2 124M kernel-sequence step on %s: B = %lld, T = %lld, %lld parameters, bf16 + fp32 master\n",
-                prop.name, (long long)B, (long long)T, (long long)P.total);
+    std::printf(
+        "strata GPT-2 124M kernel-sequence step on %s: B = %lld, T = %lld, %lld parameters, bf16 + fp32 master\n",
+        prop.name, (long long)B, (long long)T, (long long)P.total);
 
     // Parameters: normal(0, 0.02)-ish (uniform with that deviation), LayerNorm weights 1, biases 0.
     std::vector<bf16> h_params(static_cast<std::size_t>(P.total));
@@ -150,7 +155,8 @@ int main(int argc, char** argv) {
       fill(P.wte + V * C, (Vp - V) * C, 0);  // padded vocabulary rows
     }
     dvec<bf16> params(h_params), grads(static_cast<std::size_t>(P.total));
-    dvec<float> master(static_cast<std::size_t>(P.total)), m(static_cast<std::size_t>(P.total)), v(static_cast<std::size_t>(P.total));
+    dvec<float> master(static_cast<std::size_t>(P.total)), m(static_cast<std::size_t>(P.total)),
+        v(static_cast<std::size_t>(P.total));
     k::convert_array(st::cuda{}, master.get(), params.get(), P.total);
     h_params.clear();
     h_params.shrink_to_fit();
@@ -215,7 +221,8 @@ int main(int argc, char** argv) {
           k::linear_forward<bf16>(D, ws, a.attproj.get(), a.atty.get(), w + p.projw, w + p.projb, N, C, C);
           k::residual_layernorm_forward(D, a.resid2.get(), a.ln2.get(), a.ln2_mean.get(), a.ln2_rstd.get(), x_in,
                                         a.attproj.get(), w + p.ln2w, w + p.ln2b, N, C, 1e-5f);
-          k::linear_gelu_forward<bf16>(D, ws, a.fch_gelu.get(), a.fch.get(), a.ln2.get(), w + p.fcw, w + p.fcb, N, C, 4 * C);
+          k::linear_gelu_forward<bf16>(D, ws, a.fch_gelu.get(), a.fch.get(), a.ln2.get(), w + p.fcw, w + p.fcb, N, C,
+                                       4 * C);
           k::linear_forward<bf16>(D, ws, a.fcproj.get(), a.fch_gelu.get(), w + p.fcprojw, w + p.fcprojb, N, 4 * C, C);
           if (l + 1 < L) {
             auto& nx = acts[std::size_t(l + 1)];
@@ -247,7 +254,8 @@ int main(int argc, char** argv) {
           k::linear_backward<bf16>(D, ws, dfch_gelu.get(), g + p.fcprojw, g + p.fcprojb, dres.get(), a.fch_gelu.get(),
                                    w + p.fcprojw, N, 4 * C, C);
           k::gelu_backward(D, dfch.get(), a.fch.get(), dfch_gelu.get(), N * 4 * C);
-          k::linear_backward<bf16>(D, ws, dln.get(), g + p.fcw, g + p.fcb, dfch.get(), a.ln2.get(), w + p.fcw, N, C, 4 * C);
+          k::linear_backward<bf16>(D, ws, dln.get(), g + p.fcw, g + p.fcb, dfch.get(), a.ln2.get(), w + p.fcw, N, C,
+                                   4 * C);
           k::layernorm_backward(D, datty.get(), g + p.ln2w, g + p.ln2b, dln.get(), a.resid2.get(), w + p.ln2w,
                                 a.ln2_mean.get(), a.ln2_rstd.get(), N, C);
           k::residual_forward(D, dres.get(), dres.get(), datty.get(), N * C);
@@ -291,11 +299,13 @@ int main(int argc, char** argv) {
     const double tflops = flops_per_token * tokens_per_s / 1e12;
     const double peak = peak_tflops(prop.name);
     const double ceiling = gemm_ceiling_tflops();
-    std::printf("step %.2f ms, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %.1f TFLOP/s peak, %.1f%% of the measured "
-                "%.1f TFLOP/s GEMM ceiling\n",
-                ms, tokens_per_s, tflops, 100 * tflops / peak, peak, 100 * tflops / ceiling, ceiling);
-    std::printf("loss on the fixed batch: %.4f at step 1 -> %.4f after %d more steps; grad norm %.3f; optimizer steps %d\n",
-                first_loss, last_loss, steps + 1, st_.norm, st_.step);
+    std::printf(
+        "step %.2f ms, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %.1f TFLOP/s peak, %.1f%% of the measured "
+        "%.1f TFLOP/s GEMM ceiling\n",
+        ms, tokens_per_s, tflops, 100 * tflops / peak, peak, 100 * tflops / ceiling, ceiling);
+    std::printf(
+        "loss on the fixed batch: %.4f at step 1 -> %.4f after %d more steps; grad norm %.3f; optimizer steps %d\n",
+        first_loss, last_loss, steps + 1, st_.norm, st_.step);
     const bool sane = std::isfinite(first_loss) && std::isfinite(last_loss) && last_loss < first_loss &&
                       std::abs(first_loss - std::log(double(V))) < 1.0;
     if (tsv) {

@@ -27,14 +27,20 @@ namespace st = strata;
 
 namespace {
 
-using flag_layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>,
-                                 st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
-                                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
+using flag_layout =
+    st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
 using P = st::policy<st::cuda, flag_layout, st::fp32>;
 
 int run(st::world& world, int argc, char** argv) {
-  st::layout_overrides layout{.dp = st::dynamic, .tp = 1, .pp = 1, .microbatches = 1, .zero_stage = 0,
-                              .sequence_parallel = 0, .virtual_chunks = 1, .schedule = "1f1b"};
+  st::layout_overrides layout{.dp = st::dynamic,
+                              .tp = 1,
+                              .pp = 1,
+                              .microbatches = 1,
+                              .zero_stage = 0,
+                              .sequence_parallel = 0,
+                              .virtual_chunks = 1,
+                              .schedule = "1f1b"};
   int steps = 5;
   std::int64_t batch = 8;
   std::string json;
@@ -59,7 +65,8 @@ int run(st::world& world, int argc, char** argv) {
   }
   st::gpu::use_local_device(world);
   const gpt2::dims dims{.vocab = 4096, .seq = 256, .layers = 4, .heads = 8, .d_model = 256};
-  st::training_options o{.layout = layout, .seed = st::seed{7},
+  st::training_options o{.layout = layout,
+                         .seed = st::seed{7},
                          .optimizer = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
                          .memory = &st::gpu::device_memory()};
   o.trainer.grad_clip = 1.0;

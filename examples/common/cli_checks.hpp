@@ -40,17 +40,16 @@ inline std::optional<double> parse_real(const std::string& text) {
   double v = 0;
   try {
     v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  } catch (const std::exception&) { return std::nullopt; }
   if (used != text.size() || text.empty() || !std::isfinite(v)) return std::nullopt;
   return v;
 }
 
 // A finite number above lo (or at lo, when inclusive) and at most hi.
 inline CLI::Validator real_in(double lo, bool inclusive, double hi = INFINITY) {
-  const std::string range = std::isinf(hi) ? std::string(inclusive ? ">= " : "> ") + short_number(lo)
-                                           : (inclusive ? "in [" : "in (") + short_number(lo) + ", " + short_number(hi) + "]";
+  const std::string range = std::isinf(hi)
+                                ? std::string(inclusive ? ">= " : "> ") + short_number(lo)
+                                : (inclusive ? "in [" : "in (") + short_number(lo) + ", " + short_number(hi) + "]";
   return CLI::Validator(
       [lo, inclusive, hi, range](std::string& text) -> std::string {
         const auto parsed = parse_real(text);

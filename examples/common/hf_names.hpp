@@ -50,8 +50,7 @@ inline std::string name_groups(const std::vector<std::pair<std::string, std::str
     while (begin <= name.size()) {
       std::size_t end = name.find('.', begin);
       if (end == std::string::npos) end = name.size();
-      const bool digits = end > begin && end - begin < 12 &&
-                          name.find_first_not_of("0123456789", begin) >= end;
+      const bool digits = end > begin && end - begin < 12 && name.find_first_not_of("0123456789", begin) >= end;
       if (digits) {
         ++numbers;
         number_at = begin;

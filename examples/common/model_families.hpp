@@ -21,10 +21,10 @@ namespace example_models {
 // The shape flags of every family.
 struct model_shape {
   std::int64_t vocab = 0, seq = 0, layers = 0, heads = 0, d_model = 0;
-  std::int64_t ffn = 0;       // 0: the model's own rule (GPT-2 4 x d_model, Llama 8/3 x d_model)
-  std::int64_t kv_heads = 0;  // Llama: 0 as many as heads
+  std::int64_t ffn = 0;                          // 0: the model's own rule (GPT-2 4 x d_model, Llama 8/3 x d_model)
+  std::int64_t kv_heads = 0;                     // Llama: 0 as many as heads
   double rope_theta = 10000.0, norm_eps = 1e-5;  // Llama
-  bool tied = false;          // Llama: the head shares the embedding's table (GPT-2's always does)
+  bool tied = false;                             // Llama: the head shares the embedding's table (GPT-2's always does)
 };
 
 // GPT-2 (examples/gpt2/gpt2.hpp): learned positions, multi-head attention, a GELU MLP of width
@@ -61,8 +61,16 @@ struct llama_family {
   using model = llama::model<P>;
 
   static dims shape(const model_shape& s) {
-    return {.vocab = s.vocab, .seq = s.seq, .layers = s.layers, .heads = s.heads, .d_model = s.d_model,
-            .kv_heads = s.kv_heads, .ffn = s.ffn, .rope_theta = s.rope_theta, .norm_eps = s.norm_eps, .tied = s.tied};
+    return {.vocab = s.vocab,
+            .seq = s.seq,
+            .layers = s.layers,
+            .heads = s.heads,
+            .d_model = s.d_model,
+            .kv_heads = s.kv_heads,
+            .ffn = s.ffn,
+            .rope_theta = s.rope_theta,
+            .norm_eps = s.norm_eps,
+            .tied = s.tied};
   }
   static std::string shape_text(const dims& m) {
     return "Llama: " + std::to_string(m.layers) + " layers, hidden " + std::to_string(m.d_model) + ", " +
@@ -71,8 +79,8 @@ struct llama_family {
            ", " + (m.tied ? "tied" : "untied") + " head";
   }
   static nlohmann::ordered_json shape_json(const dims& m) {
-    return {{"layers", m.layers}, {"hidden", m.d_model}, {"heads", m.heads}, {"kv_heads", m.kv()},
-            {"ffn", m.ffn_width()}, {"seq", m.seq},      {"vocab", m.vocab}, {"tied", m.tied}};
+    return {{"layers", m.layers},   {"hidden", m.d_model}, {"heads", m.heads}, {"kv_heads", m.kv()},
+            {"ffn", m.ffn_width()}, {"seq", m.seq},        {"vocab", m.vocab}, {"tied", m.tied}};
   }
 };
 

@@ -36,15 +36,17 @@ struct model {
     return st::sequential(
         st::layer<st::embedding<P>>("", {.vocab = d.vocab, .max_seq = d.seq, .channels = d.d_model}),
         st::blocks<st::transformer_block<P>>("h", d.layers,
-                                             {.channels = d.d_model, .heads = d.heads, .hidden = d.ffn_width(),
+                                             {.channels = d.d_model,
+                                              .heads = d.heads,
+                                              .hidden = d.ffn_width(),
                                               .proj_init_std = 0.02 / st::constexpr_sqrt(2.0 * double(d.layers))}),
         st::layer<st::layernorm<P>>("ln_f", {.channels = d.d_model}),
         st::layer<st::lm_head<P>>("lm_head", {.vocab = d.vocab, .channels = d.d_model, .tied_to = "wte"}));
   }
   // What a checkpoint records of the model (one of another shape is refused, naming the field).
   static std::map<std::string, std::int64_t> describe(const dims& d) {
-    return {{"layers", d.layers}, {"heads", d.heads}, {"d_model", d.d_model}, {"seq", d.seq}, {"vocab", d.vocab},
-            {"ffn", d.ffn_width()}};
+    return {{"layers", d.layers}, {"heads", d.heads}, {"d_model", d.d_model},
+            {"seq", d.seq},       {"vocab", d.vocab}, {"ffn", d.ffn_width()}};
   }
 };
 

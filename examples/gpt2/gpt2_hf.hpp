@@ -32,7 +32,7 @@ namespace gpt2 {
 struct hf_param {
   std::string name, hf_name;
   std::vector<std::int64_t> shape;  // strata's [rows, cols] (or [n])
-  bool transposed = false;           // stored [cols, rows] in the file
+  bool transposed = false;          // stored [cols, rows] in the file
   std::int64_t numel() const {
     std::int64_t n = 1;
     for (auto s : shape) n *= s;
@@ -46,15 +46,18 @@ inline std::vector<hf_param> hf_layout(const dims& d) {
   std::vector<hf_param> out{{"wte", "transformer.wte.weight", {V, C}}, {"wpe", "transformer.wpe.weight", {T, C}}};
   for (std::int64_t l = 0; l < d.layers; ++l) {
     const std::string s = "h." + std::to_string(l) + ".", hf = "transformer.h." + std::to_string(l) + ".";
-    const std::vector<hf_param> block{
-        {s + "ln_1.weight", hf + "ln_1.weight", {C}},           {s + "ln_1.bias", hf + "ln_1.bias", {C}},
-        {s + "attn.qkv.weight", hf + "attn.c_attn.weight", {3 * C, C}, true},
-        {s + "attn.qkv.bias", hf + "attn.c_attn.bias", {3 * C}},
-        {s + "attn.proj.weight", hf + "attn.c_proj.weight", {C, C}, true},
-        {s + "attn.proj.bias", hf + "attn.c_proj.bias", {C}},   {s + "ln_2.weight", hf + "ln_2.weight", {C}},
-        {s + "ln_2.bias", hf + "ln_2.bias", {C}},               {s + "mlp.fc.weight", hf + "mlp.c_fc.weight", {F, C}, true},
-        {s + "mlp.fc.bias", hf + "mlp.c_fc.bias", {F}},         {s + "mlp.proj.weight", hf + "mlp.c_proj.weight", {C, F}, true},
-        {s + "mlp.proj.bias", hf + "mlp.c_proj.bias", {C}}};
+    const std::vector<hf_param> block{{s + "ln_1.weight", hf + "ln_1.weight", {C}},
+                                      {s + "ln_1.bias", hf + "ln_1.bias", {C}},
+                                      {s + "attn.qkv.weight", hf + "attn.c_attn.weight", {3 * C, C}, true},
+                                      {s + "attn.qkv.bias", hf + "attn.c_attn.bias", {3 * C}},
+                                      {s + "attn.proj.weight", hf + "attn.c_proj.weight", {C, C}, true},
+                                      {s + "attn.proj.bias", hf + "attn.c_proj.bias", {C}},
+                                      {s + "ln_2.weight", hf + "ln_2.weight", {C}},
+                                      {s + "ln_2.bias", hf + "ln_2.bias", {C}},
+                                      {s + "mlp.fc.weight", hf + "mlp.c_fc.weight", {F, C}, true},
+                                      {s + "mlp.fc.bias", hf + "mlp.c_fc.bias", {F}},
+                                      {s + "mlp.proj.weight", hf + "mlp.c_proj.weight", {C, F}, true},
+                                      {s + "mlp.proj.bias", hf + "mlp.c_proj.bias", {C}}};
     out.insert(out.end(), block.begin(), block.end());
   }
   out.push_back({"ln_f.weight", "transformer.ln_f.weight", {C}});
@@ -73,7 +76,8 @@ void export_hf(const std::string& path, const dims& d, const std::vector<double>
     if (p.transposed) {
       const std::int64_t rows = p.shape[0], cols = p.shape[1];
       for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < cols; ++c) values[std::size_t(c * rows + r)] = serial[at + std::size_t(r * cols + c)];
+        for (std::int64_t c = 0; c < cols; ++c)
+          values[std::size_t(c * rows + r)] = serial[at + std::size_t(r * cols + c)];
       shape = {cols, rows};
     }
     tensors.push_back(st::make_tensor<T>(p.hf_name, shape, values));
@@ -88,7 +92,8 @@ void export_hf(const std::string& path, const dims& d, const std::vector<double>
 // table may have more rows than d.seq (the first d.seq are used). `notes`, if given, receives one
 // line per thing a user should know: the cropped table, a head found equal to wte, the tensors
 // skipped.
-inline std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes = nullptr) {
+inline std::vector<double> import_hf(const std::string& path, const dims& d,
+                                     std::vector<std::string>* notes = nullptr) {
   hf_names::hf_file file("gpt2", path, "transformer.");
   std::vector<double> serial;
   for (const auto& p : hf_layout(d)) {
@@ -97,8 +102,8 @@ inline std::vector<double> import_hf(const std::string& path, const dims& d, std
     const auto t = file.read(p.hf_name, want, positions);
     if (positions) {
       const std::int64_t have = t.shape[0];
-      STRATA_CHECK(have >= d.seq, "gpt2: '", path, "': tensor '", t.name, "' has ", have, " positions, fewer than --seq ",
-                   d.seq, " (a position table can be cropped, not extended)");
+      STRATA_CHECK(have >= d.seq, "gpt2: '", path, "': tensor '", t.name, "' has ", have,
+                   " positions, fewer than --seq ", d.seq, " (a position table can be cropped, not extended)");
       if (have > d.seq && notes)
         notes->push_back("wpe has " + std::to_string(have) + " positions, using the first " + std::to_string(d.seq) +
                          " (--seq " + std::to_string(d.seq) + ")");
@@ -115,8 +120,11 @@ inline std::vector<double> import_hf(const std::string& path, const dims& d, std
   if (file.find("lm_head.weight") != nullptr) {
     const auto head = file.read("lm_head.weight", {d.vocab, d.d_model});
     for (std::int64_t i = 0; i < head.numel(); ++i)
-      STRATA_CHECK(head.at(i) == serial[std::size_t(i)], "gpt2: '", path, "': tensor 'lm_head.weight' differs from wte "
-                   "at element ", i, " (", head.at(i), " vs ", serial[std::size_t(i)], "); strata's GPT-2 ties its head "
+      STRATA_CHECK(head.at(i) == serial[std::size_t(i)], "gpt2: '", path,
+                   "': tensor 'lm_head.weight' differs from wte "
+                   "at element ",
+                   i, " (", head.at(i), " vs ", serial[std::size_t(i)],
+                   "); strata's GPT-2 ties its head "
                    "to wte and cannot load an untied one");
     if (notes) notes->push_back("lm_head.weight equals wte (GPT-2 ties them): read once");
   }

@@ -43,10 +43,10 @@ int train_with(const cuda_run& o, const typename Model::config& shape, const cud
   const auto plan = st::plan_model<Model>(shape, {.micro = micro, .global = o.batch}, st::plan_setup{});
   const auto* device = o.hw.empty() ? nullptr : st::hw::find(o.hw);
   STRATA_CHECK(o.hw.empty() || device, "gpt2_train: --hw ", o.hw, " is not a known device");
-  std::printf("gpt2_train: %s, %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters, %s on %s\n",
-              o.llama ? "llama" : "gpt2", (long long)shape.layers, (long long)shape.heads, (long long)shape.d_model,
-              (long long)shape.seq, (long long)shape.vocab, (long long)net.parameters().size(), o.precision.c_str(),
-              prop.name);
+  std::printf(
+      "gpt2_train: %s, %lld layers, %lld heads, d_model %lld, seq %lld, vocab %lld: %lld parameters, %s on %s\n",
+      o.llama ? "llama" : "gpt2", (long long)shape.layers, (long long)shape.heads, (long long)shape.d_model,
+      (long long)shape.seq, (long long)shape.vocab, (long long)net.parameters().size(), o.precision.c_str(), prop.name);
   std::unique_ptr<st::metrics_file> metrics;
   if (!o.metrics.empty()) metrics = std::make_unique<st::metrics_file>(o.metrics);
   st::progress progress(o.steps, st::parse_progress_style(o.progress));

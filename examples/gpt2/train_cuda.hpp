@@ -3,9 +3,9 @@
 // CUDA toolkit alone). gpt2_train --device cuda is the whole run on GPUs (train_gpus.hpp).
 //
 // The same declaration as on the host, gpt2::model<P> (or, with `llama` set, llama::model<P>) with
-// P = st::policy<st::cuda, st::serial, ...>, built by st::sequential_model: its layers call the CUDA kernels and its ledger allocates
-// device memory (gpu::device_memory()), so parameters, gradients, optimizer state and
-// activations live on the GPU. Compiled by nvcc (train_cuda.cu).
+// P = st::policy<st::cuda, st::serial, ...>, built by st::sequential_model: its layers call the CUDA kernels and its
+// ledger allocates device memory (gpu::device_memory()), so parameters, gradients, optimizer state and activations live
+// on the GPU. Compiled by nvcc (train_cuda.cu).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -47,10 +47,10 @@ void check_dims(const run_options& o) {
   STRATA_CHECK(!o.sp || d.seq % o.tp == 0, o.model, ": sequence parallelism over tp=", o.tp,
                " needs --seq divisible by it, got ", d.seq);
   if (o.model == "llama") {
-    STRATA_CHECK(d.kv_heads == 0 || d.heads % d.kv_heads == 0, "llama: --kv-heads ", d.kv_heads, " does not divide --heads ",
-                 d.heads);
-    STRATA_CHECK(d.d_model / d.heads % 2 == 0, "llama: the rotary embedding needs an even head size, --d-model ", d.d_model,
-                 " / --heads ", d.heads, " = ", d.d_model / d.heads);
+    STRATA_CHECK(d.kv_heads == 0 || d.heads % d.kv_heads == 0, "llama: --kv-heads ", d.kv_heads,
+                 " does not divide --heads ", d.heads);
+    STRATA_CHECK(d.d_model / d.heads % 2 == 0, "llama: the rotary embedding needs an even head size, --d-model ",
+                 d.d_model, " / --heads ", d.heads, " = ", d.d_model / d.heads);
   }
 }
 
@@ -71,86 +71,129 @@ int main(int argc, char** argv) {
   CLI::App app{"gpt2_train: train the example GPT-2 or Llama with strata on the CPU or on GPUs"};
   const auto positive = cli_checks::integer_at_least(1), non_negative = cli_checks::integer_at_least(0);
   app.add_option("--model", o.model, "the model: gpt2 (examples/gpt2) or llama (examples/llama)")
-      ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str();
+      ->check(CLI::IsMember({"gpt2", "llama"}))
+      ->capture_default_str();
   app.add_option("--layers", o.shape.layers, "transformer blocks")->check(positive)->capture_default_str();
-  app.add_option("--heads", o.shape.heads, "attention heads (must divide --d-model)")->check(positive)->capture_default_str();
+  app.add_option("--heads", o.shape.heads, "attention heads (must divide --d-model)")
+      ->check(positive)
+      ->capture_default_str();
   app.add_option("--d-model", o.shape.d_model, "model width")->check(positive)->capture_default_str();
   app.add_option("--seq", o.shape.seq, "sequence length")->check(positive)->capture_default_str();
-  app.add_option("--vocab", o.shape.vocab, "vocabulary size")->check(cli_checks::integer_at_least(2))->capture_default_str();
-  app.add_option("--ffn", o.shape.ffn, "feed-forward width (0: 4 x --d-model for gpt2, 8/3 x --d-model rounded up to 32 "
-                 "for llama)")->check(non_negative)->capture_default_str();
-  auto* kv_heads = app.add_option("--kv-heads", o.shape.kv_heads, "llama: key/value heads, dividing --heads (0: as many "
-                                  "as --heads; fewer: grouped-query attention)")->check(non_negative)->capture_default_str();
+  app.add_option("--vocab", o.shape.vocab, "vocabulary size")
+      ->check(cli_checks::integer_at_least(2))
+      ->capture_default_str();
+  app.add_option("--ffn", o.shape.ffn,
+                 "feed-forward width (0: 4 x --d-model for gpt2, 8/3 x --d-model rounded up to 32 "
+                 "for llama)")
+      ->check(non_negative)
+      ->capture_default_str();
+  auto* kv_heads = app.add_option("--kv-heads", o.shape.kv_heads,
+                                  "llama: key/value heads, dividing --heads (0: as many "
+                                  "as --heads; fewer: grouped-query attention)")
+                       ->check(non_negative)
+                       ->capture_default_str();
   auto* rope_theta = app.add_option("--rope-theta", o.shape.rope_theta, "llama: the rotary embedding's base")
-      ->check(cli_checks::real_in(0, false))->capture_default_str();
+                         ->check(cli_checks::real_in(0, false))
+                         ->capture_default_str();
   auto* norm_eps = app.add_option("--norm-eps", o.shape.norm_eps, "llama: RMSNorm's epsilon")
-      ->check(cli_checks::real_in(0, false))->capture_default_str();
+                       ->check(cli_checks::real_in(0, false))
+                       ->capture_default_str();
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(positive)->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per forward/backward (0: whole batch)")
-      ->check(non_negative)->capture_default_str();
+      ->check(non_negative)
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps")->check(positive)->capture_default_str();
   app.add_option("--warmup", o.warmup, "warm-up steps")->check(non_negative)->capture_default_str();
   app.add_option("--lr", o.lr, "peak learning rate")->check(cli_checks::real_in(0, false))->capture_default_str();
   app.add_option("--grad-clip", o.grad_clip, "max global gradient norm (0: off)")
-      ->check(cli_checks::real_in(0, true))->capture_default_str();
+      ->check(cli_checks::real_in(0, true))
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "seed for initialization and data order")->capture_default_str();
-  app.add_option("--device", o.device, "host (the CPU), cuda (GPUs: each rank the GPU of its local rank; ranks may "
+  app.add_option("--device", o.device,
+                 "host (the CPU), cuda (GPUs: each rank the GPU of its local rank; ranks may "
                  "share one) or emulated (the CPU, on memory counted as a GPU's would be)")
-      ->check(CLI::IsMember({"host", "cuda", "emulated"}))->capture_default_str();
+      ->check(CLI::IsMember({"host", "cuda", "emulated"}))
+      ->capture_default_str();
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
   app.add_option("--metrics", o.metrics, "write one JSON line per step to FILE");
-  app.add_option("--progress", o.progress, "step display: auto (a bar on a terminal, else one line per step), bar or lines")
-      ->check(CLI::IsMember({"auto", "bar", "lines"}))->capture_default_str();
+  app.add_option("--progress", o.progress,
+                 "step display: auto (a bar on a terminal, else one line per step), bar or lines")
+      ->check(CLI::IsMember({"auto", "bar", "lines"}))
+      ->capture_default_str();
   app.add_option("--data", o.data, "glob of uint16 token shards (llm.c or nanoGPT .bin)");
   app.add_option("--data-order", o.data_order, "windows at seeded random places (shuffled) or in order (sequential)")
-      ->check(CLI::IsMember({"shuffled", "sequential"}))->capture_default_str();
-  app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate at the end (with a key/value cache; at most "
-                 "what the position table leaves after the prompt)")->check(non_negative)->capture_default_str();
-  auto* prompt_text = app.add_option("--prompt", o.prompt, "text to continue, as byte tokens (the generated corpus; "
+      ->check(CLI::IsMember({"shuffled", "sequential"}))
+      ->capture_default_str();
+  app.add_option("--sample-tokens", o.sample_tokens,
+                 "tokens to generate at the end (with a key/value cache; at most "
+                 "what the position table leaves after the prompt)")
+      ->check(non_negative)
+      ->capture_default_str();
+  auto* prompt_text = app.add_option("--prompt", o.prompt,
+                                     "text to continue, as byte tokens (the generated corpus; "
                                      "default \"The \")");
   auto* prompt_ids = app.add_option("--prompt-ids", o.prompt_ids, "token ids to continue, comma-separated")
-      ->delimiter(',')->check(non_negative);
+                         ->delimiter(',')
+                         ->check(non_negative);
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy, the most likely token)")
-      ->check(cli_checks::real_in(0, true))->capture_default_str();
-  app.add_option("--top-k", o.top_k, "draw from the k most likely tokens (0: all)")->check(non_negative)
+      ->check(cli_checks::real_in(0, true))
+      ->capture_default_str();
+  app.add_option("--top-k", o.top_k, "draw from the k most likely tokens (0: all)")
+      ->check(non_negative)
       ->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel degree (default: every rank of the launch)")->check(positive);
-  app.add_option("--zero", o.zero, "ZeRO stage: 0 (replicated), 1 (sharded optimizer state), 2 (+ gradients), 3 (+ parameters)")
-      ->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
-  app.add_option("--tp", o.tp, "tensor-parallel degree (must divide --heads and --ffn; llama: --kv-heads too, or be a "
-                 "multiple of it)")->check(positive)
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage: 0 (replicated), 1 (sharded optimizer state), 2 (+ gradients), 3 (+ parameters)")
+      ->check(CLI::IsMember({0, 1, 2, 3}))
+      ->capture_default_str();
+  app.add_option("--tp", o.tp,
+                 "tensor-parallel degree (must divide --heads and --ffn; llama: --kv-heads too, or be a "
+                 "multiple of it)")
+      ->check(positive)
       ->capture_default_str();
   app.add_flag("--sp", o.sp, "sequence parallelism within the tensor-parallel group (--seq divisible by --tp)");
   app.add_option("--recompute", o.recompute, "activation recomputation of the blocks: none, selective or full")
-      ->check(CLI::IsMember({"none", "selective", "full"}))->capture_default_str();
+      ->check(CLI::IsMember({"none", "selective", "full"}))
+      ->capture_default_str();
   app.add_option("--pp", o.pp, "pipeline stages (the blocks split over them)")->check(positive)->capture_default_str();
   app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b or interleaved")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))->capture_default_str();
-  app.add_option("--microbatches", o.microbatches, "micro-batches per step and data-parallel rank, under --pp (default 1)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))
+      ->capture_default_str();
+  app.add_option("--microbatches", o.microbatches,
+                 "micro-batches per step and data-parallel rank, under --pp (default 1)")
       ->check(positive);
-  app.add_option("--virtual", o.virtual_chunks, "model chunks per stage (interleaved schedule)")->check(positive)
+  app.add_option("--virtual", o.virtual_chunks, "model chunks per stage (interleaved schedule)")
+      ->check(positive)
       ->capture_default_str();
   app.add_option("--stage-layers", o.stage_layers, "blocks per virtual stage, in order (default: even)")
       ->delimiter(',');
-  app.add_option("--export", o.export_path, "write the trained weights to FILE as safetensors with Hugging Face's names "
+  app.add_option("--export", o.export_path,
+                 "write the trained weights to FILE as safetensors with Hugging Face's names "
                  "(GPT2LMHeadModel, LlamaForCausalLM)");
   app.add_option("--init-from", o.init_from, "start from the weights in a Hugging Face safetensors FILE of the model");
   app.add_option("--save", o.save_dir, "write checkpoints under DIR (DIR/step-NNNNNNNN, one file per rank)");
-  app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end)")->check(non_negative)
+  app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end)")
+      ->check(non_negative)
       ->capture_default_str();
-  app.add_option("--keep", o.keep, "newest complete checkpoints kept (0: all)")->check(non_negative)->capture_default_str();
+  app.add_option("--keep", o.keep, "newest complete checkpoints kept (0: all)")
+      ->check(non_negative)
+      ->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --save DIR, under any layout");
-  app.add_option("--hw", o.hw, "check at start-up that the plan fits this device (a100_40gb, a100_80gb, h100_80gb, "
+  app.add_option("--hw", o.hw,
+                 "check at start-up that the plan fits this device (a100_40gb, a100_80gb, h100_80gb, "
                  "h200_141gb)");
-  app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")->check(positive)
+  app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")
+      ->check(positive)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const bool llama_flags = kv_heads->count() + rope_theta->count() + norm_eps->count() > 0;
 
   return world.run(
       [&] {
-        STRATA_CHECK(o.model == "llama" || !llama_flags, "gpt2_train: --kv-heads, --rope-theta and --norm-eps apply to "
+        STRATA_CHECK(o.model == "llama" || !llama_flags,
+                     "gpt2_train: --kv-heads, --rope-theta and --norm-eps apply to "
                      "--model llama only");
         check_dims(o);
         STRATA_CHECK(prompt_text->count() == 0 || prompt_ids->count() == 0,
@@ -161,20 +204,21 @@ int main(int argc, char** argv) {
         for (const auto id : o.prompt_ids)
           STRATA_CHECK(id < o.shape.vocab, "gpt2_train: --prompt-ids: token ", id, " is out of range for --vocab ",
                        o.shape.vocab);
-        STRATA_CHECK(!o.resume || !o.save_dir.empty(), "gpt2_train: --resume needs --save DIR (where the checkpoints are)");
+        STRATA_CHECK(!o.resume || !o.save_dir.empty(),
+                     "gpt2_train: --resume needs --save DIR (where the checkpoints are)");
         STRATA_CHECK(o.save_every == 0 || !o.save_dir.empty(), "gpt2_train: --save-every needs --save DIR");
         if (o.micro_batch > 0)
           STRATA_CHECK(o.batch % o.micro_batch == 0, "gpt2_train: --batch ", o.batch,
                        " is not a multiple of --micro-batch ", o.micro_batch);
-        STRATA_CHECK(o.microbatches == 0 || o.pp > 1 || o.virtual_chunks > 1,
-                     "gpt2_train: --microbatches ", o.microbatches, " needs --pp > 1 (or --virtual); use --micro-batch "
+        STRATA_CHECK(o.microbatches == 0 || o.pp > 1 || o.virtual_chunks > 1, "gpt2_train: --microbatches ",
+                     o.microbatches,
+                     " needs --pp > 1 (or --virtual); use --micro-batch "
                      "for gradient accumulation without a pipeline");
         // The data flags, before anything is planned, allocated or read (--init-from weights).
         if (o.data.empty())
-          STRATA_CHECK(o.shape.vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ",
-                       o.shape.vocab);
-        else
-          st::expand_glob(o.data);  // none matching is an error naming the pattern
+          STRATA_CHECK(o.shape.vocab >= 256,
+                       "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ", o.shape.vocab);
+        else st::expand_glob(o.data);  // none matching is an error naming the pattern
         return run_on_device(o, world);
       },
       "gpt2_train");

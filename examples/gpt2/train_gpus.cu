@@ -14,13 +14,10 @@ int train_on_gpus(const run_options& o, st::world& world) {
   int device = 0;
   try {
     device = st::gpu::use_local_device(world);
-  } catch (const st::error& e) {
-    st::fail("gpt2_train: --device cuda: ", e.what());
-  }
+  } catch (const st::error& e) { st::fail("gpt2_train: --device cuda: ", e.what()); }
   cudaDeviceProp prop{};
   STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  if (world.rank() == 0)
-    std::printf("device: %s (GPU %d of rank 0; %d ranks)\n", prop.name, device, world.size());
+  if (world.rank() == 0) std::printf("device: %s (GPU %d of rank 0; %d ranks)\n", prop.name, device, world.size());
   device_hooks dev;
   dev.memory = &st::gpu::device_memory();
   dev.after_steps = [] { st::gpu::check_device_errors(); };

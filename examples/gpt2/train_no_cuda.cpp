@@ -8,11 +8,13 @@ namespace gpt2_train {
 
 int train_on_gpus(const run_options&, st::world&) {
 #ifdef STRATA_TRAINER_HOST_ONLY
-  strata::fail("gpt2_train: --device cuda: gpt2_train_host is the trainer without its GPU half; build the target "
-               "gpt2_train (it has it when nvcc and NCCL are found) and run that");
+  strata::fail(
+      "gpt2_train: --device cuda: gpt2_train_host is the trainer without its GPU half; build the target "
+      "gpt2_train (it has it when nvcc and NCCL are found) and run that");
 #else
-  strata::fail("gpt2_train: --device cuda: this build has no GPU support (nvcc or NCCL was not found when "
-               "it was configured); install the CUDA toolkit with NCCL and configure again");
+  strata::fail(
+      "gpt2_train: --device cuda: this build has no GPU support (nvcc or NCCL was not found when "
+      "it was configured); install the CUDA toolkit with NCCL and configure again");
 #endif
 }
 

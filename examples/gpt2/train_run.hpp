@@ -52,10 +52,10 @@ struct run_options {
   std::uint64_t seed = 1337;
   std::string precision = "fp32", metrics, data;
   int sample_tokens = 60;
-  std::string prompt;                   // text (byte tokens); empty: "The " or token 0
+  std::string prompt;                    // text (byte tokens); empty: "The " or token 0
   std::vector<std::int32_t> prompt_ids;  // token ids instead of text
-  double temperature = 0.8;             // 0: greedy
-  std::int64_t top_k = 0;               // 0: every token
+  double temperature = 0.8;              // 0: greedy
+  std::int64_t top_k = 0;                // 0: every token
   int dp = st::dynamic, zero = 0, tp = 1;
   bool sp = false;
   std::string recompute = "none";
@@ -102,13 +102,18 @@ std::string pipeline_json(Model& model, st::mpi_communicator& pp) {
 
 // Every setting of the layout comes from the flags: degrees, ZeRO stage, sequence parallelism,
 // schedule, micro-batches and chunks are all left to the launch.
-using flag_layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>,
-                                 st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
-                                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
+using flag_layout =
+    st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
 
 inline st::layout_overrides layout_flags(const run_options& o) {
-  return {.dp = o.dp, .tp = o.tp, .pp = o.pp, .microbatches = o.microbatches > 0 ? o.microbatches : 1,
-          .zero_stage = o.zero, .sequence_parallel = o.sp ? 1 : 0, .virtual_chunks = o.virtual_chunks,
+  return {.dp = o.dp,
+          .tp = o.tp,
+          .pp = o.pp,
+          .microbatches = o.microbatches > 0 ? o.microbatches : 1,
+          .zero_stage = o.zero,
+          .sequence_parallel = o.sp ? 1 : 0,
+          .virtual_chunks = o.virtual_chunks,
           .schedule = o.schedule};
 }
 
@@ -153,7 +158,8 @@ run_plan plan_run(const run_context& c, const typename Model::config& dims, cons
                 plan.figures->flops_per_step);
   if (!o.hw.empty()) {
     plan.device = st::hw::find(o.hw);
-    STRATA_CHECK(plan.device != nullptr, "gpt2_train: --hw ", o.hw, " is not a known device (a100_40gb, a100_80gb, "
+    STRATA_CHECK(plan.device != nullptr, "gpt2_train: --hw ", o.hw,
+                 " is not a known device (a100_40gb, a100_80gb, "
                  "h100_80gb, h200_141gb)");
     plan.figures->check_fits(*plan.device);
   }
@@ -179,8 +185,7 @@ inline st::training_options training_options_for(const run_context& c) {
 // The token shards of --data, or the generated corpus, which is byte-level: its tokens need a
 // vocabulary of at least 256.
 inline st::token_stream open_data(const run_options& o, std::int64_t vocab) {
-  if (!o.data.empty())
-    return st::token_stream::from_glob(o.data, vocab, o.seed, st::parse_data_order(o.data_order));
+  if (!o.data.empty()) return st::token_stream::from_glob(o.data, vocab, o.seed, st::parse_data_order(o.data_order));
   STRATA_CHECK(vocab >= 256, "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ", vocab);
   return st::token_stream(st::byte_tokens(st::generate_corpus()), o.seed, st::parse_data_order(o.data_order));
 }
@@ -232,18 +237,20 @@ template <class Family, class Model>
 void print_run_summary(const run_context& c, const typename Family::dims& dims, const st::layout_config& layout,
                        Model& model, const st::token_stream& data) {
   const run_options& o = c.o;
-  const std::int64_t micro_batch = c.pipelined ? o.batch / layout.dp / layout.microbatches
-                                               : (o.micro_batch ? o.micro_batch : o.batch / layout.dp);
+  const std::int64_t micro_batch =
+      c.pipelined ? o.batch / layout.dp / layout.microbatches : (o.micro_batch ? o.micro_batch : o.batch / layout.dp);
   std::printf("gpt2_train: %s, %lld layers, %lld heads", Family::name, (long long)dims.layers, (long long)dims.heads);
   if constexpr (std::is_same_v<Family, llama_family>) std::printf(" (%lld key/value)", (long long)dims.kv());
   std::printf(", d_model %lld, ffn %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n", (long long)dims.d_model,
               (long long)dims.ffn_width(), (long long)dims.seq, (long long)dims.vocab,
-              (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "", o.precision.c_str());
-  std::printf("data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; "
-              "recompute %s\n",
-              o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch,
-              (long long)dims.seq, (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp,
-              o.sp ? " + sequence parallel" : "", o.recompute.c_str());
+              (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "",
+              o.precision.c_str());
+  std::printf(
+      "data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; "
+      "recompute %s\n",
+      o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch, (long long)dims.seq,
+      (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp, o.sp ? " + sequence parallel" : "",
+      o.recompute.c_str());
   if (c.pipelined) {
     const auto& sh = model.placement().shape;
     std::printf("pipeline: %d stages, %s, %d micro-batches of %lld, %d chunks per stage; analytic bubble %.3f\n",
@@ -267,8 +274,10 @@ void report_step(const run_context& c, Run& run, st::progress& progress, st::met
   if (!r.applied && run.trainer().nonfinite_steps_in_a_row() > 0) {
     // No loss scale can answer this one (fp32, bf16; fp16 at its minimum): say so in words.
     char buf[200];
-    std::snprintf(buf, sizeof buf, "step %d: the gradient norm is %g: update skipped, weights unchanged (%d such steps in a row; "
-                  "%d stop the run)", step, r.grad_norm, run.trainer().nonfinite_steps_in_a_row(),
+    std::snprintf(buf, sizeof buf,
+                  "step %d: the gradient norm is %g: update skipped, weights unchanged (%d such steps in a row; "
+                  "%d stop the run)",
+                  step, r.grad_norm, run.trainer().nonfinite_steps_in_a_row(),
                   run.options().trainer.nonfinite_step_limit);
     progress.message(buf);
   }
@@ -303,7 +312,8 @@ steps_done run_steps(const run_context& c, Run& run, st::token_stream& data, std
       if (!o.metrics.empty()) pipeline = pipeline_json(run.model(), run.mesh().pp());  // collective over the stages
       const auto& last = run.model().last_step();
       char buf[48];
-      std::snprintf(buf, sizeof buf, " | idle %4.1f%%", 100.0 * last.idle_seconds / (last.busy_seconds + last.idle_seconds));
+      std::snprintf(buf, sizeof buf, " | idle %4.1f%%",
+                    100.0 * last.idle_seconds / (last.busy_seconds + last.idle_seconds));
       idle = buf;
     }
     if (!c.lead) continue;
@@ -326,9 +336,10 @@ void finish_steps(const run_context& c, Run& run, const st::token_stream& data, 
   if (c.lead && !last_saved.empty()) std::printf("checkpoint: %s\n", last_saved.c_str());
   if (c.dev.after_steps) c.dev.after_steps();
   if (c.lead && c.dev.crossings)
-    std::printf("%s memory: at most %ld copies between it and the host per step (the batch in; the loss and the "
-                "step's norm and decision out)\n",
-                c.dev.memory->name, done.step_crossings);
+    std::printf(
+        "%s memory: at most %ld copies between it and the host per step (the batch in; the loss and the "
+        "step's norm and decision out)\n",
+        c.dev.memory->name, done.step_crossings);
   if (c.lead && c.dev.memory)
     std::printf("%s memory: %.1f MB at the peak on rank 0 (parameters, gradients, optimizer state, activations)\n",
                 c.dev.memory->name, double(run.ledger().total_peak()) / 1e6);
@@ -365,13 +376,15 @@ void print_sample(const run_context& c, Run& run, std::int64_t vocab) {
   const std::vector<std::int32_t> prompt = sample_prompt(o, bytes);
   // A position table bounds what the model can continue; a rotary model is not bounded.
   const std::int64_t limit = run.model().max_positions();
-  const std::int64_t count = limit > 0 ? std::min<std::int64_t>(o.sample_tokens, limit - std::int64_t(prompt.size()) + 1)
-                                       : o.sample_tokens;
+  const std::int64_t count =
+      limit > 0 ? std::min<std::int64_t>(o.sample_tokens, limit - std::int64_t(prompt.size()) + 1) : o.sample_tokens;
   // No CUDA kernel attends over a cache yet: on GPUs each token is a forward over the window,
   // which needs the whole model on each rank.
   const bool on_gpu = std::is_base_of_v<st::cuda, Device>;
   if (on_gpu && c.pipelined) {
-    if (c.lead) std::printf("sample: skipped (on GPUs generation needs the whole model on each rank; pipeline stages hold part of it)\n");
+    if (c.lead)
+      std::printf(
+          "sample: skipped (on GPUs generation needs the whole model on each rank; pipeline stages hold part of it)\n");
     return;
   }
   STRATA_CHECK(count > 0, "gpt2_train: a prompt of ", prompt.size(), " tokens leaves no room in the model's ", limit,
@@ -381,8 +394,11 @@ void print_sample(const run_context& c, Run& run, std::int64_t vocab) {
                                          .sample = {.temperature = o.temperature, .top_k = o.top_k, .seed = o.seed},
                                          .cache = !on_gpu});
   if (!c.lead) return;
-  std::printf("sample:%s\n", count < o.sample_tokens ? (" (" + std::to_string(count) + " tokens: the model's " +
-                                                         std::to_string(limit) + " positions)").c_str() : "");
+  std::printf(
+      "sample:%s\n",
+      count < o.sample_tokens
+          ? (" (" + std::to_string(count) + " tokens: the model's " + std::to_string(limit) + " positions)").c_str()
+          : "");
   const auto show = [&](std::int32_t t) {
     if (bytes) std::putchar(t == '\n' ? '\n' : (t >= 32 && t < 127 ? char(t) : '?'));
     else std::printf("%d ", t);
@@ -398,7 +414,10 @@ int train(const run_options& o, st::world& world, const device_hooks& dev) {
   using model_decl = typename Family::template model<P>;
   const typename Family::dims dims = Family::shape(o.shape);
   const st::layout_config layout = st::resolve_layout<flag_layout>(world.size(), layout_flags(o));
-  const run_context c{.o = o, .world = world, .dev = dev, .lead = world.rank() == 0,
+  const run_context c{.o = o,
+                      .world = world,
+                      .dev = dev,
+                      .lead = world.rank() == 0,
                       .pipelined = layout.pp > 1 || layout.virtual_chunks > 1};
 
   const run_plan plan = plan_run<model_decl>(c, dims, layout);

@@ -36,16 +36,22 @@ struct hf_param {
 
 // Every parameter of the unsplit model, in its flat (serial) order.
 inline std::vector<hf_param> hf_layout(const dims& d) {
-  const std::int64_t C = d.d_model, V = d.vocab, F = d.ffn_width(), q = d.heads * d.head_dim(), kv = d.kv() * d.head_dim();
+  const std::int64_t C = d.d_model, V = d.vocab, F = d.ffn_width(), q = d.heads * d.head_dim(),
+                     kv = d.kv() * d.head_dim();
   std::vector<hf_param> out{{"wte", V, C, {{"model.embed_tokens.weight", V}}}};
   for (std::int64_t l = 0; l < d.layers; ++l) {
     const std::string s = "h." + std::to_string(l) + ".", hf = "model.layers." + std::to_string(l) + ".";
     out.push_back({s + "ln_1.weight", C, 1, {{hf + "input_layernorm.weight", C}}});
-    out.push_back({s + "attn.qkv.weight", q + 2 * kv, C,
-                   {{hf + "self_attn.q_proj.weight", q}, {hf + "self_attn.k_proj.weight", kv}, {hf + "self_attn.v_proj.weight", kv}}});
+    out.push_back({s + "attn.qkv.weight",
+                   q + 2 * kv,
+                   C,
+                   {{hf + "self_attn.q_proj.weight", q},
+                    {hf + "self_attn.k_proj.weight", kv},
+                    {hf + "self_attn.v_proj.weight", kv}}});
     out.push_back({s + "attn.proj.weight", C, q, {{hf + "self_attn.o_proj.weight", C}}});
     out.push_back({s + "ln_2.weight", C, 1, {{hf + "post_attention_layernorm.weight", C}}});
-    out.push_back({s + "mlp.gate_up.weight", 2 * F, C, {{hf + "mlp.gate_proj.weight", F}, {hf + "mlp.up_proj.weight", F}}});
+    out.push_back(
+        {s + "mlp.gate_up.weight", 2 * F, C, {{hf + "mlp.gate_proj.weight", F}, {hf + "mlp.up_proj.weight", F}}});
     out.push_back({s + "mlp.down.weight", C, F, {{hf + "mlp.down_proj.weight", C}}});
   }
   out.push_back({"norm.weight", C, 1, {{"model.norm.weight", C}}});
@@ -77,7 +83,8 @@ void export_hf(const std::string& path, const dims& d, const std::vector<double>
 // there with Llama's shape (the error names the file, tensor and shapes). Other tensors are
 // skipped (`notes`, if given, names them in one line); a tied model reads no lm_head.weight, and
 // one in the file must equal model.embed_tokens.weight.
-inline std::vector<double> import_hf(const std::string& path, const dims& d, std::vector<std::string>* notes = nullptr) {
+inline std::vector<double> import_hf(const std::string& path, const dims& d,
+                                     std::vector<std::string>* notes = nullptr) {
   hf_names::hf_file file("llama", path, "model.");
   std::vector<double> serial;
   for (const auto& p : hf_layout(d)) {
@@ -91,8 +98,10 @@ inline std::vector<double> import_hf(const std::string& path, const dims& d, std
   if (d.tied && file.find("lm_head.weight") != nullptr) {
     const auto head = file.read("lm_head.weight", {d.vocab, d.d_model});
     for (std::int64_t i = 0; i < head.numel(); ++i)
-      STRATA_CHECK(head.at(i) == serial[std::size_t(i)], "llama: '", path, "': tensor 'lm_head.weight' differs from "
-                   "model.embed_tokens.weight at element ", i, " (", head.at(i), " vs ", serial[std::size_t(i)],
+      STRATA_CHECK(head.at(i) == serial[std::size_t(i)], "llama: '", path,
+                   "': tensor 'lm_head.weight' differs from "
+                   "model.embed_tokens.weight at element ",
+                   i, " (", head.at(i), " vs ", serial[std::size_t(i)],
                    "); the model is tied (dims::tied) and cannot load an untied head");
     if (notes) notes->push_back("lm_head.weight equals model.embed_tokens.weight (the model is tied): read once");
   }

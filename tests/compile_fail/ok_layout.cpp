@@ -6,8 +6,7 @@
 namespace st = strata;
 
 using layout = st::parallel<st::pipeline<4, st::interleaved_1f1b, 8, 2>,  // any order
-                            st::tensor<2, st::sequence_parallel>,
-                            st::data<st::dynamic, st::zero<3>>>;
+                            st::tensor<2, st::sequence_parallel>, st::data<st::dynamic, st::zero<3>>>;
 static_assert(layout::dp == st::dynamic && layout::tp == 2 && layout::pp == 4);
 static_assert(layout::zero_stage == 3 && layout::sequence_parallel && layout::virtual_chunks == 2);
 static_assert(st::parallel<st::data<2>, st::tensor<2>, st::pipeline<2, st::gpipe, 4>>::is_static);

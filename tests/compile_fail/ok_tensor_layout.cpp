@@ -17,6 +17,7 @@ static_assert(st::check_static_layout<on<st::parallel<st::tensor<2>>>>());
 static_assert(st::check_static_layout<on<st::parallel<st::tensor<st::dynamic>>>>());
 static_assert(st::check_static_layout<on<st::serial>>());
 void build(st::memory_ledger& ledger) {
-  st::sequential_model<on<st::parallel<st::tensor<2>>>> model(ledger, on<st::parallel<st::tensor<2>>>::shape, st::seed{1});
+  st::sequential_model<on<st::parallel<st::tensor<2>>>> model(ledger, on<st::parallel<st::tensor<2>>>::shape,
+                                                              st::seed{1});
 }
 int main() { return 0; }

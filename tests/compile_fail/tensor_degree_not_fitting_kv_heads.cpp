@@ -9,7 +9,8 @@ namespace st = strata;
 
 template <class P>
 struct six_heads : llama::model<P> {
-  static constexpr llama::dims shape{.vocab = 96, .seq = 16, .layers = 2, .heads = 6, .d_model = 48, .kv_heads = 2, .ffn = 96};
+  static constexpr llama::dims shape{
+      .vocab = 96, .seq = 16, .layers = 2, .heads = 6, .d_model = 48, .kv_heads = 2, .ffn = 96};
 };
 using Policy = st::policy<st::host, st::parallel<st::tensor<3>>, st::fp32>;
 void build(st::memory_ledger& ledger) {

@@ -19,8 +19,8 @@ namespace strata_cuda_test {
 
 // in[n] -> out_bf16[n], out_fp16[n]; widened[2i], widened[2i + 1]: the bf16 and fp16 values
 // converted back to float. Uses the constructors, convert<>, from_float/to_float and from_bits.
-__global__ void narrow_and_widen(const float* in, strata::bf16* out_bf16, strata::fp16* out_fp16,
-                                 float* widened, std::int64_t n) {
+__global__ void narrow_and_widen(const float* in, strata::bf16* out_bf16, strata::fp16* out_fp16, float* widened,
+                                 std::int64_t n) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = in[i];
@@ -39,16 +39,15 @@ __global__ void bf16_to_fp16(const strata::bf16* in, strata::fp16* out, std::int
 }
 
 // Host launchers, so the kernels are referenced and their host stubs are compiled too.
-cudaError_t launch_narrow_and_widen(const float* in, strata::bf16* out_bf16, strata::fp16* out_fp16,
-                                    float* widened, std::int64_t n, cudaStream_t stream) {
+cudaError_t launch_narrow_and_widen(const float* in, strata::bf16* out_bf16, strata::fp16* out_fp16, float* widened,
+                                    std::int64_t n, cudaStream_t stream) {
   const unsigned threads = 256;
   const auto blocks = static_cast<unsigned>((n + threads - 1) / threads);
   narrow_and_widen<<<blocks, threads, 0, stream>>>(in, out_bf16, out_fp16, widened, n);
   return cudaGetLastError();
 }
 
-cudaError_t launch_bf16_to_fp16(const strata::bf16* in, strata::fp16* out, std::int64_t n,
-                                cudaStream_t stream) {
+cudaError_t launch_bf16_to_fp16(const strata::bf16* in, strata::fp16* out, std::int64_t n, cudaStream_t stream) {
   const unsigned threads = 256;
   const auto blocks = static_cast<unsigned>((n + threads - 1) / threads);
   bf16_to_fp16<<<blocks, threads, 0, stream>>>(in, out, n);
@@ -65,8 +64,8 @@ struct tiny_model {
   static constexpr auto layers(const config& c) {
     return strata::sequential(
         strata::layer<strata::embedding<P>>("", {.vocab = c.vocab, .max_seq = c.seq, .channels = c.d_model}),
-        strata::blocks<strata::transformer_block<P>>("h", c.layers,
-                                                     {.channels = c.d_model, .heads = c.heads, .hidden = 4 * c.d_model}),
+        strata::blocks<strata::transformer_block<P>>(
+            "h", c.layers, {.channels = c.d_model, .heads = c.heads, .hidden = 4 * c.d_model}),
         strata::layer<strata::layernorm<P>>("ln_f", {.channels = c.d_model}),
         strata::layer<strata::lm_head<P>>("lm_head", {.vocab = c.vocab, .channels = c.d_model, .tied_to = "wte"}));
   }
@@ -83,8 +82,12 @@ struct tiny_llama {
     return strata::sequential(
         strata::layer<strata::embedding<P>>("", {.vocab = c.vocab, .max_seq = 0, .channels = c.d_model}),
         strata::blocks<strata::llama_block<P>>("h", c.layers,
-                                               {.channels = c.d_model, .heads = c.heads, .hidden = c.ffn,
-                                                .kv_heads = c.kv_heads, .rope_theta = 10000.0, .bias = false}),
+                                               {.channels = c.d_model,
+                                                .heads = c.heads,
+                                                .hidden = c.ffn,
+                                                .kv_heads = c.kv_heads,
+                                                .rope_theta = 10000.0,
+                                                .bias = false}),
         strata::layer<strata::rmsnorm<P>>("norm", {.channels = c.d_model}),
         strata::layer<strata::lm_head<P>>("lm_head", {.vocab = c.vocab, .channels = c.d_model}));
   }
@@ -138,7 +141,8 @@ std::size_t cuda_generate(const std::vector<std::int32_t>& prompt) {
   strata::memory_ledger ledger(strata::gpu::device_memory());
   strata::sequential_model<tiny_model<cuda_policy>> net(ledger, {}, strata::seed{1});
   strata::generator gen(net);
-  return gen.generate(prompt, {.new_tokens = 4}).size() + gen.generate(prompt, {.new_tokens = 4, .cache = false}).size();
+  return gen.generate(prompt, {.new_tokens = 4}).size() +
+         gen.generate(prompt, {.new_tokens = 4, .cache = false}).size();
 }
 
 }  // namespace strata_cuda_test

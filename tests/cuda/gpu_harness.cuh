@@ -99,9 +99,9 @@ struct result_row {
   std::string name, dtype, shape;
   double rel = NAN, tol = NAN;  // NaN tol: not a precision check
   bool pass = true;
-  double perf = NAN;       // GB/s or TFLOP/s
-  std::string unit;        // "GB/s" / "TFLOP/s" / ""
-  double of_ceiling = NAN; // perf / ceiling, 0..1
+  double perf = NAN;        // GB/s or TFLOP/s
+  std::string unit;         // "GB/s" / "TFLOP/s" / ""
+  double of_ceiling = NAN;  // perf / ceiling, 0..1
   std::string note;
 };
 
@@ -118,7 +118,8 @@ inline void print_table(const std::vector<result_row>& rows, std::FILE* out = st
   for (const auto& r : rows)
     std::fprintf(out, "%-34s %-5s %-26s %10s %8s %-4s %12s %-8s %7s  %s\n", r.name.c_str(), r.dtype.c_str(),
                  r.shape.c_str(), fmt("%.2e", r.rel).c_str(), fmt("%.0e", r.tol).c_str(), r.pass ? "ok" : "FAIL",
-                 fmt("%.1f", r.perf).c_str(), r.unit.c_str(), fmt("%.0f%%", 100 * r.of_ceiling).c_str(), r.note.c_str());
+                 fmt("%.1f", r.perf).c_str(), r.unit.c_str(), fmt("%.0f%%", 100 * r.of_ceiling).c_str(),
+                 r.note.c_str());
 }
 
 // Tab-separated rows for scripts/gpu-check (one per line, no header).

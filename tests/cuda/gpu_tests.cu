@@ -225,14 +225,16 @@ void test_layernorm(std::int64_t N, std::int64_t C) {
   dvec<T> ddinp(nan_vec<T>(std::size_t(N * C))), ddw(dweight), ddb(dbias), dg(g);
   k::layernorm_backward(H, dinp.data(), dweight.data(), dbias.data(), g.data(), x.data(), w.data(), mean.data(),
                         rstd.data(), N, C);
-  k::layernorm_backward(D, ddinp.get(), ddw.get(), ddb.get(), dg.get(), dx.get(), dw.get(), dmean.get(), drstd.get(), N, C);
+  k::layernorm_backward(D, ddinp.get(), ddw.get(), ddb.get(), dg.get(), dx.get(), dw.get(), dmean.get(), drstd.get(), N,
+                        C);
   check("layernorm_backward (dinp)", dt, sh, rel_error(ddinp.host(), dinp), tol_for<T>());
   check("layernorm_backward (dweight)", dt, sh, rel_error(ddw.host(), dweight), tol_for<T>());
   check("layernorm_backward (dbias)", dt, sh, rel_error(ddb.host(), dbias), tol_for<T>());
   {  // determinism: the same backward again from the same start
     dvec<T> e1(nan_vec<T>(std::size_t(N * C))), w1(random_vec<T>(std::size_t(C), -1, 1, 16)),
         b1(random_vec<T>(std::size_t(C), -1, 1, 17));
-    k::layernorm_backward(D, e1.get(), w1.get(), b1.get(), dg.get(), dx.get(), dw.get(), dmean.get(), drstd.get(), N, C);
+    k::layernorm_backward(D, e1.get(), w1.get(), b1.get(), dg.get(), dx.get(), dw.get(), dmean.get(), drstd.get(), N,
+                          C);
     check_true("layernorm_backward (deterministic)", dt, sh,
                bitwise_equal(e1.host(), ddinp.host()) && bitwise_equal(w1.host(), ddw.host()) &&
                    bitwise_equal(b1.host(), ddb.host()),
@@ -246,8 +248,8 @@ void test_layernorm(std::int64_t N, std::int64_t C) {
     dvec<T> da(a), dresid(std::size_t(N * C)), dln(std::size_t(N * C));
     k::residual_layernorm_forward(D, dresid.get(), dln.get(), dmean.get(), drstd.get(), dx.get(), da.get(), dw.get(),
                                   db.get(), N, C, eps);
-    check("residual_layernorm_forward", dt, sh,
-          std::max(rel_error(dresid.host(), resid), rel_error(dln.host(), ln)), tol_for<T>());
+    check("residual_layernorm_forward", dt, sh, std::max(rel_error(dresid.host(), resid), rel_error(dln.host(), ln)),
+          tol_for<T>());
   }
 }
 
@@ -315,7 +317,8 @@ void test_gemm() {
     for (int tb = 0; tb < 2; ++tb) {
       const std::int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
       const std::int64_t lda = a_cols + 3, ldb = b_cols + 5, ldc = N + 2;
-      const auto A = random_vec<T>(std::size_t(a_rows * lda), -1, 1, 30), B = random_vec<T>(std::size_t(b_rows * ldb), -1, 1, 31);
+      const auto A = random_vec<T>(std::size_t(a_rows * lda), -1, 1, 30),
+                 B = random_vec<T>(std::size_t(b_rows * ldb), -1, 1, 31);
       auto Cref = random_vec<T>(std::size_t(M * ldc), -1, 1, 32);
       dvec<T> dA(A), dB(B), dC(Cref);
       ref_gemm<T>(ta, tb, M, N, K, 0.5, A.data(), lda, B.data(), ldb, 0.25, Cref.data(), ldc);
@@ -372,7 +375,8 @@ void test_attention(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_
   k::attention_backward(D, dd2.get(), dg.get(), dqkv_in.get(), dlse.get(), B, T_, C, NH);
   check("attention_backward (recompute out)", dt, sh, rel_error(dd2.host(), dqkv), tol_for<T>(), path);
   k::attention_backward(D, dd3.get(), dg.get(), dqkv_in.get(), dlse.get(), B, T_, C, NH, dout_.get());
-  check_true("attention_backward (deterministic)", dt, sh, bitwise_equal(dd1.host(), dd3.host()), "two runs bitwise equal");
+  check_true("attention_backward (deterministic)", dt, sh, bitwise_equal(dd1.host(), dd3.host()),
+             "two runs bitwise equal");
 }
 
 // Grouped-query / multi-query attention with an explicit softmax scale (attention_shape), fwd and
@@ -380,17 +384,20 @@ void test_attention(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_
 // per query head: the contract's head mapping (query head h reads key/value head h / group)
 // checked independently of the host code.
 template <class T>
-void test_attention_gqa(std::int64_t B, std::int64_t T_, std::int64_t heads, std::int64_t kv_heads,
-                        std::int64_t hd, double scale) {
+void test_attention_gqa(std::int64_t B, std::int64_t T_, std::int64_t heads, std::int64_t kv_heads, std::int64_t hd,
+                        double scale) {
   const k::attention_shape s{B, T_, heads, kv_heads, hd, scale};
   const std::string dt = st::dtype_name<T>();
   const std::string sh = shape_str({B, T_, heads, kv_heads, hd});
   const auto plan = gpu::plan_attention(hd, sizeof(T), gpu::tensor_core_storage_v<T>, 227 * 1024);
   const std::string path = std::string(plan.tensor_cores ? "tensor cores" : "scalar") +
-                           (kv_heads == 1 ? ", MQA" : kv_heads < heads ? ", GQA" : ", MHA") +
+                           (kv_heads == 1      ? ", MQA"
+                            : kv_heads < heads ? ", GQA"
+                                               : ", MHA") +
                            (scale != 0 ? ", scale " + fmt("%.3g", scale) : "");
   const std::int64_t W = s.row_width(), QW = s.q_width(), G = s.group();
-  const std::size_t n_qkv = std::size_t(B * T_ * W), n_out = std::size_t(B * T_ * QW), n_lse = std::size_t(B * heads * T_);
+  const std::size_t n_qkv = std::size_t(B * T_ * W), n_out = std::size_t(B * T_ * QW),
+                    n_lse = std::size_t(B * heads * T_);
   const auto qkv = random_vec<T>(n_qkv, -1.5f, 1.5f, 140);
   std::vector<T> out(n_out);
   std::vector<float> lse(n_lse);
@@ -448,7 +455,8 @@ void test_attention_gqa(std::int64_t B, std::int64_t T_, std::int64_t heads, std
             const std::int64_t kvh = h / G;
             fold[std::size_t(r * W + h * hd + i)] += mg[std::size_t(r * MW + h * hd + i)];
             fold[std::size_t(r * W + QW + kvh * hd + i)] += mg[std::size_t(r * MW + QW + h * hd + i)];
-            fold[std::size_t(r * W + QW + s.kv_width() + kvh * hd + i)] += mg[std::size_t(r * MW + 2 * QW + h * hd + i)];
+            fold[std::size_t(r * W + QW + s.kv_width() + kvh * hd + i)] +=
+                mg[std::size_t(r * MW + 2 * QW + h * hd + i)];
           }
       std::vector<T> expect(n_qkv);
       for (std::size_t i = 0; i < n_qkv; ++i) expect[i] = st::convert<T>(float(fold[i]));
@@ -472,7 +480,8 @@ void test_rmsnorm(std::int64_t N, std::int64_t C) {
   check("rmsnorm_forward", dt, sh, rel_error(dout.host(), out), tol_for<T>());
   check("rmsnorm_forward (rstd)", "fp32", sh, rel_error(drstd.host(), rstd), 1e-5);
   k::rmsnorm_forward(D, dout2.get(), static_cast<float*>(nullptr), dx.get(), dw.get(), N, C, eps);
-  check_true("rmsnorm_forward (no rstd)", dt, sh, bitwise_equal(dout2.host(), dout.host()), "equal to the run with rstd");
+  check_true("rmsnorm_forward (no rstd)", dt, sh, bitwise_equal(dout2.host(), dout.host()),
+             "equal to the run with rstd");
 
   // backward: dweight accumulates into random starting values, dinp is written over NaN
   const auto g = random_vec<T>(std::size_t(N * C), -1, 1, 152);
@@ -496,14 +505,14 @@ void test_rmsnorm(std::int64_t N, std::int64_t C) {
     dvec<T> da(a), dresid(std::size_t(N * C)), dnormed(std::size_t(N * C));
     dvec<float> dr2(static_cast<std::size_t>(N));
     k::residual_rmsnorm_forward(D, dresid.get(), dnormed.get(), dr2.get(), dx.get(), da.get(), dw.get(), N, C, eps);
-    check("residual_rmsnorm_forward", dt, sh, std::max(rel_error(dresid.host(), resid), rel_error(dnormed.host(), normed)),
-          tol_for<T>());
+    check("residual_rmsnorm_forward", dt, sh,
+          std::max(rel_error(dresid.host(), resid), rel_error(dnormed.host(), normed)), tol_for<T>());
   }
 }
 
 template <class T>
-void test_rope(std::int64_t B, std::int64_t T_, std::int64_t heads, std::int64_t kv_heads, std::int64_t hd, double theta,
-               std::int64_t pos0) {
+void test_rope(std::int64_t B, std::int64_t T_, std::int64_t heads, std::int64_t kv_heads, std::int64_t hd,
+               double theta, std::int64_t pos0) {
   const k::attention_shape s{B, T_, heads, kv_heads, hd, 0};
   const std::string dt = st::dtype_name<T>();
   const std::string sh = shape_str({B, T_, heads, kv_heads, hd}) + (pos0 ? " @" + std::to_string(pos0) : "");
@@ -580,7 +589,8 @@ void test_embedding(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_
   check("embedding_backward (dwpe)", dt, sh, rel_error(dgwpe.host(), gwpe), tol_for<T>());
   dvec<T> dgwpe2(random_vec<T>(std::size_t(T_ * C), -1, 1, 55));
   k::embedding_backward(D, dgwte2.get(), dgwpe2.get(), dg.get(), dtok.get(), B, T_, C);
-  check_true("embedding_backward (deterministic)", dt, sh, bitwise_equal(dgwte2.host(), got_wte), "two runs bitwise equal");
+  check_true("embedding_backward (deterministic)", dt, sh, bitwise_equal(dgwte2.host(), got_wte),
+             "two runs bitwise equal");
 
   // A token out of range is reported by the next check, naming it.
   std::vector<std::int32_t> badtok = tokens;
@@ -590,13 +600,11 @@ void test_embedding(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_
   std::string msg;
   try {
     gpu::check_device_errors();
-  } catch (const st::error& e) {
-    msg = e.what();
-  }
-  check_true("embedding_forward (bad token reported)", dt, sh,
-             msg.find("token id " + std::to_string(V + 7)) != std::string::npos &&
-                 msg.find("position 5") != std::string::npos,
-             msg.empty() ? "no error raised" : msg);
+  } catch (const st::error& e) { msg = e.what(); }
+  check_true(
+      "embedding_forward (bad token reported)", dt, sh,
+      msg.find("token id " + std::to_string(V + 7)) != std::string::npos && msg.find("position 5") != std::string::npos,
+      msg.empty() ? "no error raised" : msg);
 }
 
 template <class T>
@@ -619,7 +627,8 @@ void test_cross_entropy(std::int64_t N, std::int64_t V, std::int64_t Vp) {
   const float scale = 1.0f / float(N);
   k::cross_entropy_forward_backward(H, losses.data(), grad.data(), targets.data(), N, V, Vp, scale);
   k::cross_entropy_forward_backward(D, dloss.get(), dl.get(), dt_.get(), N, V, Vp, scale);
-  check("cross_entropy_forward_backward (loss)", dt, sh, rel_error(dloss.host(), losses), tol_for<T>() < 1e-4 ? 1e-5 : 1e-3);
+  check("cross_entropy_forward_backward (loss)", dt, sh, rel_error(dloss.host(), losses),
+        tol_for<T>() < 1e-4 ? 1e-5 : 1e-3);
   check("cross_entropy_forward_backward (dlogits)", dt, sh, rel_error(dl.host(), grad), tol_for<T>());
 
   // With the loss scale read from a device step_state.
@@ -685,9 +694,8 @@ void test_embedding_tp(std::int64_t B, std::int64_t T_, std::int64_t C, std::int
     k::position_embedding_add(H, x.data(), wpe.data(), n, T_, first, C);
     k::position_embedding_add(D, dx.get(), dwpe.get(), n, T_, first, C);
     const auto got = dx.host();
-    check(first == 0 ? "position_embedding_add" : "position_embedding_add (piece)", dt,
-          shape_str({n, T_, first, C}), rel_error(got, x), tol_for<T>(),
-          bitwise_equal(got, x) ? "bitwise equal to the host" : "");
+    check(first == 0 ? "position_embedding_add" : "position_embedding_add (piece)", dt, shape_str({n, T_, first, C}),
+          rel_error(got, x), tol_for<T>(), bitwise_equal(got, x) ? "bitwise equal to the host" : "");
   }
   {
     auto gp = random_vec<T>(std::size_t(T_ * C), -1, 1, 182);
@@ -704,9 +712,7 @@ void test_embedding_tp(std::int64_t B, std::int64_t T_, std::int64_t C, std::int
     std::string msg;
     try {
       gpu::check_device_errors();
-    } catch (const st::error& e) {
-      msg = e.what();
-    }
+    } catch (const st::error& e) { msg = e.what(); }
     return std::pair<bool, std::string>{msg.find(want) != std::string::npos && msg.find(where) != std::string::npos,
                                         msg.empty() ? "no error raised" : msg};
   };
@@ -804,14 +810,14 @@ void test_vocab_parallel_cross_entropy(std::int64_t N, std::int64_t V, std::int6
   for (std::int64_t s = 0; s < R; ++s) {
     k::vocab_parallel_finish<T>(H, hlosses.data(), nullptr, hmax.data(), hsum.data(), targets.data(), N, Vl, s * Vl, V,
                                 dloss);
-    k::vocab_parallel_finish<T>(D, dlosses.get(), nullptr, dmax_d.get(), dsum_d.get(), dtargets.get(), N, Vl, s * Vl,
-                                V, dloss);
+    k::vocab_parallel_finish<T>(D, dlosses.get(), nullptr, dmax_d.get(), dsum_d.get(), dtargets.get(), N, Vl, s * Vl, V,
+                                dloss);
     loss_rel = std::max(loss_rel, rel_error(dlosses.host(), hlosses));
     auto grad = shard[std::size_t(s)];
-    k::vocab_parallel_finish(H, hlosses.data(), grad.data(), hmax.data(), hsum.data(), targets.data(), N, Vl, s * Vl,
-                             V, dloss);
-    k::vocab_parallel_finish(D, dlosses.get(), dshard[std::size_t(s)].get(), dmax_d.get(), dsum_d.get(),
-                             dtargets.get(), N, Vl, s * Vl, V, dloss);
+    k::vocab_parallel_finish(H, hlosses.data(), grad.data(), hmax.data(), hsum.data(), targets.data(), N, Vl, s * Vl, V,
+                             dloss);
+    k::vocab_parallel_finish(D, dlosses.get(), dshard[std::size_t(s)].get(), dmax_d.get(), dsum_d.get(), dtargets.get(),
+                             N, Vl, s * Vl, V, dloss);
     const auto got = dshard[std::size_t(s)].host();
     loss_rel = std::max(loss_rel, rel_error(dlosses.host(), hlosses));
     grad_rel = std::max(grad_rel, rel_error(got, grad));
@@ -836,9 +842,7 @@ void test_vocab_parallel_cross_entropy(std::int64_t N, std::int64_t V, std::int6
   std::string msg;
   try {
     gpu::check_device_errors();
-  } catch (const st::error& e) {
-    msg = e.what();
-  }
+  } catch (const st::error& e) { msg = e.what(); }
   k::vocab_parallel_finish<T>(D, dlosses.get(), nullptr, dmax_d.get(), dsum_d.get(), dbad.get(), N, Vl, 0, V, dloss);
   const bool nan_loss = std::isnan(dlosses.host()[2]);
   check_true("vocab_parallel_max (bad target reported)", dt, sh,
@@ -880,7 +884,8 @@ void test_amp(std::int64_t n) {
   opt.growth_interval = 2;
   const auto master0 = random_vec<float>(std::size_t(n), -1, 1, 80);
   auto grad = random_vec<T>(std::size_t(n), -0.5f, 0.5f, 81);
-  const auto m0 = random_vec<float>(std::size_t(n), -0.1f, 0.1f, 82), v0 = random_vec<float>(std::size_t(n), 0, 0.01f, 83);
+  const auto m0 = random_vec<float>(std::size_t(n), -0.1f, 0.1f, 82),
+             v0 = random_vec<float>(std::size_t(n), 0, 0.01f, 83);
   std::vector<T> w0(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < w0.size(); ++i) w0[i] = st::convert<T>(master0[i]);
   const k::adamw_hyper h{6e-4, opt.beta1, opt.beta2, 1e-8, 0.1};
@@ -901,7 +906,8 @@ void test_amp(std::int64_t n) {
     st::advance_step(ref, opt);
     auto master = master0, m = m0, v = v0;
     auto w = w0;
-    if (ref.apply) k::adamw_update(H, master.data(), w.data(), grad.data(), m.data(), v.data(), n, h, ref.step, ref.grad_mult);
+    if (ref.apply)
+      k::adamw_update(H, master.data(), w.data(), grad.data(), m.data(), v.data(), n, h, ref.step, ref.grad_mult);
     const bool state_ok = got.apply == ref.apply && got.step == ref.step && got.scale == ref.scale &&
                           got.skipped == ref.skipped && got.found_inf == ref.found_inf &&
                           (overflow || std::abs(got.norm - ref.norm) <= 1e-10 * ref.norm);
@@ -929,13 +935,17 @@ ceilings measure_ceilings() {
   const std::size_t bytes = std::size_t(1) << 30;
   dvec<unsigned char> a(bytes), b(bytes);
   const cudaStream_t s = gpu::current_stream();
-  const double ms = time_ms([&] { STRATA_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s)); }, 10);
+  const double ms =
+      time_ms([&] { STRATA_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s)); }, 10);
   c.copy_gbs = 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
   const std::int64_t n = 8192;
   dvec<bf16> A(std::size_t(n * n)), B(std::size_t(n * n)), C(std::size_t(n * n));
-  const double gms = time_ms([&] {
-    k::cuda_detail::lt_matmul<bf16>("gemm ceiling", false, true, n, n, n, 1.0f, A.get(), n, B.get(), n, 0.0f, C.get(), n);
-  }, 10);
+  const double gms = time_ms(
+      [&] {
+        k::cuda_detail::lt_matmul<bf16>("gemm ceiling", false, true, n, n, n, 1.0f, A.get(), n, B.get(), n, 0.0f,
+                                        C.get(), n);
+      },
+      10);
   c.gemm_tflops = 2.0 * double(n) * n * n / (gms * 1e-3) / 1e12;
   result_row r1;
   r1.section = "ceiling";
@@ -988,9 +998,12 @@ void run_benchmarks() {
   st::memory_ledger ledger;
   st::workspace ws(ledger);
   dvec<T> x(random_vec<T>(std::size_t(N * C), -1, 1, 90)), y(std::size_t(N * C)), z(std::size_t(N * C));
-  dvec<T> big(random_vec<T>(std::size_t(N * 4 * C), -1, 1, 91)), big2(std::size_t(N * 4 * C)), big3(std::size_t(N * 4 * C));
-  dvec<T> w(random_vec<T>(std::size_t(4 * C * C), -0.05f, 0.05f, 92)), bias(std::size_t(4 * C)), dwt(std::size_t(4 * C * C));
-  dvec<T> lnw(random_vec<T>(std::size_t(C), 0.5f, 1.5f, 93)), lnb(static_cast<std::size_t>(C)), dlnw(static_cast<std::size_t>(C)), dlnb(static_cast<std::size_t>(C));
+  dvec<T> big(random_vec<T>(std::size_t(N * 4 * C), -1, 1, 91)), big2(std::size_t(N * 4 * C)),
+      big3(std::size_t(N * 4 * C));
+  dvec<T> w(random_vec<T>(std::size_t(4 * C * C), -0.05f, 0.05f, 92)), bias(std::size_t(4 * C)),
+      dwt(std::size_t(4 * C * C));
+  dvec<T> lnw(random_vec<T>(std::size_t(C), 0.5f, 1.5f, 93)), lnb(static_cast<std::size_t>(C)),
+      dlnw(static_cast<std::size_t>(C)), dlnb(static_cast<std::size_t>(C));
   dvec<float> mean(static_cast<std::size_t>(N)), rstd(static_cast<std::size_t>(N));
   const std::string nc = shape_str({N, C});
 
@@ -1002,9 +1015,11 @@ void run_benchmarks() {
   lin("linear_forward (qkv, bias)", 3 * C, bias.get());
   lin("linear_forward (fc, bias)", 4 * C, bias.get());
   {
-    const double ms = time_ms([&] { k::linear_gelu_forward<T>(D, ws, big2.get(), big3.get(), x.get(), w.get(), bias.get(), N, C, 4 * C); });
+    const double ms = time_ms(
+        [&] { k::linear_gelu_forward<T>(D, ws, big2.get(), big3.get(), x.get(), w.get(), bias.get(), N, C, 4 * C); });
     bench_row("linear_gelu_forward (fc)", shape_str({N, C, 4 * C}), ms, 2.0 * N * C * 4 * C, true, c);
-    const double ms2 = time_ms([&] { k::linear_forward<T>(D, ws, y.get(), big.get(), w.get(), bias.get(), N, 4 * C, C); });
+    const double ms2 =
+        time_ms([&] { k::linear_forward<T>(D, ws, y.get(), big.get(), w.get(), bias.get(), N, 4 * C, C); });
     bench_row("linear_forward (proj, bias)", shape_str({N, 4 * C, C}), ms2, 2.0 * N * C * 4 * C, true, c);
     const double ms3 = time_ms([&] {
       k::linear_backward<T>(D, ws, big2.get(), dwt.get(), bias.get(), x.get(), big.get(), w.get(), N, 4 * C, C);
@@ -1013,13 +1028,16 @@ void run_benchmarks() {
   }
   {
     dvec<T> wte(random_vec<T>(std::size_t(Vp * C), -0.05f, 0.05f, 94)), logits(std::size_t(N * Vp));
-    const double ms = time_ms([&] { k::linear_forward<T>(D, ws, logits.get(), x.get(), wte.get(), nullptr, N, C, Vp); }, 5);
+    const double ms =
+        time_ms([&] { k::linear_forward<T>(D, ws, logits.get(), x.get(), wte.get(), nullptr, N, C, Vp); }, 5);
     bench_row("linear_forward (lm head)", shape_str({N, C, Vp}), ms, 2.0 * N * C * Vp, true, c);
     dvec<std::int32_t> targets(std::vector<std::int32_t>(std::size_t(N), 11));
     dvec<float> losses(static_cast<std::size_t>(N));
-    const double ms2 = time_ms([&] {
-      k::cross_entropy_forward_backward(D, losses.get(), logits.get(), targets.get(), N, V, Vp, 1.0f / float(N));
-    }, 5);
+    const double ms2 = time_ms(
+        [&] {
+          k::cross_entropy_forward_backward(D, losses.get(), logits.get(), targets.get(), N, V, Vp, 1.0f / float(N));
+        },
+        5);
     bench_row("cross_entropy_forward_backward", shape_str({N, Vp}), ms2, 2.0 * N * Vp * e, false, c,
               "bytes: logits read + written once");
   }
@@ -1031,33 +1049,37 @@ void run_benchmarks() {
     const double fwd_flops = 2.0 * B * NH * double(T_) * T_ * hs;  // 2 GEMMs x 2 flops x T^2/2 (causal)
     const double ms = time_ms([&] { k::attention_forward(D, y.get(), lse.get(), qkv.get(), B, T_, C, NH); });
     bench_row("attention_forward", shape_str({B, T_, C, NH}), ms, fwd_flops, true, c, "causal flops");
-    const double ms2 = time_ms([&] {
-      k::attention_backward(D, dqkv.get(), x.get(), qkv.get(), lse.get(), B, T_, C, NH, y.get());
-    });
+    const double ms2 =
+        time_ms([&] { k::attention_backward(D, dqkv.get(), x.get(), qkv.get(), lse.get(), B, T_, C, NH, y.get()); });
     bench_row("attention_backward", shape_str({B, T_, C, NH}), ms2, 2.5 * fwd_flops, true, c, "causal flops (5 GEMMs)");
   }
   {  // grouped-query attention at a Llama-like shape: 32 query heads on 8 key/value heads, hd 128
     const k::attention_shape s{4, 2048, 32, 8, 128, 0};
-    const std::size_t n_qkv = std::size_t(s.batch * s.seq * s.row_width()), n_out = std::size_t(s.batch * s.seq * s.q_width());
+    const std::size_t n_qkv = std::size_t(s.batch * s.seq * s.row_width()),
+                      n_out = std::size_t(s.batch * s.seq * s.q_width());
     dvec<T> qkv(random_vec<T>(n_qkv, -1, 1, 99)), dqkv(n_qkv), o(n_out), g(random_vec<T>(n_out, -1, 1, 100));
     dvec<float> lse(std::size_t(s.batch * s.heads * s.seq));
     const double fwd_flops = 2.0 * double(s.batch * s.heads) * double(s.seq) * double(s.seq) * double(s.head_dim);
     const std::string gsh = shape_str({s.batch, s.seq, s.heads, s.kv_heads, s.head_dim});
     const double ms = time_ms([&] { k::attention_forward(D, o.get(), lse.get(), qkv.get(), s); });
     bench_row("attention_forward (GQA)", gsh, ms, fwd_flops, true, c, "causal flops");
-    const double ms2 = time_ms([&] { k::attention_backward(D, dqkv.get(), g.get(), qkv.get(), lse.get(), o.get(), s); });
+    const double ms2 =
+        time_ms([&] { k::attention_backward(D, dqkv.get(), g.get(), qkv.get(), lse.get(), o.get(), s); });
     bench_row("attention_backward (GQA)", gsh, ms2, 2.5 * fwd_flops, true, c, "causal flops (5 GEMMs)");
   }
   // memory-bound kernels
   {
-    double ms = time_ms([&] { k::layernorm_forward(D, y.get(), mean.get(), rstd.get(), x.get(), lnw.get(), lnb.get(), N, C, 1e-5f); });
+    double ms = time_ms(
+        [&] { k::layernorm_forward(D, y.get(), mean.get(), rstd.get(), x.get(), lnw.get(), lnb.get(), N, C, 1e-5f); });
     bench_row("layernorm_forward", nc, ms, 2.0 * N * C * e, false, c);
     ms = time_ms([&] {
-      k::residual_layernorm_forward(D, z.get(), y.get(), mean.get(), rstd.get(), x.get(), y.get(), lnw.get(), lnb.get(), N, C, 1e-5f);
+      k::residual_layernorm_forward(D, z.get(), y.get(), mean.get(), rstd.get(), x.get(), y.get(), lnw.get(), lnb.get(),
+                                    N, C, 1e-5f);
     });
     bench_row("residual_layernorm_forward", nc, ms, 4.0 * N * C * e, false, c);
     ms = time_ms([&] {
-      k::layernorm_backward(D, z.get(), dlnw.get(), dlnb.get(), y.get(), x.get(), lnw.get(), mean.get(), rstd.get(), N, C);
+      k::layernorm_backward(D, z.get(), dlnw.get(), dlnb.get(), y.get(), x.get(), lnw.get(), mean.get(), rstd.get(), N,
+                            C);
     });
     bench_row("layernorm_backward", nc, ms, 4.0 * N * C * e, false, c, "bytes: dout, inp, dinp read + dinp written");
     const std::int64_t n4 = N * 4 * C;
@@ -1087,7 +1109,8 @@ void run_benchmarks() {
     dvec<T> wts(static_cast<std::size_t>(P)), g(static_cast<std::size_t>(P));
     const k::adamw_hyper h{6e-4, 0.9, 0.95, 1e-8, 0.1};
     double ms = time_ms([&] { k::adamw_update(D, master.get(), wts.get(), g.get(), m.get(), v.get(), P, h, 1, 1.0); });
-    bench_row("adamw_update", shape_str({P}), ms, 28.0 * double(P), false, c, "bytes: 3 fp32 rw + bf16 grad r + bf16 w");
+    bench_row("adamw_update", shape_str({P}), ms, 28.0 * double(P), false, c,
+              "bytes: 3 fp32 rw + bf16 grad r + bf16 w");
     gpu::amp amp(st::step_rules{}, 1.0);
     ms = time_ms([&] { k::grad_norm_squared(D, g.get(), P, amp.state()); });
     bench_row("grad_norm_squared (sum_of_squares)", shape_str({P}), ms, 2.0 * double(P), false, c);
@@ -1132,18 +1155,18 @@ int main(int argc, char** argv) {
     test_linear<bf16>(256, 384, 1152);
     test_linear<bf16>(100, 72, 30);  // odd sizes, OC not a multiple of 8
     test_linear<fp16>(128, 256, 512);
-    test_attention<float>(2, 200, 256, 4);  // scalar path, ragged last tile
-    test_attention<bf16>(2, 256, 256, 4);   // tensor cores, hs = 64
-    test_attention<bf16>(2, 200, 384, 4);   // tensor cores, hs = 96, ragged
-    test_attention<bf16>(2, 77, 160, 4);    // hs = 40: scalar path for bf16
-    test_attention<fp16>(1, 130, 512, 4);   // tensor cores, hs = 128
-    test_attention_gqa<float>(2, 200, 8, 2, 32, 0);      // GQA, scalar path, ragged last tile
-    test_attention_gqa<float>(2, 130, 8, 1, 32, 0.3);    // MQA, custom scale
-    test_attention_gqa<float>(1, 96, 4, 4, 24, 0.125);   // MHA through attention_shape, custom scale
-    test_attention_gqa<bf16>(2, 256, 8, 2, 64, 0);       // GQA, tensor cores
-    test_attention_gqa<bf16>(2, 200, 8, 1, 64, 0.2);     // MQA, tensor cores, custom scale, ragged
-    test_attention_gqa<bf16>(1, 77, 8, 2, 40, 0.15);     // GQA, hd = 40: scalar path for bf16
-    test_attention_gqa<fp16>(1, 130, 8, 2, 128, 0);      // GQA, tensor cores, hd = 128
+    test_attention<float>(2, 200, 256, 4);              // scalar path, ragged last tile
+    test_attention<bf16>(2, 256, 256, 4);               // tensor cores, hs = 64
+    test_attention<bf16>(2, 200, 384, 4);               // tensor cores, hs = 96, ragged
+    test_attention<bf16>(2, 77, 160, 4);                // hs = 40: scalar path for bf16
+    test_attention<fp16>(1, 130, 512, 4);               // tensor cores, hs = 128
+    test_attention_gqa<float>(2, 200, 8, 2, 32, 0);     // GQA, scalar path, ragged last tile
+    test_attention_gqa<float>(2, 130, 8, 1, 32, 0.3);   // MQA, custom scale
+    test_attention_gqa<float>(1, 96, 4, 4, 24, 0.125);  // MHA through attention_shape, custom scale
+    test_attention_gqa<bf16>(2, 256, 8, 2, 64, 0);      // GQA, tensor cores
+    test_attention_gqa<bf16>(2, 200, 8, 1, 64, 0.2);    // MQA, tensor cores, custom scale, ragged
+    test_attention_gqa<bf16>(1, 77, 8, 2, 40, 0.15);    // GQA, hd = 40: scalar path for bf16
+    test_attention_gqa<fp16>(1, 130, 8, 2, 128, 0);     // GQA, tensor cores, hd = 128
     test_rmsnorm<float>(1000, 768);
     test_rmsnorm<bf16>(1000, 768);
     test_rmsnorm<bf16>(333, 100);  // C not a multiple of the pack: the scalar path
@@ -1151,7 +1174,7 @@ int main(int argc, char** argv) {
     test_rope<float>(2, 100, 8, 2, 64, 10000.0, 0);
     test_rope<float>(1, 64, 4, 1, 128, 500000.0, 4093);  // Llama 3 theta, a late start position
     test_rope<bf16>(2, 100, 8, 2, 64, 10000.0, 0);
-    test_rope<fp16>(2, 33, 6, 3, 18, 10000.0, 7);        // odd half size
+    test_rope<fp16>(2, 33, 6, 3, 18, 10000.0, 7);  // odd half size
     test_swiglu<float>(300, 1024);
     test_swiglu<bf16>(300, 1024);
     test_swiglu<bf16>(77, 130);  // H not a multiple of the pack: the scalar path

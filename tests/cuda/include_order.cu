@@ -92,8 +92,7 @@ int run_gpu(const std::vector<float>& host_out) {
   d_bias.upload(bias.data(), bias.size());
   st::memory_ledger ledger;
   st::workspace ws(ledger);
-  t::project_then_gelu<my_gpu>(ws, d_out.data(), d_pre.data(), d_inp.data(), d_weight.data(), d_bias.data(), N, C,
-                               OC);
+  t::project_then_gelu<my_gpu>(ws, d_out.data(), d_pre.data(), d_inp.data(), d_weight.data(), d_bias.data(), N, C, OC);
   std::vector<float> out(N * OC);
   d_out.download(out.data(), out.size());
   int failures = 0;

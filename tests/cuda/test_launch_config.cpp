@@ -86,7 +86,8 @@ TEST_CASE("cuda reductions: column chunks depend on N only and cover every row o
 
 // cuBLAS semantics: column-major, D = op(A) op(B) with the stored shapes the mapping declares.
 template <class F>
-static void colmajor_gemm_ref(const gpu::colmajor_gemm& g, const float* A, const float* B, float* C, F&& check_in_bounds) {
+static void colmajor_gemm_ref(const gpu::colmajor_gemm& g, const float* A, const float* B, float* C,
+                              F&& check_in_bounds) {
   for (std::int64_t j = 0; j < g.n; ++j)
     for (std::int64_t i = 0; i < g.m; ++i) {
       double s = 0;
@@ -170,10 +171,10 @@ TEST_CASE("cuda precision rules") {
 
   // The GPU narrows with cvt.rn (round to nearest, ties to even), as strata's host conversion
   // does; the GPU tests check the two bit for bit. Known answers at the tie points:
-  CHECK(bf16(1.00390625f).bits == 0x3f80);  // 1 + 2^-8 is halfway: ties to the even 1.0
-  CHECK(bf16(1.01171875f).bits == 0x3f82);  // 1 + 3*2^-8: ties to the even 1 + 2^-6
-  CHECK(fp16(1.00048828125f).bits == 0x3c00);  // 1 + 2^-11 halfway: even
-  CHECK(fp16(65520.0f).bits == 0x7c00);        // rounds past the largest finite: inf
+  CHECK(bf16(1.00390625f).bits == 0x3f80);              // 1 + 2^-8 is halfway: ties to the even 1.0
+  CHECK(bf16(1.01171875f).bits == 0x3f82);              // 1 + 3*2^-8: ties to the even 1 + 2^-6
+  CHECK(fp16(1.00048828125f).bits == 0x3c00);           // 1 + 2^-11 halfway: even
+  CHECK(fp16(65520.0f).bits == 0x7c00);                 // rounds past the largest finite: inf
   CHECK(fp16(5.9604644775390625e-08f).bits == 0x0001);  // the smallest subnormal
 }
 
@@ -228,7 +229,8 @@ TEST_CASE("cuda attention tiling: WMMA constraints and disjoint regions for ever
           CHECK(p.ld_s >= p.bc);
           CHECK(p.ld_p >= p.bc);
           const std::size_t pb = p.tensor_cores ? elem : sizeof(float);
-          for (auto pass : {gpu::attention_pass::forward, gpu::attention_pass::backward_kv, gpu::attention_pass::backward_q}) {
+          for (auto pass :
+               {gpu::attention_pass::forward, gpu::attention_pass::backward_kv, gpu::attention_pass::backward_q}) {
             const auto L = gpu::attention_layout(pass, p.br, p.bc, p.ld_t, p.ld_s, p.ld_p, p.ld_o, elem, pb);
             // every region starts 128-byte aligned (WMMA needs 32) and ends before the next
             for (std::size_t off : {L.q, L.dout, L.k, L.v, L.s, L.dp, L.p, L.ds, L.acc0, L.acc1, L.row0, L.row1})
@@ -342,9 +344,9 @@ TEST_CASE("cuda adamw: the shared step scalars reproduce the host AdamW") {
   strata::kernels::adamw_update(strata::host{}, hm.data(), w.data(), gb.data(), hmm.data(), hv.data(), n, h, step,
                                 grad_scale);
   // The CUDA kernel's per-element arithmetic, with gpu::make_adamw_scalars.
-  const auto s = gpu::make_adamw_scalars<float>(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                                                1.0 - std::pow(h.beta1, step), 1.0 - std::pow(h.beta2, step),
-                                                grad_scale);
+  const auto s =
+      gpu::make_adamw_scalars<float>(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 1.0 - std::pow(h.beta1, step),
+                                     1.0 - std::pow(h.beta2, step), grad_scale);
   for (std::int64_t i = 0; i < n; ++i) {
     const float gi = float(gb[std::size_t(i)]) * s.scale;
     float p = master[std::size_t(i)] * s.decay;

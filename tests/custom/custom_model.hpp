@@ -34,7 +34,8 @@ struct rmsnorm {
     r.backward_flops = 2 * r.forward_flops;
     r.output_bytes = s.local_rows() * c.channels * std::int64_t(sizeof(T));
     r.activation_bytes = r.output_bytes + s.local_rows() * std::int64_t(sizeof(double));
-    if (s.tp.sequence_parallel) r.tensor_backward_bytes = st::ring_all_reduce_bytes(double(c.channels * sizeof(T)), s.tp.degree);
+    if (s.tp.sequence_parallel)
+      r.tensor_backward_bytes = st::ring_all_reduce_bytes(double(c.channels * sizeof(T)), s.tp.degree);
     return r;
   }
 
@@ -50,11 +51,13 @@ struct rmsnorm {
     const T* g = scope_.params().weights(gain_);
     for (std::int64_t r = 0; r < rows; ++r) {
       double ss = 0;
-      for (std::int64_t i = 0; i < C; ++i) ss += st::convert<double>(x.data[r * C + i]) * st::convert<double>(x.data[r * C + i]);
+      for (std::int64_t i = 0; i < C; ++i)
+        ss += st::convert<double>(x.data[r * C + i]) * st::convert<double>(x.data[r * C + i]);
       const double inv = 1.0 / std::sqrt(ss / double(C) + cfg_.eps);
       rinv_[std::size_t(r)] = inv;
       for (std::int64_t i = 0; i < C; ++i)
-        out_[std::size_t(r * C + i)] = st::convert<T>(st::convert<double>(x.data[r * C + i]) * inv * st::convert<double>(g[i]));
+        out_[std::size_t(r * C + i)] =
+            st::convert<T>(st::convert<double>(x.data[r * C + i]) * inv * st::convert<double>(g[i]));
     }
     return {out_.data(), x.shape};
   }
@@ -69,12 +72,14 @@ struct rmsnorm {
       const double inv = rinv_[std::size_t(r)];
       double dot = 0;  // Σ dy·g·x
       for (std::int64_t i = 0; i < C; ++i) {
-        const double xi = st::convert<double>(x_.data[r * C + i]), dyi = st::convert<double>(dy[std::size_t(r * C + i)]);
+        const double xi = st::convert<double>(x_.data[r * C + i]),
+                     dyi = st::convert<double>(dy[std::size_t(r * C + i)]);
         dot += dyi * st::convert<double>(g[i]) * xi;
         dg_acc[std::size_t(i)] += dyi * xi * inv;
       }
       for (std::int64_t i = 0; i < C; ++i) {
-        const double xi = st::convert<double>(x_.data[r * C + i]), dyi = st::convert<double>(dy[std::size_t(r * C + i)]);
+        const double xi = st::convert<double>(x_.data[r * C + i]),
+                     dyi = st::convert<double>(dy[std::size_t(r * C + i)]);
         dx[std::size_t(r * C + i)] =
             st::convert<T>(inv * (dyi * st::convert<double>(g[i]) - xi * inv * inv * dot / double(C)));
       }
@@ -82,7 +87,8 @@ struct rmsnorm {
     for (std::int64_t i = 0; i < C; ++i) dg[std::size_t(i)] = st::convert<T>(dg_acc[std::size_t(i)]);
     scope_.tensor().sum_partial_gradients(std::span<T>(dg));  // this rank's tokens only, under SP
     T* grad = p.grads(gain_);
-    for (std::int64_t i = 0; i < C; ++i) grad[i] = st::convert<T>(st::convert<double>(grad[i]) + st::convert<double>(dg[std::size_t(i)]));
+    for (std::int64_t i = 0; i < C; ++i)
+      grad[i] = st::convert<T>(st::convert<double>(grad[i]) + st::convert<double>(dg[std::size_t(i)]));
     p.grad_written(gain_);
     return dx;
   }
@@ -131,7 +137,10 @@ struct swiglu {
   }
 
   swiglu(st::module_scope<P> scope, const config& c)
-      : scope_(scope), gate_(scope / "gate", in_config(c)), up_(scope / "up", in_config(c)), down_(scope / "down", out_config(c)) {}
+      : scope_(scope),
+        gate_(scope / "gate", in_config(c)),
+        up_(scope / "up", in_config(c)),
+        down_(scope / "down", out_config(c)) {}
 
   st::tensor_view<const T> forward(st::tensor_view<const T> x) {
     g_ = gate_.forward(x);
@@ -152,7 +161,8 @@ struct swiglu {
     }
     auto dx = gate_.backward(dg);
     auto dx_up = up_.backward(du);
-    for (std::size_t i = 0; i < dx.size(); ++i) dx[i] = st::convert<T>(st::convert<double>(dx[i]) + st::convert<double>(dx_up[i]));
+    for (std::size_t i = 0; i < dx.size(); ++i)
+      dx[i] = st::convert<T>(st::convert<double>(dx[i]) + st::convert<double>(dx_up[i]));
     return dx;
   }
   void release_activations() {
@@ -189,8 +199,12 @@ struct block {
     std::int64_t channels = 0, heads = 0, hidden = 0;
   };
   static constexpr typename rmsnorm<P>::config norm(const config& c) { return {.channels = c.channels}; }
-  static constexpr typename st::attention<P>::config attn(const config& c) { return {.channels = c.channels, .heads = c.heads}; }
-  static constexpr typename swiglu<P>::config ffn(const config& c) { return {.channels = c.channels, .hidden = c.hidden}; }
+  static constexpr typename st::attention<P>::config attn(const config& c) {
+    return {.channels = c.channels, .heads = c.heads};
+  }
+  static constexpr typename swiglu<P>::config ffn(const config& c) {
+    return {.channels = c.channels, .hidden = c.hidden};
+  }
 
   static constexpr st::tensor_extent_list tensor_extents(const config& c) {
     return st::attention<P>::tensor_extents(attn(c)).add(swiglu<P>::tensor_extents(ffn(c)));
@@ -200,11 +214,18 @@ struct block {
     residual.forward_flops = s.local_rows() * c.channels;
     residual.output_bytes = residual.activation_bytes = s.local_rows() * c.channels * std::int64_t(sizeof(T));
     const auto n = rmsnorm<P>::cost(norm(c), s);
-    return n.then(st::attention<P>::cost(attn(c), s)).then(residual).then(n).then(swiglu<P>::cost(ffn(c), s)).then(residual);
+    return n.then(st::attention<P>::cost(attn(c), s))
+        .then(residual)
+        .then(n)
+        .then(swiglu<P>::cost(ffn(c), s))
+        .then(residual);
   }
 
   block(st::module_scope<P> scope, const config& c)
-      : scope_(scope), rms_1_(scope / "rms_1", norm(c)), attn_(scope / "attn", attn(c)), rms_2_(scope / "rms_2", norm(c)),
+      : scope_(scope),
+        rms_1_(scope / "rms_1", norm(c)),
+        attn_(scope / "attn", attn(c)),
+        rms_2_(scope / "rms_2", norm(c)),
         ffn_(scope / "ffn", ffn(c)) {}
 
   st::tensor_view<const T> forward(st::tensor_view<const T> x) {
@@ -263,10 +284,11 @@ struct model {
   using policy = P;
   using config = dims;
   static constexpr auto layers(const dims& c) {
-    return st::sequential(st::layer<st::embedding<P>>("embed", {.vocab = c.vocab, .max_seq = c.seq, .channels = c.width}),
-                          st::blocks<block<P>>("blocks", c.layers, {.channels = c.width, .heads = c.heads, .hidden = c.hidden}),
-                          st::layer<rmsnorm<P>>("norm", {.channels = c.width}),
-                          st::layer<st::lm_head<P>>("head", {.vocab = c.vocab, .channels = c.width}));
+    return st::sequential(
+        st::layer<st::embedding<P>>("embed", {.vocab = c.vocab, .max_seq = c.seq, .channels = c.width}),
+        st::blocks<block<P>>("blocks", c.layers, {.channels = c.width, .heads = c.heads, .hidden = c.hidden}),
+        st::layer<rmsnorm<P>>("norm", {.channels = c.width}),
+        st::layer<st::lm_head<P>>("head", {.vocab = c.vocab, .channels = c.width}));
   }
 };
 

@@ -37,13 +37,19 @@ constexpr int steps = 5;
 // at noise · lr / eps: the weights then agree to 3.3e-7.
 constexpr double lr = 5e-4, adam_eps = 1e-6;
 
-const strata_test::equivalence_setup setup{.lr = lr, .adam_eps = adam_eps, .steps = steps, .global_batch = global_batch};
+const strata_test::equivalence_setup setup{
+    .lr = lr, .adam_eps = adam_eps, .steps = steps, .global_batch = global_batch};
 using strata_test::layout_case;
-strata_test::losses_and_weights serial_run() { return strata_test::serial_run<custom::model<serial_policy>>(shape, setup); }
-st::training_options launch(const layout_case& c, std::int64_t bucket = 1000) { return strata_test::launch(c, setup, bucket); }
+strata_test::losses_and_weights serial_run() {
+  return strata_test::serial_run<custom::model<serial_policy>>(shape, setup);
+}
+st::training_options launch(const layout_case& c, std::int64_t bucket = 1000) {
+  return strata_test::launch(c, setup, bucket);
+}
 
 const layout_case three_d{"dp2 x tp2+sp x pp2, ZeRO-1, 1F1B", 2, 2, 2, 1, 1, 2, 1, "1f1b"};
-const layout_case three_d_interleaved{"dp2 x tp2+sp x pp2, ZeRO-1, interleaved V=2", 2, 2, 2, 1, 1, 2, 2, "interleaved"};
+const layout_case three_d_interleaved{
+    "dp2 x tp2+sp x pp2, ZeRO-1, interleaved V=2", 2, 2, 2, 1, 1, 2, 2, "interleaved"};
 const layout_case dp4_tp2{"dp4 x tp2, ZeRO-3", 4, 2, 1, 3, 0, 1, 1, "1f1b"};
 
 bool eight_ranks() { return strata_test::world().size() == 8; }
@@ -98,8 +104,9 @@ TEST_CASE("its checkpoint saved under one layout resumes under another") {
   const double lerr = strata_test::elementwise_relative_error(after, expected);
   const double werr = strata_test::relative_error(b.serial_weights(), ref.weights);
   if (lead())
-    MESSAGE("saved under " << std::string(three_d.name) << " at step " << saved_at << ", resumed under " << std::string(dp4_tp2.name)
-                           << ": steps 4-5 loss rel. error " << lerr << ", final weight rel. error " << werr);
+    MESSAGE("saved under " << std::string(three_d.name) << " at step " << saved_at << ", resumed under "
+                           << std::string(dp4_tp2.name) << ": steps 4-5 loss rel. error " << lerr
+                           << ", final weight rel. error " << werr);
   CHECK(lerr <= 1e-5);
   CHECK(werr <= 1e-5);
 }
@@ -109,21 +116,23 @@ TEST_CASE("its plan, from its own layer costs, equals what the allocator holds")
   using M = custom::model<launch_policy<st::mixed<st::bf16, float>>>;
   for (const auto& c : {three_d, three_d_interleaved, dp4_tp2}) {
     CAPTURE(std::string(c.name));
-    st::training<M> run(strata_test::world().comm(), shape, launch(c, std::int64_t(1) << 30));  // one bucket: exact ZeRO pieces
+    st::training<M> run(strata_test::world().comm(), shape,
+                        launch(c, std::int64_t(1) << 30));  // one bucket: exact ZeRO pieces
     strata_test::check_plan_equals_allocator(run, shape, c, setup);
   }
 }
 
 TEST_CASE("its layers meet strata's concepts, and its shape is checked against a layout") {
   using P = serial_policy;
-  static_assert(st::hidden_layer<custom::rmsnorm<P>> && st::hidden_layer<custom::swiglu<P>> && st::hidden_layer<custom::block<P>>);
+  static_assert(st::hidden_layer<custom::rmsnorm<P>> && st::hidden_layer<custom::swiglu<P>> &&
+                st::hidden_layer<custom::block<P>>);
   static_assert(st::model_declaration<custom::model<P>>);
   // 4 heads: tp 3 is refused at start-up, naming the numbers (a static tensor<3> fails to compile:
   // tests/compile_fail/tensor_degree_not_dividing_heads.cpp).
-  CHECK_THROWS_WITH_AS(st::check_tensor_extents<custom::model<P>>(shape, 3), "tensor parallelism tp=3 does not divide heads = 4 (blocks 'blocks')",
-                       st::error);
-  CHECK_THROWS_WITH_AS(st::check_tensor_extents<custom::model<P>>({.hidden = 50}, 4), "tensor parallelism tp=4 does not divide FFN width = 50 (blocks 'blocks')",
-                       st::error);
+  CHECK_THROWS_WITH_AS(st::check_tensor_extents<custom::model<P>>(shape, 3),
+                       "tensor parallelism tp=3 does not divide heads = 4 (blocks 'blocks')", st::error);
+  CHECK_THROWS_WITH_AS(st::check_tensor_extents<custom::model<P>>({.hidden = 50}, 4),
+                       "tensor parallelism tp=4 does not divide FFN width = 50 (blocks 'blocks')", st::error);
   // Its names come from its declaration: what checkpoints and exports key on.
   const auto names = st::sequential_model<custom::model<P>>::serial_parameters(shape);
   CHECK(names.front().first == "embed.wte");

@@ -68,8 +68,11 @@ run_result serial_run() {
 
 // The run's options: ZeRO `zero`, buckets of `bucket_elems`, micro-batches of `micro` (0: whole).
 st::training_options dp_options(int zero, std::int64_t bucket_elems, std::int64_t micro = 0) {
-  st::training_options o{.layout = {.zero_stage = zero}, .seed = st::seed{11}, .optimizer = {.lr = 3e-3},
-                         .trainer = options(), .bucket_elems = bucket_elems};
+  st::training_options o{.layout = {.zero_stage = zero},
+                         .seed = st::seed{11},
+                         .optimizer = {.lr = 3e-3},
+                         .trainer = options(),
+                         .bucket_elems = bucket_elems};
   o.trainer.micro_batch = micro;
   return o;
 }
@@ -120,7 +123,8 @@ TEST_CASE("dp x ZeRO 0/1/2/3 in fp32 match the serial run after 5 steps (rel. er
       for (int s = 0; s < steps; ++s)
         CHECK(std::abs(got.losses[std::size_t(s)] - ref.losses[std::size_t(s)]) <= 1e-5 * ref.losses[std::size_t(s)]);
       const double err = weight_error(got, ref);
-      if (world.rank() == 0) MESSAGE("dp=" << world.size() << " zero=" << zero << " bucket=" << bucket << ": weight rel. error " << err);
+      if (world.rank() == 0)
+        MESSAGE("dp=" << world.size() << " zero=" << zero << " bucket=" << bucket << ": weight rel. error " << err);
       CHECK(err <= 1e-5);
     }
   }
@@ -132,19 +136,23 @@ TEST_CASE("ZeRO 0-3 in a memory space that is not host memory: bit for bit, only
     CAPTURE(zero);
     const auto host = dp_run<st::fp32>(world, zero, 1000);
     const auto other = strata_test::run_in_counting_space<gpt2::model<dp_policy<st::fp32>>>(
-        world, tiny, dp_options(zero, 1000), steps, global_batch, st::token_stream(st::byte_tokens(st::generate_corpus(30000)), 5));
+        world, tiny, dp_options(zero, 1000), steps, global_batch,
+        st::token_stream(st::byte_tokens(st::generate_corpus(30000)), 5));
     CHECK(other.losses == host.losses);
     CHECK(other.weights == host.weights);
     strata_test::check_only_batches_cross(other, steps);
   }
 }
 
-TEST_CASE("ZeRO-3 from given initial weights: serial_weights() returns them, and a non-host space gives host memory bit for bit") {
+TEST_CASE(
+    "ZeRO-3 from given initial weights: serial_weights() returns them, and a non-host space gives host memory bit for "
+    "bit") {
   auto& world = strata_test::world().comm();
   if (world.size() != 2) return;
   auto o = dp_options(3, 1000);
   for (const auto& [name, n] : gpt2_net<dp_policy<st::fp32>>::serial_parameters(tiny))
-    for (std::int64_t i = 0; i < n; ++i) o.initial_weights.push_back(0.1 * strata_test::raw_value(5, 0, o.initial_weights.size()));
+    for (std::int64_t i = 0; i < n; ++i)
+      o.initial_weights.push_back(0.1 * strata_test::raw_value(5, 0, o.initial_weights.size()));
   // fp64 values not representable in fp32: each rank's shard stores them rounded.
   std::vector<double> rounded;
   for (double x : o.initial_weights) rounded.push_back(double(float(x)));
@@ -180,8 +188,10 @@ TEST_CASE("bf16 compute with fp32 master weights tracks the serial bf16 run") {
   const auto ref = serial_run<PBF16>();
   const auto got = dp_run<st::mixed<st::bf16, float>>(world, 3, 1000);
   double worst = 0;
-  for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got.losses[std::size_t(s)] - ref.losses[std::size_t(s)]));
-  if (world.rank() == 0) MESSAGE("bf16 dp=" << world.size() << ": max loss deviation " << worst << ", weights " << weight_error(got, ref));
+  for (int s = 0; s < steps; ++s)
+    worst = std::max(worst, std::abs(got.losses[std::size_t(s)] - ref.losses[std::size_t(s)]));
+  if (world.rank() == 0)
+    MESSAGE("bf16 dp=" << world.size() << ": max loss deviation " << worst << ", weights " << weight_error(got, ref));
   // bf16 rounds each reduced gradient once more than the serial run: 2^-8 relative.
   CHECK(worst <= 2e-2);
   CHECK(weight_error(got, ref) <= 2e-2);
@@ -239,9 +249,9 @@ TEST_CASE("ZeRO-2 holds 4Ψ/N gradient bytes between steps and a few buckets mor
   // (written first by the head, last by the embedding).
   const std::size_t bound = 4 * (owned + largest_buckets(dp.layout(), 4));
   if (world.rank() == 0)
-    MESSAGE("ZeRO-2 dp=" << n << ", Ψ=" << psi << ", " << dp.layout().buckets().size() << " buckets: gradient bytes " << 4 * owned
-                         << " between steps, peak " << ledger.peak(mc::gradients) << " (a full buffer: " << 4 * psi
-                         << "; bound " << bound << ")");
+    MESSAGE("ZeRO-2 dp=" << n << ", Ψ=" << psi << ", " << dp.layout().buckets().size() << " buckets: gradient bytes "
+                         << 4 * owned << " between steps, peak " << ledger.peak(mc::gradients)
+                         << " (a full buffer: " << 4 * psi << "; bound " << bound << ")");
   CHECK(ledger.peak(mc::gradients) <= bound);
   if (n > 1) CHECK(ledger.peak(mc::gradients) < 4 * psi);
 }
@@ -266,14 +276,15 @@ TEST_CASE("ZeRO-3 holds (4Ψ + 4Ψ + 8Ψ)/N between steps, plus the gathered buc
   // Resident during a pass: three buckets plus the tied table's.
   const std::size_t bound = 4 * (owned + largest_buckets(dp.layout(), 4));
   if (world.rank() == 0)
-    MESSAGE("ZeRO-3 dp=" << n << ", Ψ=" << psi << ": model state " << model_state() << " bytes between steps (16Ψ/N = "
-                         << 16 * psi / std::size_t(n) << "), parameter peak " << ledger.peak(mc::parameters) << " (bound " << bound
-                         << ", full " << 4 * psi << ")");
+    MESSAGE("ZeRO-3 dp=" << n << ", Ψ=" << psi << ": model state " << model_state()
+                         << " bytes between steps (16Ψ/N = " << 16 * psi / std::size_t(n) << "), parameter peak "
+                         << ledger.peak(mc::parameters) << " (bound " << bound << ", full " << 4 * psi << ")");
   CHECK(ledger.peak(mc::parameters) <= bound);
   if (n > 1) CHECK(ledger.peak(mc::parameters) < 4 * psi);
   // Most buckets were already being gathered (prefetched) when a layer asked for them.
   const auto buckets = long(dp.layout().buckets().size());
-  if (world.rank() == 0) MESSAGE("ZeRO-3: " << dp.prefetch_hits() << " of " << 2 * buckets << " gathers in the step were prefetched");
+  if (world.rank() == 0)
+    MESSAGE("ZeRO-3: " << dp.prefetch_hits() << " of " << 2 * buckets << " gathers in the step were prefetched");
   CHECK(dp.prefetch_hits() >= buckets);  // all but the first of each pass (and the tied table's)
 }
 
@@ -305,7 +316,10 @@ TEST_CASE("bytes communicated per rank per step: 2Ψ(N-1)/N elements for ZeRO 0-
     const double psi = double(run.model().parameters().size());
     const double analytic = (zero == 3 ? 3.0 : 2.0) * psi * double(n - 1) / double(n) * 4.0;
     CHECK(std::abs(double(expected) - analytic) <= 12.0 * double(dp.layout().buckets().size()));
-    if (rank == 0) MESSAGE("zero=" << zero << " dp=" << n << ": " << expected << " bytes of gradients/weights sent per rank, analytic " << (zero == 3 ? 3 : 2) << "Ψ(N-1)/N·4 = " << analytic);
+    if (rank == 0)
+      MESSAGE("zero=" << zero << " dp=" << n << ": " << expected
+                      << " bytes of gradients/weights sent per rank, analytic " << (zero == 3 ? 3 : 2)
+                      << "Ψ(N-1)/N·4 = " << analytic);
   }
 }
 
@@ -316,8 +330,8 @@ TEST_CASE("a global batch that does not divide over the ranks is refused with th
   gpt2_net<P32> model(ledger, tiny, st::seed{11});
   st::data_parallel<P32, st::mpi_communicator> dp(model.parameters(), world, {});
   const std::int64_t bad = world.size() + 1;
-  const std::string expected = "global batch " + std::to_string(bad) + " does not divide over dp = " +
-                               std::to_string(world.size()) + " ranks";
+  const std::string expected =
+      "global batch " + std::to_string(bad) + " does not divide over dp = " + std::to_string(world.size()) + " ranks";
   CHECK_THROWS_WITH_AS(dp.local_rows(bad), doctest::Contains(expected.c_str()), st::error);
 }
 
@@ -367,8 +381,8 @@ TEST_CASE("an optimizer built from the model, paired with a sharding synchronize
     st::adamw<P32> whole(model, {.lr = 3e-3});  // every parameter: wrong for a ZeRO shard
     CAPTURE(zero);
     if (world.size() > 1 || zero == 3) {
-      const std::string expected = "but the synchronizer, data_parallel ZeRO-" + std::to_string(zero) + " over dp=" +
-                                   std::to_string(world.size());
+      const std::string expected = "but the synchronizer, data_parallel ZeRO-" + std::to_string(zero) +
+                                   " over dp=" + std::to_string(world.size());
       CHECK_THROWS_WITH_AS(st::trainer(model, whole, options(), dp), doctest::Contains(expected.c_str()), st::error);
     }
     // Built from the synchronizer it is right.
@@ -381,6 +395,6 @@ TEST_CASE("an optimizer built from the model, paired with a sharding synchronize
   st::memory_ledger ledger;
   gpt2_net<P32> a(ledger, tiny, st::seed{1}), b(ledger, tiny, st::seed{2});
   st::adamw<P32> opt_b(b, {});
-  CHECK_THROWS_WITH_AS(st::trainer(a, opt_b, options()), "trainer: the optimizer was built for another model's parameters",
-                       st::error);
+  CHECK_THROWS_WITH_AS(st::trainer(a, opt_b, options()),
+                       "trainer: the optimizer was built for another model's parameters", st::error);
 }

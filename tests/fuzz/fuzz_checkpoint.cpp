@@ -53,7 +53,8 @@ struct runs {
   explicit runs(const fz::fs::path& dir) : ck(dir), fp32(dir.string()), bf16(dir.string()) {}
 };
 runs& shared_runs() {
-  static runs r(fz::scratch_root(fz::fs::temp_directory_path()) / ("strata-fuzz-checkpoint-" + std::to_string(::getpid())));
+  static runs r(fz::scratch_root(fz::fs::temp_directory_path()) /
+                ("strata-fuzz-checkpoint-" + std::to_string(::getpid())));
   return r;
 }
 
@@ -151,10 +152,10 @@ bool edit_pieces(fz::input& in, fz::rng& r) {
   }
   if (!pieces.is_array() || pieces.empty()) return false;
   json& p = pieces[r.below(pieces.size())];
-  static const std::vector<std::string> fields{"begin", "count", "numel", "full",     "dim",         "parts",
+  static const std::vector<std::string> fields{"begin", "count",  "numel",     "full",        "dim",         "parts",
                                                "index", "blocks", "real_rows", "block_sizes", "block_parts", "param"};
-  static const std::vector<long long> values{0, -1, 1, 2, 3, 4, 5, 7, 16, 64, 65, 300, 2147483647, -2147483648LL,
-                                             4294967296LL, 9223372036854775807LL};
+  static const std::vector<long long> values{
+      0, -1, 1, 2, 3, 4, 5, 7, 16, 64, 65, 300, 2147483647, -2147483648LL, 4294967296LL, 9223372036854775807LL};
   const std::string field = r.pick(fields);
   long long v = r.pick(values);
   if (p.contains(field) && p[field].is_number_integer() && r.chance(30))  // a neighbour (wrapping, defined)
@@ -193,9 +194,7 @@ bool edit_pieces(fz::input& in, fz::rng& r) {
   meta["pieces"] = pieces.dump();
   try {
     f.data = st::encode_safetensors(tensors, meta);
-  } catch (const std::exception&) {
-    return false;
-  }
+  } catch (const std::exception&) { return false; }
   fixup(in);
   return true;
 }

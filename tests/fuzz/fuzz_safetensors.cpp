@@ -56,32 +56,27 @@ void write_corpus(const fz::fs::path& dir) {
   save("ok-f32.safetensors", st::encode_safetensors({make_tensor<float>("a", {2, 3}, {1, 2, 3, 4, 5, 6}),
                                                      make_tensor<float>("b", {4}, {-1, 0.5, 1e30, -0.0})}));
   save("ok-mixed-dtypes.safetensors",
-       st::encode_safetensors({make_tensor<float>("f32", {2, 2}, {1, 2, 3, 4}),
-                               make_tensor<st::bf16>("bf16", {3}, {1, -2, 3.5}),
-                               make_tensor<st::fp16>("f16", {1, 2}, {0.25, 65504}),
-                               make_tensor<double>("f64", {2}, {1e300, -1e-300})},
-                              {{"format", "pt"}, {"written_by", "strata"}}));
+       st::encode_safetensors(
+           {make_tensor<float>("f32", {2, 2}, {1, 2, 3, 4}), make_tensor<st::bf16>("bf16", {3}, {1, -2, 3.5}),
+            make_tensor<st::fp16>("f16", {1, 2}, {0.25, 65504}), make_tensor<double>("f64", {2}, {1e300, -1e-300})},
+           {{"format", "pt"}, {"written_by", "strata"}}));
   save("ok-empty-and-scalar.safetensors",
        st::encode_safetensors({make_tensor<float>("empty", {0, 4}, {}), make_tensor<float>("scalar", {}, {7})}));
   save("ok-no-tensors.safetensors", raw_file("{}      ", {}));
   // Not strata's dtypes: safetensors_reader keeps the entries, read_safetensors refuses the file.
-  save("ok-bool-mask.safetensors",
-       raw_file(R"({"mask":{"dtype":"BOOL","shape":[2,2],"data_offsets":[0,4]},)"
-                R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                {1, 0, 1, 1, 0, 0, 0x80, 0x3f}));
+  save("ok-bool-mask.safetensors", raw_file(R"({"mask":{"dtype":"BOOL","shape":[2,2],"data_offsets":[0,4]},)"
+                                            R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                            {1, 0, 1, 1, 0, 0, 0x80, 0x3f}));
   const fz::bytes eight{0, 0, 0x80, 0x3f, 0, 0, 0, 0x40};
   save("bad-length-past-end.safetensors",
        raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", eight, 1 << 20));
-  save("bad-offsets-overlap.safetensors",
-       raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                eight));
-  save("bad-offsets-gap.safetensors",
-       raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight));
-  save("bad-duplicate-key.safetensors",
-       raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                eight));
+  save("bad-offsets-overlap.safetensors", raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                                   R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                                   eight));
+  save("bad-offsets-gap.safetensors", raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight));
+  save("bad-duplicate-key.safetensors", raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                                 R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                                 eight));
   save("bad-fractional-shape.safetensors",
        raw_file(R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", eight));
   save("bad-shape-overflow.safetensors",

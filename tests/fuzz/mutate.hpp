@@ -65,7 +65,9 @@ struct rng {
   std::size_t below(std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(next() % n); }
   bool chance(int percent) { return below(100) < static_cast<std::size_t>(percent); }
   template <class C>
-  const auto& pick(const C& c) { return c[below(std::size(c))]; }
+  const auto& pick(const C& c) {
+    return c[below(std::size(c))];
+  }
 };
 
 // One file of an input; a checkpoint input is several (manifest, COMPLETE, rank files).
@@ -93,6 +95,8 @@ inline void write_bytes(const fs::path& p, const bytes& b) {
 
 // --- mutations --------------------------------------------------------------------------------
 
+// The tables read better packed than one entry per line.
+// clang-format off
 inline const std::vector<std::string>& interesting_numbers() {
   static const std::vector<std::string> v{
       "0", "-1", "1", "2", "3", "4", "5", "7", "8", "16", "63", "64", "65", "255", "256", "1023", "1024", "65535",
@@ -122,10 +126,12 @@ inline const std::vector<std::int64_t>& interesting_words() {
   return v;
 }
 
+// clang-format on
+
 // Byte-level mutations; `other` is another corpus file for splices.
 inline void mutate_bytes(bytes& b, rng& r, const bytes& other) {
-  static const unsigned char special[] = {0, 0xff, 0x7f, 0x80, 0x01, 0xfe, '{', '}', '[', ']', '"', ':', ',', '\\',
-                                          '-', '.', 'e', '0', '1', '9', ' ', '\n'};
+  static const unsigned char special[] = {0,   0xff, 0x7f, 0x80, 0x01, 0xfe, '{', '}', '[', ']', '"',
+                                          ':', ',',  '\\', '-',  '.',  'e',  '0', '1', '9', ' ', '\n'};
   const auto at = [&](std::size_t extra = 0) { return r.below(b.size() + extra); };
   switch (r.below(10)) {
     case 0:  // flip 1-4 bits
@@ -274,7 +280,8 @@ inline bool mutate_json(std::string& t, rng& r) {
       std::string v = r.pick(interesting_numbers());
       if (r.chance(30)) {
         // In unsigned arithmetic (wrapping, defined), printed signed: the value's neighbours, negation, double, half.
-        const auto x = static_cast<std::uint64_t>(std::strtoll(t.substr(s.begin, s.end - s.begin).c_str(), nullptr, 10));
+        const auto x =
+            static_cast<std::uint64_t>(std::strtoll(t.substr(s.begin, s.end - s.begin).c_str(), nullptr, 10));
         const std::uint64_t choices[] = {x + 1, x - 1, 0 - x, x * 2, x / 2};
         v = std::to_string(static_cast<long long>(r.pick(choices)));
       }
@@ -438,7 +445,7 @@ struct target {
 namespace detail {
 
 // What a signal handler or the sanitizer's death callback needs, prepared before each input.
-inline bytes current;             // the input, serialized for --replay
+inline bytes current;              // the input, serialized for --replay
 inline char save_path[4096] = {};  // where it goes on a failure
 inline char banner[8192] = {};     // what to print
 // While an input runs, the reader's own messages (resume prints why it skips a checkpoint) go to
@@ -677,9 +684,7 @@ inline int main(int argc, char** argv, const target& t, const std::string& defau
       wrong = "std::bad_alloc (a size field allocated unchecked?)";
     } catch (const std::exception& e) {
       wrong = std::string("an exception of type ") + typeid(e).name() + " rather than strata::error: " + e.what();
-    } catch (...) {
-      wrong = "an exception of unknown type";
-    }
+    } catch (...) { wrong = "an exception of unknown type"; }
     ::alarm(0);
     if (quiet) {
       std::fflush(stdout);
@@ -761,8 +766,8 @@ inline int main(int argc, char** argv, const target& t, const std::string& defau
     }
     if (t.fixup && r.chance(50)) t.fixup(in);
     const std::string label = "input " + std::to_string(i) + " of seed " + std::to_string(o.seed);
-    const bool ok =
-        run_one(in, label, out / ("failure-" + t.name + "-seed" + std::to_string(o.seed) + "-input" + std::to_string(i)));
+    const bool ok = run_one(
+        in, label, out / ("failure-" + t.name + "-seed" + std::to_string(o.seed) + "-input" + std::to_string(i)));
     ++ran;
     if (ok) (tl.any_loaded ? loaded : refused)++;
     if (failures >= 20) {
@@ -771,13 +776,15 @@ inline int main(int argc, char** argv, const target& t, const std::string& defau
     }
   }
   const double secs = std::chrono::duration<double>(clock::now() - start).count();
-  std::printf("fuzz_%s: corpus %zu entries (%ld loaded); %ld mutated inputs in %.1f s (seed %llu): %ld loaded, %ld refused, "
-              "%ld failures\n",
-              t.name.c_str(), corpus.size(), corpus_loaded, ran, secs, static_cast<unsigned long long>(o.seed), loaded,
-              refused, failures);
+  std::printf(
+      "fuzz_%s: corpus %zu entries (%ld loaded); %ld mutated inputs in %.1f s (seed %llu): %ld loaded, %ld refused, "
+      "%ld failures\n",
+      t.name.c_str(), corpus.size(), corpus_loaded, ran, secs, static_cast<unsigned long long>(o.seed), loaded, refused,
+      failures);
   for (const auto& call : tl.order)
     if (tl.by_call.count(call))
-      std::printf("  %-22s loaded %6ld, refused %6ld\n", call.c_str(), tl.by_call[call].loaded, tl.by_call[call].refused);
+      std::printf("  %-22s loaded %6ld, refused %6ld\n", call.c_str(), tl.by_call[call].loaded,
+                  tl.by_call[call].refused);
   fs::remove_all(work);
   if (detail::log_fd >= 0) {
     ::close(detail::log_fd);

@@ -33,7 +33,8 @@ std::vector<float> random_qkv(const kn::attention_shape& s, std::uint64_t salt) 
 // the full forward's, bit for bit.
 void check_cached_kernel(const kn::attention_shape& full, std::int64_t prefill) {
   const auto qkv = random_qkv(full, 11 + std::uint64_t(full.kv_heads));
-  std::vector<float> ref(std::size_t(full.batch * full.seq * full.q_width())), lse(std::size_t(full.batch * full.heads * full.seq));
+  std::vector<float> ref(std::size_t(full.batch * full.seq * full.q_width())),
+      lse(std::size_t(full.batch * full.heads * full.seq));
   kn::attention_forward(st::host{}, ref.data(), lse.data(), qkv.data(), full);
   const std::int64_t B = full.batch, T = full.seq, W = full.row_width(), Q = full.q_width();
   std::vector<float> k_cache(std::size_t(B * T * full.kv_width())), v_cache(k_cache.size());
@@ -42,8 +43,7 @@ void check_cached_kernel(const kn::attention_shape& full, std::int64_t prefill) 
     kn::attention_shape step = full;
     step.seq = n;
     std::vector<float> in(std::size_t(B * n * W)), out(std::size_t(B * n * Q));
-    for (std::int64_t b = 0; b < B; ++b)
-      std::copy_n(qkv.begin() + (b * T + pos) * W, n * W, in.begin() + b * n * W);
+    for (std::int64_t b = 0; b < B; ++b) std::copy_n(qkv.begin() + (b * T + pos) * W, n * W, in.begin() + b * n * W);
     kn::cached_attention_forward(st::host{}, out.data(), k_cache.data(), v_cache.data(), in.data(), step, pos, T);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t i = 0; i < n * Q; ++i)
@@ -60,8 +60,9 @@ void check_cached_equals_uncached(const char* name, const typename Model::config
   const auto cached = record(gen, p, {.new_tokens = new_tokens});
   const auto full = record(gen, p, {.new_tokens = new_tokens, .cache = false});
   const double err = logits_error(cached, full), margin = smallest_margin(full);
-  MESSAGE(std::string(name) << ": 64 greedy tokens, cached logits within " << err << " of max|logit| of the full forward's; "
-               << "smallest top-2 gap " << margin << " of max|logit|");
+  MESSAGE(std::string(name) << ": 64 greedy tokens, cached logits within " << err
+                            << " of max|logit| of the full forward's; "
+                            << "smallest top-2 gap " << margin << " of max|logit|");
   CHECK(cached.tokens.size() == std::size_t(new_tokens));
   CHECK(cached.tokens == full.tokens);
   CHECK(err <= 1e-5);
@@ -75,7 +76,8 @@ void check_cached_equals_uncached(const char* name, const typename Model::config
 TEST_CASE("the cached attention kernel gives the full attention's rows bit for bit") {
   check_cached_kernel({.batch = 2, .seq = 37, .heads = 4, .kv_heads = 4, .head_dim = 16}, 5);  // multi-head
   check_cached_kernel({.batch = 2, .seq = 37, .heads = 8, .kv_heads = 2, .head_dim = 8}, 1);   // grouped-query
-  check_cached_kernel({.batch = 1, .seq = 20, .heads = 4, .kv_heads = 1, .head_dim = 8}, 20);  // multi-query, one prefill
+  check_cached_kernel({.batch = 1, .seq = 20, .heads = 4, .kv_heads = 1, .head_dim = 8},
+                      20);  // multi-query, one prefill
 }
 
 TEST_CASE("greedy generation with the KV cache gives the tokens and logits of the full forward") {
@@ -114,7 +116,8 @@ TEST_CASE("generation past the position table is refused before it starts") {
   CHECK(gen.generate(p, {.new_tokens = 7}).size() == 7);
   CHECK_THROWS_WITH(gen.generate(std::vector<std::int32_t>{1, 64}, {.new_tokens = 1}),
                     doctest::Contains("token id 64 at position 1 is out of range for vocab 64"));
-  CHECK_THROWS_WITH(gen.generate(std::vector<std::int32_t>{}, {.new_tokens = 1}), doctest::Contains("the prompt is empty"));
+  CHECK_THROWS_WITH(gen.generate(std::vector<std::int32_t>{}, {.new_tokens = 1}),
+                    doctest::Contains("the prompt is empty"));
 }
 
 TEST_CASE("per-token time with and without the cache at seq 256 (GPT-2, 4 layers x 256 wide)") {
@@ -140,8 +143,8 @@ TEST_CASE("per-token time with and without the cache at seq 256 (GPT-2, 4 layers
   };
   per_token(true);  // warm-up
   const double with = per_token(true), without = per_token(false);
-  MESSAGE("seq 225..256, GPT-2 4 x 256 (3.2M weights), fp32, serial, " << st::kernels::openmp::max_threads()
-          << " threads: " << with * 1e3 << " ms/token with the KV cache, " << without * 1e3
-          << " ms/token without (a forward over the window): " << without / with << "x");
+  MESSAGE("seq 225..256, GPT-2 4 x 256 (3.2M weights), fp32, serial, "
+          << st::kernels::openmp::max_threads() << " threads: " << with * 1e3 << " ms/token with the KV cache, "
+          << without * 1e3 << " ms/token without (a forward over the window): " << without / with << "x");
   CHECK(without > 5 * with);
 }

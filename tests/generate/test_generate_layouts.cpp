@@ -80,7 +80,8 @@ void check_layouts(const char* family, const typename Family::config& shape) {
     CHECK(gen.generate(p, {.new_tokens = 32, .sample = warm}) == drawn);
     if (!run.model().pipelined()) CHECK(gen.generate(p, {.new_tokens = new_tokens, .cache = false}) == greedy.tokens);
     if (strata_test::world().rank() == 0)
-      MESSAGE(std::string(family) << ", " << std::string(c.name) << ": the serial tokens; logits within " << err << " of max|logit|");
+      MESSAGE(std::string(family) << ", " << std::string(c.name) << ": the serial tokens; logits within " << err
+                                  << " of max|logit|");
   }
   CHECK(ran > 0);
 }

@@ -62,9 +62,12 @@ struct fixture_file {
     return out;
   }
   gpt2::dims dims() const {
-    return {.vocab = std::int64_t(number("vocab")), .seq = std::int64_t(number("n_positions")),
-            .layers = std::int64_t(number("layers")), .heads = std::int64_t(number("heads")),
-            .d_model = std::int64_t(number("d_model")), .ffn = std::int64_t(number("ffn"))};
+    return {.vocab = std::int64_t(number("vocab")),
+            .seq = std::int64_t(number("n_positions")),
+            .layers = std::int64_t(number("layers")),
+            .heads = std::int64_t(number("heads")),
+            .d_model = std::int64_t(number("d_model")),
+            .ffn = std::int64_t(number("ffn"))};
   }
 };
 
@@ -82,7 +85,10 @@ struct golden : fixture_file {
     batch.inputs = ids("ref.tokens");
     batch.targets = ids("ref.targets");
     REQUIRE(std::int64_t(batch.inputs.size()) == batch.batch * batch.seq);
-    adam = {.lr = number("lr"), .beta1 = number("beta1"), .beta2 = number("beta2"), .eps = number("adam_eps"),
+    adam = {.lr = number("lr"),
+            .beta1 = number("beta1"),
+            .beta2 = number("beta2"),
+            .eps = number("adam_eps"),
             .weight_decay = number("weight_decay")};
     adam_steps = int(number("adam_steps"));
     f64_grads = meta.at("grad_dtype") == "F64";
@@ -143,9 +149,8 @@ struct errors {
     std::ostringstream s;
     s << "loss rel. error " << loss;
     if (logits >= 0) s << ", logits " << logits << " of max|logit|";
-    s << ", gradients " << grads << " of max|g|, losses of the " << reference().adam_steps
-      << " AdamW steps (rel.) " << step_losses << ", weights after them " << after_abs << " absolute ("
-      << after_rel << " of max|w|)";
+    s << ", gradients " << grads << " of max|g|, losses of the " << reference().adam_steps << " AdamW steps (rel.) "
+      << step_losses << ", weights after them " << after_abs << " absolute (" << after_rel << " of max|w|)";
     return s.str();
   }
 };
@@ -200,8 +205,9 @@ struct layout_case {
 measured layout_run(const layout_case& c) {
   using M = gpt2::model<strata_test::launch_policy<st::fp32>>;
   const auto& f = reference();
-  st::training<M> run(strata_test::world().comm(), f.d,
-                      {.layout = c.layout, .optimizer = f.adam, .trainer = f.trainer(), .initial_weights = f.weights()});
+  st::training<M> run(
+      strata_test::world().comm(), f.d,
+      {.layout = c.layout, .optimizer = f.adam, .trainer = f.trainer(), .initial_weights = f.weights()});
   measured r;
   if (!run.model().pipelined()) {  // a pipelined model offers no logits (its stages hold its layers)
     auto logits = run.model().logits(f.batch.input_view());
@@ -253,10 +259,24 @@ TEST_CASE("the GPT-2 example matches GPT2LMHeadModel and torch AdamW serially: f
 TEST_CASE("the GPT-2 example matches GPT2LMHeadModel and torch AdamW under tp 2 + SP and pp 2") {
   if (strata_test::world().size() != 2) return;
   const layout_case cases[] = {
-      {"tp2 + SP", {.dp = 1, .tp = 2, .pp = 1, .microbatches = 1, .zero_stage = 0, .sequence_parallel = 1,
-                    .virtual_chunks = 1, .schedule = "1f1b"}},
-      {"pp2, 1F1B, 2 micro-batches", {.dp = 1, .tp = 1, .pp = 2, .microbatches = 2, .zero_stage = 0,
-                                      .sequence_parallel = 0, .virtual_chunks = 1, .schedule = "1f1b"}},
+      {"tp2 + SP",
+       {.dp = 1,
+        .tp = 2,
+        .pp = 1,
+        .microbatches = 1,
+        .zero_stage = 0,
+        .sequence_parallel = 1,
+        .virtual_chunks = 1,
+        .schedule = "1f1b"}},
+      {"pp2, 1F1B, 2 micro-batches",
+       {.dp = 1,
+        .tp = 1,
+        .pp = 2,
+        .microbatches = 2,
+        .zero_stage = 0,
+        .sequence_parallel = 0,
+        .virtual_chunks = 1,
+        .schedule = "1f1b"}},
   };
   for (const auto& c : cases) {
     CAPTURE(std::string(c.name));
@@ -279,7 +299,8 @@ TEST_CASE("a hub-layout GPT-2 file (no prefix, BOOL and F32 masks, masked_bias) 
   model_t model(ledger, d, st::seed{1});
   auto& p = model.parameters();
   const auto serial = gpt2::import_hf(fixtures + "/gpt2_hub.safetensors", d);
-  st::scatter_model_weights(p, std::span(p.weights_data(), std::size_t(p.size())), model_t::serial_parameters(d), serial);
+  st::scatter_model_weights(p, std::span(p.weights_data(), std::size_t(p.size())), model_t::serial_parameters(d),
+                            serial);
   const st::tensor_view<const std::int32_t> in{tokens.data(), {batch, seq}}, out{targets.data(), {batch, seq}};
   const double loss = model.evaluate(in, out), err = std::abs(loss - expected) / expected;
   MESSAGE("hub-layout file through gpt2::import_hf, float32: loss " << loss << " (reference " << expected

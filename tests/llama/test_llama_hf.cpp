@@ -37,10 +37,15 @@ struct fixture {
     std::map<std::string, std::string> meta;
     for (auto& t : st::read_safetensors(path, &meta)) tensors.emplace(t.name, std::move(t));
     const auto number = [&](const char* key) { return std::stod(meta.at(key)); };
-    dims = {.vocab = std::int64_t(number("vocab")), .seq = std::int64_t(number("seq")), .layers = std::int64_t(number("layers")),
-            .heads = std::int64_t(number("heads")), .d_model = std::int64_t(number("hidden")),
-            .kv_heads = std::int64_t(number("kv_heads")), .ffn = std::int64_t(number("ffn")),
-            .rope_theta = number("rope_theta"), .norm_eps = number("norm_eps")};
+    dims = {.vocab = std::int64_t(number("vocab")),
+            .seq = std::int64_t(number("seq")),
+            .layers = std::int64_t(number("layers")),
+            .heads = std::int64_t(number("heads")),
+            .d_model = std::int64_t(number("hidden")),
+            .kv_heads = std::int64_t(number("kv_heads")),
+            .ffn = std::int64_t(number("ffn")),
+            .rope_theta = number("rope_theta"),
+            .norm_eps = number("norm_eps")};
     batch = std::int64_t(number("batch"));
     for (double v : values("ref.tokens")) tokens.push_back(std::int32_t(v));
     for (double v : values("ref.targets")) targets.push_back(std::int32_t(v));
@@ -77,10 +82,13 @@ result run(const fixture& f) {
   st::memory_ledger ledger;
   st::sequential_model<llama::model<P>> model(ledger, f.dims, st::seed{1});
   auto& p = model.parameters();
-  st::scatter_model_weights(p, std::span(p.weights_data(), std::size_t(p.size())),
-                            st::sequential_model<llama::model<P>>::serial_parameters(f.dims),
-                            llama::import_hf(fixtures + "/" + (f.dims.kv() == f.dims.heads ? "llama_mha" : "llama_gqa") + ".safetensors", f.dims));
-  const st::tensor_view<const std::int32_t> in{f.tokens.data(), {f.batch, f.dims.seq}}, out{f.targets.data(), {f.batch, f.dims.seq}};
+  st::scatter_model_weights(
+      p, std::span(p.weights_data(), std::size_t(p.size())),
+      st::sequential_model<llama::model<P>>::serial_parameters(f.dims),
+      llama::import_hf(fixtures + "/" + (f.dims.kv() == f.dims.heads ? "llama_mha" : "llama_gqa") + ".safetensors",
+                       f.dims));
+  const st::tensor_view<const std::int32_t> in{f.tokens.data(), {f.batch, f.dims.seq}},
+      out{f.targets.data(), {f.batch, f.dims.seq}};
   result r;
   {
     auto logits = model.logits(in);
@@ -102,13 +110,13 @@ void compare(const char* file) {
     CHECK(max_diff(r.logits, logits) <= 1e-10 * max_abs(logits));
     CHECK(max_diff(r.grads, grads) <= 1e-10 * max_abs(grads));
     MESSAGE(std::string(file) << " float64: loss " << r.loss << " (reference " << loss << "), gradient error "
-                 << max_diff(r.grads, grads) / max_abs(grads) << " of max|g|");
+                              << max_diff(r.grads, grads) / max_abs(grads) << " of max|g|");
   }
   const auto r = run<st::fp32>(f);
   const double loss_err = std::abs(r.loss - loss) / loss, logit_err = max_diff(r.logits, logits) / max_abs(logits),
                grad_err = max_diff(r.grads, grads) / max_abs(grads);
-  MESSAGE(std::string(file) << " float32: loss rel. error " << loss_err << ", logits " << logit_err << " of max|logit|, gradients "
-               << grad_err << " of max|g|");
+  MESSAGE(std::string(file) << " float32: loss rel. error " << loss_err << ", logits " << logit_err
+                            << " of max|logit|, gradients " << grad_err << " of max|g|");
   CHECK(loss_err <= 1e-5);
   CHECK(logit_err <= 1e-5);
   CHECK(grad_err <= 1e-4);
@@ -116,13 +124,18 @@ void compare(const char* file) {
 
 }  // namespace
 
-TEST_CASE("the Llama example matches Hugging Face LlamaForCausalLM: multi-head attention") { compare("llama_mha.safetensors"); }
+TEST_CASE("the Llama example matches Hugging Face LlamaForCausalLM: multi-head attention") {
+  compare("llama_mha.safetensors");
+}
 
-TEST_CASE("the Llama example matches Hugging Face LlamaForCausalLM: grouped-query attention") { compare("llama_gqa.safetensors"); }
+TEST_CASE("the Llama example matches Hugging Face LlamaForCausalLM: grouped-query attention") {
+  compare("llama_gqa.safetensors");
+}
 
 TEST_CASE("its Hugging Face layout covers exactly its parameters, in serial order") {
   using P = st::policy<st::host, st::serial, st::fp32>;
-  for (const llama::dims& d : {llama::dims{}, llama::dims{.heads = 4, .kv_heads = 1}, llama::dims{.kv_heads = 2, .tied = true}}) {
+  for (const llama::dims& d :
+       {llama::dims{}, llama::dims{.heads = 4, .kv_heads = 1}, llama::dims{.kv_heads = 2, .tied = true}}) {
     const auto names = st::sequential_model<llama::model<P>>::serial_parameters(d);
     const auto hf = llama::hf_layout(d);
     REQUIRE(names.size() == hf.size());
@@ -142,8 +155,9 @@ TEST_CASE("export then import gives the weights back") {
   // A file of another shape is refused, naming the tensor and both shapes.
   llama::dims wider = f.dims;
   wider.kv_heads = 4;
-  CHECK_THROWS_WITH_AS(llama::import_hf(path, wider),
-                       "llama: 'llama_roundtrip.safetensors': tensor 'model.layers.0.self_attn.k_proj.weight' has shape "
-                       "[16, 32], the model expects [32, 32]",
-                       st::error);
+  CHECK_THROWS_WITH_AS(
+      llama::import_hf(path, wider),
+      "llama: 'llama_roundtrip.safetensors': tensor 'model.layers.0.self_attn.k_proj.weight' has shape "
+      "[16, 32], the model expects [32, 32]",
+      st::error);
 }

@@ -38,7 +38,9 @@ using strata_test::launch_policy;
 const llama::dims shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 8, .d_model = 64, .kv_heads = 2, .ffn = 96};
 // lr 5e-4 as tests/custom, whose comment explains why its AdamW eps is 1e-6 (here 1e-8 holds).
 const strata_test::equivalence_setup setup{.lr = 5e-4, .steps = 5, .global_batch = 8};
-strata_test::losses_and_weights serial_run() { return strata_test::serial_run<llama::model<serial_policy>>(shape, setup); }
+strata_test::losses_and_weights serial_run() {
+  return strata_test::serial_run<llama::model<serial_policy>>(shape, setup);
+}
 
 // A layout and the world size it runs on.
 struct sized_case {
@@ -73,7 +75,8 @@ TEST_CASE("the Llama example trains under every layout as it does serially") {
     if (size != world) continue;
     ++ran;
     CAPTURE(std::string(c.name));
-    st::training<llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape, strata_test::launch(c, setup));
+    st::training<llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape,
+                                                            strata_test::launch(c, setup));
     const auto got = strata_test::train_steps(run, shape, setup);
     const double lerr = strata_test::elementwise_relative_error(got.losses, ref.losses);
     const double werr = strata_test::relative_error(got.weights, ref.weights);
@@ -84,13 +87,16 @@ TEST_CASE("the Llama example trains under every layout as it does serially") {
   CHECK(ran > 0);
 }
 
-TEST_CASE("every layout in a memory space that is not host memory: bit for bit, tokens in and losses and step states out only") {
+TEST_CASE(
+    "every layout in a memory space that is not host memory: bit for bit, tokens in and losses and step states out "
+    "only") {
   const int world = strata_test::world().size();
   for (const auto& [size, c] : cases) {
     if (size != world) continue;
     CAPTURE(std::string(c.name));
     const auto host = [&] {
-      st::training<llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape, strata_test::launch(c, setup));
+      st::training<llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape,
+                                                              strata_test::launch(c, setup));
       return strata_test::train_steps(run, shape, setup);
     }();
     const auto other = strata_test::run_in_counting_space<llama::model<launch_policy<st::fp32>>>(
@@ -130,7 +136,8 @@ TEST_CASE("a checkpoint saved from a memory space that is not host memory resume
   auto data = strata_test::folded_corpus(shape.vocab);
   data.seek(loaded->progress.data_position);
   std::vector<double> after, expected(uninterrupted.losses.begin() + saved_at, uninterrupted.losses.end());
-  for (int s = saved_at; s < setup.steps; ++s) after.push_back(b.step(data.next_batch(setup.global_batch, shape.seq)).loss);
+  for (int s = saved_at; s < setup.steps; ++s)
+    after.push_back(b.step(data.next_batch(setup.global_batch, shape.seq)).loss);
   CHECK(after == expected);  // bit for bit
   CHECK(b.serial_weights() == uninterrupted.weights);
 }
@@ -143,14 +150,16 @@ TEST_CASE("a checkpoint saved with key/value heads shared by ranks resumes under
   strata_test::world().comm().barrier();
   constexpr int saved_at = 3;
   {
-    st::training<llama::model<launch_policy<st::fp32>>> a(strata_test::world().comm(), shape, strata_test::launch(tp4, setup));
+    st::training<llama::model<launch_policy<st::fp32>>> a(strata_test::world().comm(), shape,
+                                                          strata_test::launch(tp4, setup));
     auto ckpt = a.make_checkpointer({dir, 0});
     auto data = strata_test::folded_corpus(shape.vocab);
     for (int s = 0; s < saved_at; ++s) a.step(data.next_batch(setup.global_batch, shape.seq));
     a.save(ckpt, data.position());
   }
   const strata_test::layout_case dp2_tp2{"dp2 x tp2, ZeRO-1", 2, 2, 1, 1, 0, 1, 1, "1f1b"};
-  st::training<llama::model<launch_policy<st::fp32>>> b(strata_test::world().comm(), shape, strata_test::launch(dp2_tp2, setup));
+  st::training<llama::model<launch_policy<st::fp32>>> b(strata_test::world().comm(), shape,
+                                                        strata_test::launch(dp2_tp2, setup));
   auto ckpt = b.make_checkpointer({dir, 0});
   const auto loaded = b.resume(ckpt);
   REQUIRE(loaded.has_value());
@@ -158,12 +167,13 @@ TEST_CASE("a checkpoint saved with key/value heads shared by ranks resumes under
   auto data = strata_test::folded_corpus(shape.vocab);
   data.seek(loaded->progress.data_position);
   std::vector<double> after, expected(ref.losses.begin() + saved_at, ref.losses.end());
-  for (int s = saved_at; s < setup.steps; ++s) after.push_back(b.step(data.next_batch(setup.global_batch, shape.seq)).loss);
+  for (int s = saved_at; s < setup.steps; ++s)
+    after.push_back(b.step(data.next_batch(setup.global_batch, shape.seq)).loss);
   const double lerr = strata_test::elementwise_relative_error(after, expected);
   const double werr = strata_test::relative_error(b.serial_weights(), ref.weights);
   if (lead())
-    MESSAGE("saved under tp4 (each kv head on 2 ranks) at step 3, resumed under " << std::string(dp2_tp2.name) << ": loss rel. error "
-                                                                                   << lerr << ", weight rel. error " << werr);
+    MESSAGE("saved under tp4 (each kv head on 2 ranks) at step 3, resumed under "
+            << std::string(dp2_tp2.name) << ": loss rel. error " << lerr << ", weight rel. error " << werr);
   CHECK(lerr <= 1e-5);
   CHECK(werr <= 1e-5);
 }
@@ -172,7 +182,8 @@ TEST_CASE("a 3-D layout's plan, from the model's own costs, equals what the allo
   if (strata_test::world().size() != 8) return;
   using M = llama::model<launch_policy<st::mixed<st::bf16, float>>>;
   const auto& c = three_d;
-  st::training<M> run(strata_test::world().comm(), shape, strata_test::launch(c, setup, std::int64_t(1) << 30));  // one bucket: exact ZeRO pieces
+  st::training<M> run(strata_test::world().comm(), shape,
+                      strata_test::launch(c, setup, std::int64_t(1) << 30));  // one bucket: exact ZeRO pieces
   strata_test::check_plan_equals_allocator(run, shape, c, setup);
 }
 
@@ -249,7 +260,8 @@ TEST_CASE("a Llama block with grouped-query attention communicates exactly as wi
   const auto all_reduces = times(st::volume::all_reduce(bsh, sizeof(float), t, r), 2);
 
   SUBCASE("tensor parallel: 2 all-reduces of b·s·h forward, 2 backward") {
-    const auto gqa = count_block(tp, false, t), mha = count_block(tp, false, block_bench::heads);  // kv_heads = t: one per rank
+    const auto gqa = count_block(tp, false, t),
+               mha = count_block(tp, false, block_bench::heads);  // kv_heads = t: one per rank
     for (const auto* c : {&gqa, &mha}) {
       CHECK(c->forward_all_reduce.calls == 2u);
       CHECK(of(c->forward_all_reduce) == all_reduces);
@@ -257,8 +269,9 @@ TEST_CASE("a Llama block with grouped-query attention communicates exactly as wi
       CHECK(c->backward_all_reduce.calls == 2u);
       CHECK(of(c->backward_total) == all_reduces);
     }
-    if (r == 0) MESSAGE("tp=" << t << " Llama block (GQA " << t << " kv heads): forward " << gqa.forward_total.bytes_sent
-                              << " B sent per rank, backward " << gqa.backward_total.bytes_sent << "; MHA the same");
+    if (r == 0)
+      MESSAGE("tp=" << t << " Llama block (GQA " << t << " kv heads): forward " << gqa.forward_total.bytes_sent
+                    << " B sent per rank, backward " << gqa.backward_total.bytes_sent << "; MHA the same");
   }
   SUBCASE("sequence parallel: the same volume as gathers and reduce-scatters") {
     const auto gqa = count_block(tp, true, t), mha = count_block(tp, true, block_bench::heads);
@@ -289,7 +302,8 @@ TEST_CASE("a Llama block's activations equal its formula: linear in the sequence
     const auto before = bb.ledger.current(st::memory_category::activations);
     bb.block.forward(bb.input(1, false));
     const auto bytes = std::int64_t(bb.ledger.current(st::memory_category::activations) - before);
-    CHECK(bytes == block_t::cost(block_bench::config(kv_heads), {.batch = block_bench::b, .seq = seq}).activation_bytes);
+    CHECK(bytes ==
+          block_t::cost(block_bench::config(kv_heads), {.batch = block_bench::b, .seq = seq}).activation_bytes);
     return bytes;
   };
   const std::int64_t gqa8 = held(1, 8), gqa16 = held(1, 16), gqa32 = held(1, 32), mha8 = held(4, 8);
@@ -299,6 +313,6 @@ TEST_CASE("a Llama block's activations equal its formula: linear in the sequence
   const std::int64_t head_dim = block_bench::h / block_bench::heads;
   CHECK(mha8 - gqa8 == block_bench::b * 8 * 2 * 3 * head_dim * std::int64_t(sizeof(float)));
   if (strata_test::world().rank() == 0)
-    MESSAGE("Llama block activations (b 2, h 32, 4 heads): GQA 1 kv head " << gqa8 << " B at s 8, " << gqa16 << " at 16, "
-                                                                          << gqa32 << " at 32; MHA " << mha8 << " at 8");
+    MESSAGE("Llama block activations (b 2, h 32, 4 heads): GQA 1 kv head "
+            << gqa8 << " B at s 8, " << gqa16 << " at 16, " << gqa32 << " at 32; MHA " << mha8 << " at 8");
 }

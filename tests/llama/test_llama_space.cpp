@@ -46,7 +46,8 @@ run_result train_run(int steps, const st::memory_space& space) {
 
 }  // namespace
 
-TEST_CASE("the Llama example in another memory space moves only tokens in and losses and step states out, and trains alike") {
+TEST_CASE(
+    "the Llama example in another memory space moves only tokens in and losses and step states out, and trains alike") {
   auto& counts = strata_test::counts;
   counts = {};
   const auto other = train_run(3, strata_test::counting_space());

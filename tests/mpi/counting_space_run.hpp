@@ -3,8 +3,8 @@
 // as a GPU's memory would hold it, and the only crossings a step may make: per micro-batch, the
 // tokens up on the stage with the embedding, the targets up and the loss down on the stage with
 // the head; per step, on every rank, one read of the trainer's step state after the update (its
-// norm and decision, never read before it). The equivalence suites (tests/dp, tp, pp, llama) run their layouts in it and compare
-// with the same layouts in host memory, bit for bit.
+// norm and decision, never read before it). The equivalence suites (tests/dp, tp, pp, llama) run their layouts in it
+// and compare with the same layouts in host memory, bit for bit.
 #pragma once
 #include <doctest/doctest.h>
 

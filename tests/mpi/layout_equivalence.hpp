@@ -21,9 +21,10 @@
 namespace strata_test {
 
 // Everything given at launch: one binary, every layout.
-using any_layout = strata::parallel<strata::data<strata::dynamic, strata::zero<strata::dynamic>>,
-                                    strata::tensor<strata::dynamic, strata::dynamic_sequence_parallel>,
-                                    strata::pipeline<strata::dynamic, strata::dynamic_schedule, strata::dynamic, strata::dynamic>>;
+using any_layout =
+    strata::parallel<strata::data<strata::dynamic, strata::zero<strata::dynamic>>,
+                     strata::tensor<strata::dynamic, strata::dynamic_sequence_parallel>,
+                     strata::pipeline<strata::dynamic, strata::dynamic_schedule, strata::dynamic, strata::dynamic>>;
 template <class Precision>
 using launch_policy = strata::policy<strata::host, any_layout, Precision>;
 
@@ -63,8 +64,13 @@ losses_and_weights serial_run(const typename Model::config& shape, const equival
 
 // The training options of layout `c` (buckets of `bucket` elements).
 inline strata::training_options launch(const layout_case& c, const equivalence_setup& e, std::int64_t bucket = 1000) {
-  strata::training_options o{.layout = {.dp = c.dp, .tp = c.tp, .pp = c.pp, .microbatches = c.microbatches,
-                                        .zero_stage = c.zero, .sequence_parallel = c.sp, .virtual_chunks = c.chunks,
+  strata::training_options o{.layout = {.dp = c.dp,
+                                        .tp = c.tp,
+                                        .pp = c.pp,
+                                        .microbatches = c.microbatches,
+                                        .zero_stage = c.zero,
+                                        .sequence_parallel = c.sp,
+                                        .virtual_chunks = c.chunks,
                                         .schedule = c.schedule},
                              .seed = strata::seed{e.seed},
                              .optimizer = {.lr = e.lr, .eps = e.adam_eps},
@@ -103,8 +109,8 @@ void check_plan_equals_allocator(Run& run, const typename Run::config& shape, co
   const std::int64_t act = busiest(m.activations), state = busiest(m.model_state());
   CHECK(std::abs(double(act) - double(plan.activation_bytes)) <= 0.10 * double(plan.activation_bytes));
   if (world().rank() == 0)
-    MESSAGE(std::string(c.name) << ": model state " << state << " B (plan " << plan.model_state_bytes() << "), activations "
-                                << act << " B (plan " << plan.activation_bytes << ")");
+    MESSAGE(std::string(c.name) << ": model state " << state << " B (plan " << plan.model_state_bytes()
+                                << "), activations " << act << " B (plan " << plan.activation_bytes << ")");
 }
 
 }  // namespace strata_test

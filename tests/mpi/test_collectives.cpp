@@ -75,8 +75,8 @@ void run_all_reduce(strata::mpi_communicator& c, std::size_t count, reduce_op op
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("all_reduce: sum, avg and max match the fp64 reference, sync and async", T, float, double,
-                   bf16, fp16) {
+TEST_CASE_TEMPLATE("all_reduce: sum, avg and max match the fp64 reference, sync and async", T, float, double, bf16,
+                   fp16) {
   auto& c = world_comm();
   for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{4099}}) {
     for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max}) {
@@ -119,8 +119,8 @@ TEST_CASE_TEMPLATE("16-bit all_reduce accumulates in fp32 and rounds once", T, b
   }
   CHECK(wrong == 0);
   if (n >= 3) CHECK(narrow_differs > 50);
-  MESSAGE("ranks ", n, ": fp32 accumulation off in ", wrong, " of ", count, " elements; 16-bit accumulation would be off in ",
-          narrow_differs);
+  MESSAGE("ranks ", n, ": fp32 accumulation off in ", wrong, " of ", count,
+          " elements; 16-bit accumulation would be off in ", narrow_differs);
 }
 
 TEST_CASE_TEMPLATE("reduce_scatter: equal parts", T, float, double, bf16, fp16) {
@@ -135,8 +135,7 @@ TEST_CASE_TEMPLATE("reduce_scatter: equal parts", T, float, double, bf16, fp16) 
         std::vector<T> out(block);
         if (async) {
           auto h = c.reduce_scatter_async(in, out, op);
-          while (!h.test()) {
-          }
+          while (!h.test()) {}
         } else {
           c.reduce_scatter(in, out, op);
         }
@@ -154,8 +153,7 @@ TEST_CASE_TEMPLATE("reduce_scatter: uneven parts, some empty", T, float, double,
       for (bool async : {false, true}) {
         const auto counts = uneven_counts(n, scale);
         const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-        const std::size_t offset =
-            std::accumulate(counts.begin(), counts.begin() + c.rank(), std::size_t{0});
+        const std::size_t offset = std::accumulate(counts.begin(), counts.begin() + c.rank(), std::size_t{0});
         const std::uint64_t seed = 300 + scale;
         auto in = inputs<T>(seed, c.rank(), total);
         std::vector<T> out(counts[std::size_t(c.rank())]);
@@ -185,8 +183,7 @@ TEST_CASE_TEMPLATE("all_gather: equal, uneven and in place", T, float, double, b
         c.all_gather(in, out);
       }
       for (int r = 0; r < n; ++r)
-        for (std::size_t i = 0; i < block; ++i)
-          CHECK(same_bits(out[std::size_t(r) * block + i], input<T>(seed, r, i)));
+        for (std::size_t i = 0; i < block; ++i) CHECK(same_bits(out[std::size_t(r) * block + i], input<T>(seed, r, i)));
     }
     // Uneven parts.
     const auto counts = uneven_counts(n, 3);
@@ -200,8 +197,7 @@ TEST_CASE_TEMPLATE("all_gather: equal, uneven and in place", T, float, double, b
     }
     std::size_t at = 0;
     for (int r = 0; r < n; ++r)
-      for (std::size_t i = 0; i < counts[std::size_t(r)]; ++i)
-        CHECK(same_bits(out[at++], input<T>(seed + 1, r, i)));
+      for (std::size_t i = 0; i < counts[std::size_t(r)]; ++i) CHECK(same_bits(out[at++], input<T>(seed + 1, r, i)));
     // In place: this rank's part is already in its slot of the output.
     std::vector<T> buf(total, T(-7.0f));
     const std::size_t mine = std::accumulate(counts.begin(), counts.begin() + c.rank(), std::size_t{0});
@@ -210,8 +206,7 @@ TEST_CASE_TEMPLATE("all_gather: equal, uneven and in place", T, float, double, b
     c.all_gather(slot, buf, counts);
     at = 0;
     for (int r = 0; r < n; ++r)
-      for (std::size_t i = 0; i < counts[std::size_t(r)]; ++i)
-        CHECK(same_bits(buf[at++], input<T>(seed + 2, r, i)));
+      for (std::size_t i = 0; i < counts[std::size_t(r)]; ++i) CHECK(same_bits(buf[at++], input<T>(seed + 2, r, i)));
   }
 }
 

@@ -40,7 +40,8 @@ TEST_CASE("counters: analytic volumes per operation, per group") {
   c.all_reduce(f);
   c.all_reduce(f, strata::reduce_op::avg);
   const std::uint64_t S = count * 4;
-  CHECK(c.counters()[op_kind::all_reduce] == strata::op_counts{2, 2 * (2 * (n - 1) * S / n), 2 * (2 * (n - 1) * S / n)});
+  CHECK(c.counters()[op_kind::all_reduce] ==
+        strata::op_counts{2, 2 * (2 * (n - 1) * S / n), 2 * (2 * (n - 1) * S / n)});
 
   // bf16 counts the caller's 2-byte elements, although the MPI engine reduces them as fp32.
   std::vector<bf16> h(count);
@@ -113,10 +114,12 @@ TEST_CASE("counters: JSON for the metrics' comm object") {
   dp.record(op_kind::all_reduce, {12, 12});
   dp.record(op_kind::barrier, {});
   tp.record(op_kind::send, {5, 0});
-  CHECK(dp.json() ==
-        R"({"all_reduce":{"calls":2,"bytes_sent":24,"bytes_received":24},"barrier":{"calls":1,"bytes_sent":0,"bytes_received":0}})");
-  CHECK(strata::comm_json({&dp, nullptr, &tp}) ==
-        R"({"dp":{"all_reduce":{"calls":2,"bytes_sent":24,"bytes_received":24},"barrier":{"calls":1,"bytes_sent":0,"bytes_received":0}},"tp":{"send":{"calls":1,"bytes_sent":5,"bytes_received":0}}})");
+  CHECK(
+      dp.json() ==
+      R"({"all_reduce":{"calls":2,"bytes_sent":24,"bytes_received":24},"barrier":{"calls":1,"bytes_sent":0,"bytes_received":0}})");
+  CHECK(
+      strata::comm_json({&dp, nullptr, &tp}) ==
+      R"({"dp":{"all_reduce":{"calls":2,"bytes_sent":24,"bytes_received":24},"barrier":{"calls":1,"bytes_sent":0,"bytes_received":0}},"tp":{"send":{"calls":1,"bytes_sent":5,"bytes_received":0}}})");
   // The analytic helpers, on their own.
   CHECK(strata::volume::all_reduce(1000, 4, 4, 0) == strata::comm_volume{6000, 6000});  // 2 * 3/4 * 4000
   CHECK(strata::volume::all_reduce(1000, 4, 1, 0) == strata::comm_volume{0, 0});

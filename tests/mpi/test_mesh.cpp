@@ -63,8 +63,7 @@ TEST_CASE("mesh_position_of: rules hold for every shape up to 12 ranks") {
         CHECK(m.dp_group[std::size_t(m.dp_rank)] == r);
         CHECK(m.pp_group[std::size_t(m.pp_rank)] == r);
         for (int i = 1; i < cfg.tp; ++i) CHECK(m.tp_group[std::size_t(i)] - m.tp_group[std::size_t(i - 1)] == 1);
-        for (int i = 1; i < cfg.dp; ++i)
-          CHECK(m.dp_group[std::size_t(i)] - m.dp_group[std::size_t(i - 1)] == cfg.tp);
+        for (int i = 1; i < cfg.dp; ++i) CHECK(m.dp_group[std::size_t(i)] - m.dp_group[std::size_t(i - 1)] == cfg.tp);
         for (int i = 1; i < cfg.pp; ++i)
           CHECK(m.pp_group[std::size_t(i)] - m.pp_group[std::size_t(i - 1)] == cfg.tp * cfg.dp);
         // Neighbours.

@@ -24,8 +24,9 @@ namespace st = strata;
 
 namespace {
 
-using layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
-                            st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
+using layout =
+    st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
 using PBF16 = st::policy<st::host, layout, st::mixed<st::bf16, float>>;
 using model_decl = gpt2::model<PBF16>;
 
@@ -43,9 +44,14 @@ struct case_t {
 };
 
 strata_test::held_bytes run(const case_t& c, std::int64_t batch) {
-  st::training_options o{.layout = {.dp = c.dp, .tp = c.tp, .pp = c.pp, .microbatches = c.microbatches,
-                                    .zero_stage = c.zero, .sequence_parallel = c.sp ? 1 : 0,
-                                    .virtual_chunks = c.chunks, .schedule = std::string(st::schedule_label(c.schedule))},
+  st::training_options o{.layout = {.dp = c.dp,
+                                    .tp = c.tp,
+                                    .pp = c.pp,
+                                    .microbatches = c.microbatches,
+                                    .zero_stage = c.zero,
+                                    .sequence_parallel = c.sp ? 1 : 0,
+                                    .virtual_chunks = c.chunks,
+                                    .schedule = std::string(st::schedule_label(c.schedule))},
                          .recompute = c.recompute,
                          .seed = st::seed{1},
                          .optimizer = {.lr = 1e-3},
@@ -71,10 +77,11 @@ TEST_CASE("the plan equals the allocator's model state, and its activations with
       {"dp4 ZeRO-3", 4, 1, 1, 3},
       {"tp2+sp x dp2 ZeRO-1, selective", 2, 2, 1, 1, true, st::recompute_mode::selective},
       {"tp4 full recompute", 1, 4, 1, 0, false, st::recompute_mode::full},
-      {"pp2 x dp2 1F1B M=4, ZeRO-1", 2, 1, 2, 1, false, st::recompute_mode::none, pipeline_schedule_kind::one_f_one_b, 1, 4},
+      {"pp2 x dp2 1F1B M=4, ZeRO-1", 2, 1, 2, 1, false, st::recompute_mode::none, pipeline_schedule_kind::one_f_one_b,
+       1, 4},
       {"pp4 GPipe M=4", 1, 1, 4, 0, false, st::recompute_mode::none, pipeline_schedule_kind::gpipe, 1, 4},
-      {"pp2 x tp2+sp interleaved V=2 M=4", 1, 2, 2, 0, true, st::recompute_mode::none, pipeline_schedule_kind::interleaved,
-       2, 4},
+      {"pp2 x tp2+sp interleaved V=2 M=4", 1, 2, 2, 0, true, st::recompute_mode::none,
+       pipeline_schedule_kind::interleaved, 2, 4},
   };
   const std::int64_t batch = 8;
   for (const auto& c : cases) {
@@ -100,7 +107,7 @@ TEST_CASE("the plan equals the allocator's model state, and its activations with
     CHECK(std::abs(double(act) - double(p.activation_bytes)) <= 0.10 * double(p.activation_bytes));
     const std::int64_t state = busiest(m.model_state());  // collective: every rank
     if (strata_test::world().rank() == 0)
-      MESSAGE(std::string(c.name) << ": model state " << state << " B (plan "
-                     << p.model_state_bytes() << "), activations " << act << " B (plan " << p.activation_bytes << ")");
+      MESSAGE(std::string(c.name) << ": model state " << state << " B (plan " << p.model_state_bytes()
+                                  << "), activations " << act << " B (plan " << p.activation_bytes << ")");
   }
 }

@@ -34,8 +34,9 @@ namespace {
 
 using P32 = st::policy<st::host, st::serial, st::fp32>;
 // Every setting given at launch.
-using layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
-                            st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
+using layout =
+    st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
 using PL = st::policy<st::host, layout, st::fp32>;
 using kind = st::pipeline_schedule_kind;
 
@@ -53,7 +54,8 @@ struct run_result {
 };
 
 // The serial reference with the same micro-batches (so the same accumulation).
-run_result serial_run(std::int64_t batch, std::int64_t micro, std::vector<std::pair<std::string, std::int64_t>>* names = nullptr) {
+run_result serial_run(std::int64_t batch, std::int64_t micro,
+                      std::vector<std::pair<std::string, std::int64_t>>* names = nullptr) {
   st::memory_ledger ledger;
   st::sequential_model<gpt2::model<P32>> model(ledger, tiny, st::seed{11});
   st::adamw<P32> opt(model, {.lr = lr});
@@ -79,8 +81,13 @@ struct pipeline_run {
 };
 
 st::training_options launch(const pipeline_run& c) {
-  return {.layout = {.dp = c.dp, .tp = c.tp, .pp = c.pp, .microbatches = c.microbatches, .zero_stage = c.zero,
-                     .sequence_parallel = c.sp ? 1 : 0, .virtual_chunks = c.chunks,
+  return {.layout = {.dp = c.dp,
+                     .tp = c.tp,
+                     .pp = c.pp,
+                     .microbatches = c.microbatches,
+                     .zero_stage = c.zero,
+                     .sequence_parallel = c.sp ? 1 : 0,
+                     .virtual_chunks = c.chunks,
                      .schedule = std::string(st::schedule_label(c.schedule))},
           .seed = st::seed{11},
           .optimizer = {.lr = lr},
@@ -98,7 +105,9 @@ run_result run(const pipeline_run& c) {
   return out;
 }
 
-double weight_error(const run_result& a, const run_result& ref) { return strata_test::relative_error(a.weights, ref.weights); }
+double weight_error(const run_result& a, const run_result& ref) {
+  return strata_test::relative_error(a.weights, ref.weights);
+}
 double loss_error(const run_result& a, const run_result& ref) {
   return strata_test::elementwise_relative_error(a.losses, ref.losses);
 }
@@ -114,7 +123,8 @@ TEST_CASE("every schedule at p = world size and M in {1, p, 2p, 4p} matches the 
     const auto ref = serial_run(batch, 2);
     for (kind k : {kind::gpipe, kind::one_f_one_b, kind::interleaved}) {
       if (k == kind::interleaved && M % p != 0) continue;  // the schedule cannot take it
-      pipeline_run c{.pp = p, .microbatches = M, .chunks = k == kind::interleaved ? 2 : 1, .schedule = k, .batch = batch};
+      pipeline_run c{
+          .pp = p, .microbatches = M, .chunks = k == kind::interleaved ? 2 : 1, .schedule = k, .batch = batch};
       CAPTURE(M);
       CAPTURE(std::string(st::schedule_label(k)));
       const auto got = run(c);
@@ -135,9 +145,10 @@ TEST_CASE("every schedule at p = world size and M in {1, p, 2p, 4p} matches the 
       }
       const double idle = got.stats.idle_seconds / (got.stats.idle_seconds + got.stats.busy_seconds);
       if (lead)
-        MESSAGE("p=" << p << " M=" << M << " " << std::string(st::schedule_label(k)) << std::string(c.chunks > 1 ? " V=2" : "")
-                     << ": loss rel. error " << lerr << ", weight rel. error " << werr << "; stage 0 holds "
-                     << got.stats.peak_in_flight << " chunk-micro-batches; idle " << idle << " (analytic bubble "
+        MESSAGE("p=" << p << " M=" << M << " " << std::string(st::schedule_label(k))
+                     << std::string(c.chunks > 1 ? " V=2" : "") << ": loss rel. error " << lerr
+                     << ", weight rel. error " << werr << "; stage 0 holds " << got.stats.peak_in_flight
+                     << " chunk-micro-batches; idle " << idle << " (analytic bubble "
                      << st::analytic_bubble({k, p, M, c.chunks}) << ")");
       CHECK(lerr <= 1e-5);
       CHECK(werr <= 1e-5);
@@ -149,18 +160,24 @@ TEST_CASE("dp 2 x tp 2 x pp 2 with ZeRO-1 and sequence parallelism matches the s
   if (strata_test::world().size() != 8) return;
   const auto ref = serial_run(8, 2);
   for (kind k : {kind::one_f_one_b, kind::interleaved}) {
-    pipeline_run c{.pp = 2, .tp = 2, .zero = 1, .microbatches = 2, .chunks = k == kind::interleaved ? 2 : 1,
-                   .schedule = k, .sp = true, .batch = 8};
+    pipeline_run c{.pp = 2,
+                   .tp = 2,
+                   .zero = 1,
+                   .microbatches = 2,
+                   .chunks = k == kind::interleaved ? 2 : 1,
+                   .schedule = k,
+                   .sp = true,
+                   .batch = 8};
     const auto got = run(c);
     const double lerr = loss_error(got, ref), werr = weight_error(got, ref);
     if (strata_test::world().rank() == 0)
       MESSAGE("dp2 x tp2+sp x pp2 ZeRO-1 " << std::string(st::schedule_label(k)) << ": loss rel. error " << lerr
-                                          << ", weight rel. error " << werr);
+                                           << ", weight rel. error " << werr);
     CHECK(lerr <= 1e-5);
     CHECK(werr <= 1e-5);
     // The same layout in a memory space that is not host memory: bit for bit, only the batches cross.
-    const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c), steps,
-                                                                           c.batch, corpus());
+    const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c),
+                                                                           steps, c.batch, corpus());
     CHECK(other.losses == got.losses);
     CHECK(other.weights == got.weights);
     strata_test::check_only_batches_cross(other, steps);
@@ -171,11 +188,12 @@ TEST_CASE("every schedule in a memory space that is not host memory: bit for bit
   const int p = strata_test::world().size();
   if (p != 2 && p != 4) return;
   for (kind k : {kind::gpipe, kind::one_f_one_b, kind::interleaved}) {
-    const pipeline_run c{.pp = p, .microbatches = 2 * p, .chunks = k == kind::interleaved ? 2 : 1, .schedule = k, .batch = 4 * p};
+    const pipeline_run c{
+        .pp = p, .microbatches = 2 * p, .chunks = k == kind::interleaved ? 2 : 1, .schedule = k, .batch = 4 * p};
     CAPTURE(std::string(st::schedule_label(k)));
     const auto host = run(c);
-    const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c), steps,
-                                                                           c.batch, corpus());
+    const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c),
+                                                                           steps, c.batch, corpus());
     CHECK(other.losses == host.losses);
     CHECK(other.weights == host.weights);
     strata_test::check_only_batches_cross(other, steps);
@@ -191,8 +209,8 @@ TEST_CASE("one stage of 2 chunks (messages to itself) matches the serial run, an
   CHECK(host.stats.peak_in_flight == st::simulate({kind::interleaved, 1, 2, 2}).peak_in_flight[0]);
   CHECK(loss_error(host, ref) <= 1e-5);
   CHECK(weight_error(host, ref) <= 1e-5);
-  const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c), steps,
-                                                                         c.batch, corpus());
+  const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c),
+                                                                         steps, c.batch, corpus());
   CHECK(other.losses == host.losses);
   CHECK(other.weights == host.weights);
   CHECK(other.microbatches == 2);  // the pipeline's count, so the crossings are counted per micro-batch
@@ -218,19 +236,22 @@ TEST_CASE("explicit layers per stage, and splits that cannot work, say so") {
     auto data = corpus();
     std::vector<double> losses;
     for (int s = 0; s < steps; ++s) losses.push_back(run.step(data.next_batch(4, tiny.seq)).loss);
-    for (int s = 0; s < steps; ++s) CHECK(std::abs(losses[std::size_t(s)] - ref.losses[std::size_t(s)]) <= 1e-5 * ref.losses[std::size_t(s)]);
+    for (int s = 0; s < steps; ++s)
+      CHECK(std::abs(losses[std::size_t(s)] - ref.losses[std::size_t(s)]) <= 1e-5 * ref.losses[std::size_t(s)]);
   }
   st::pipeline_placement uneven{{kind::one_f_one_b, 2, 2, 1}, 0, {}};
-  CHECK_THROWS_WITH_AS(uneven.block_ranges(7), "pipeline: 7 layers do not split evenly over 2 stages x 1 chunks = 2 "
-                                               "virtual stages; give the layers per stage", st::error);
-  st::pipeline_placement wrong{{kind::interleaved, 2, 2, 2}, 0, {4, 4}};
-  CHECK_THROWS_WITH_AS(wrong.block_ranges(8), "pipeline: 2 layer counts given for 4 virtual stages (2 stages x 2 chunks)",
+  CHECK_THROWS_WITH_AS(uneven.block_ranges(7),
+                       "pipeline: 7 layers do not split evenly over 2 stages x 1 chunks = 2 "
+                       "virtual stages; give the layers per stage",
                        st::error);
+  st::pipeline_placement wrong{{kind::interleaved, 2, 2, 2}, 0, {4, 4}};
+  CHECK_THROWS_WITH_AS(wrong.block_ranges(8),
+                       "pipeline: 2 layer counts given for 4 virtual stages (2 stages x 2 chunks)", st::error);
   st::pipeline_placement empty{{kind::one_f_one_b, 2, 2, 1}, 0, {8, 0}};
   CHECK_THROWS_WITH_AS(empty.block_ranges(8), "pipeline: virtual stage 1 has 0 layers; every stage needs at least one",
                        st::error);
   // ZeRO-2 under a pipeline is refused on every rank at start-up.
-  CHECK_THROWS_WITH_AS(st::training<gpt2::model<PL>>(strata_test::world().comm(), tiny,
-                                                     launch({.pp = 2, .zero = 2, .microbatches = 2})),
-                       doctest::Contains("pipeline parallelism works with ZeRO 0 or 1, not 2"), st::error);
+  CHECK_THROWS_WITH_AS(
+      st::training<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch({.pp = 2, .zero = 2, .microbatches = 2})),
+      doctest::Contains("pipeline parallelism works with ZeRO 0 or 1, not 2"), st::error);
 }

@@ -40,7 +40,8 @@ namespace {
 
 using P32 = st::policy<st::host, st::serial, st::fp32>;
 // tp ranks per group (sequence parallel or not), the rest data parallel, any ZeRO stage.
-using layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>>;
+using layout =
+    st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>>;
 template <class P>
 using gpt2_net = st::sequential_model<gpt2::model<P>>;
 
@@ -97,7 +98,9 @@ run_result tp_run(int tp, bool sp, int zero, st::recompute_mode r = st::recomput
   return out;
 }
 
-double weight_error(const run_result& a, const run_result& ref) { return strata_test::relative_error(a.weights, ref.weights); }
+double weight_error(const run_result& a, const run_result& ref) {
+  return strata_test::relative_error(a.weights, ref.weights);
+}
 double loss_error(const run_result& a, const run_result& ref) {
   return strata_test::elementwise_relative_error(a.losses, ref.losses);
 }
@@ -119,9 +122,9 @@ TEST_CASE("tp 1/2/4, with and without sequence parallelism, and tp x dp with ZeR
   for (int tp : tensor_degrees()) {
     for (bool sp : {false, true}) {
       for (int zero : {0, 1, 2, 3}) {
-        if (zero > 0 && world / tp == 1) continue;   // ZeRO needs a data-parallel group
-        if (zero > 1 && tp == 1) continue;           // tests/dp covers data parallelism alone
-        if (sp && tp == 1) continue;                  // nothing to split the sequence over
+        if (zero > 0 && world / tp == 1) continue;  // ZeRO needs a data-parallel group
+        if (zero > 1 && tp == 1) continue;          // tests/dp covers data parallelism alone
+        if (sp && tp == 1) continue;                // nothing to split the sequence over
         CAPTURE(tp);
         CAPTURE(sp);
         CAPTURE(zero);
@@ -156,7 +159,9 @@ TEST_CASE("tensor parallelism in a memory space that is not host memory: bit for
   }
 }
 
-TEST_CASE("logits under tp 2, with and without sequence parallelism, in host memory and in a non-host space, equal the serial model's") {
+TEST_CASE(
+    "logits under tp 2, with and without sequence parallelism, in host memory and in a non-host space, equal the "
+    "serial model's") {
   if (strata_test::world().size() % 2 != 0) return;
   using policy = st::policy<st::host, layout, st::fp32>;
   std::vector<std::int32_t> tokens(2 * tiny.seq);
@@ -249,7 +254,9 @@ struct block_bench {
     ctx.params().materialize();
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(strata_test::raw_value(9, tp.rank(), i));
   }
-  static st::transformer_block<P32>::config config(int, bool) { return {.channels = h, .heads = heads, .hidden = 4 * h}; }
+  static st::transformer_block<P32>::config config(int, bool) {
+    return {.channels = h, .heads = heads, .hidden = 4 * h};
+  }
   static std::int64_t local_seq(int t, bool sp) { return sp ? s / t : s; }
   st::tensor_view<const float> input(int t, bool sp) { return {x.data(), {b, local_seq(t, sp), h}}; }
 };
@@ -284,7 +291,9 @@ TEST_CASE("a transformer block moves Megatron's volumes: 2 all-reduces of b·s·
     auto dx = bb.block.backward(dy);
     CHECK(of(c.total()) == of(forward));  // two all-reduces of b·s·h in backward too
     CHECK(c[op_kind::all_reduce].calls == (t > 1 ? 2u : 0u));
-    if (r == 0) MESSAGE("tp=" << t << " block: forward " << forward.bytes_sent << " B sent per rank, backward " << c.total().bytes_sent);
+    if (r == 0)
+      MESSAGE("tp=" << t << " block: forward " << forward.bytes_sent << " B sent per rank, backward "
+                    << c.total().bytes_sent);
   }
   SUBCASE("sequence parallel") {
     if (block_bench::s % t != 0) return;
@@ -316,7 +325,9 @@ TEST_CASE("a transformer block moves Megatron's volumes: 2 all-reduces of b·s·
     CHECK(of(c[op_kind::all_gather]) == times(gather, 4));
     CHECK(c[op_kind::all_reduce].calls == (t > 1 ? 2u : 0u));
     CHECK(of(c[op_kind::all_reduce]) == times(st::volume::all_reduce(2 * block_bench::h, sizeof(float), t, r), 2));
-    if (r == 0) MESSAGE("tp=" << t << "+sp block: forward " << as_all_reduce.sent << " B sent per rank, backward " << c.total().bytes_sent);
+    if (r == 0)
+      MESSAGE("tp=" << t << "+sp block: forward " << as_all_reduce.sent << " B sent per rank, backward "
+                    << c.total().bytes_sent);
   }
 }
 
@@ -333,8 +344,8 @@ struct activation_figures {
 activation_figures measure(st::mpi_communicator& tp, int t, bool sp, st::recompute_mode mode) {
   constexpr std::int64_t b = 2, s = 8, h = 32, layers = 2;
   st::memory_ledger ledger;
-  st::model_context<P32> ctx(ledger, st::seed{3}, t == 1 ? st::tensor_parallel() : st::tensor_parallel(st::group_ref(tp), sp),
-                             mode);
+  st::model_context<P32> ctx(ledger, st::seed{3},
+                             t == 1 ? st::tensor_parallel() : st::tensor_parallel(st::group_ref(tp), sp), mode);
   const recomputed_block::config cfg{.channels = h, .heads = 4, .hidden = 4 * h};
   st::stack<recomputed_block> blocks(st::module_scope<P32>(ctx, "h"), cfg, layers);
   ctx.params().materialize();
@@ -347,8 +358,9 @@ activation_figures measure(st::mpi_communicator& tp, int t, bool sp, st::recompu
   activation_figures f;
   f.held = std::int64_t(ledger.current(st::memory_category::activations) - before);
   f.peak = std::int64_t(ledger.peak(st::memory_category::activations) - before);
-  f.formula = st::stack<recomputed_block>::cost(cfg, layers, {.tp = {t, t > 1 && sp}, .batch = b, .seq = s, .recompute = mode})
-                  .activation_bytes;
+  f.formula =
+      st::stack<recomputed_block>::cost(cfg, layers, {.tp = {t, t > 1 && sp}, .batch = b, .seq = s, .recompute = mode})
+          .activation_bytes;
   st::buffer<float> dy(ledger, st::memory_category::activations, std::size_t(y.numel()));
   for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = float(strata_test::raw_value(10, tp.rank(), i));
   auto dx = blocks.backward(dy);
@@ -441,7 +453,8 @@ swiglu_result run_swiglu(st::mpi_communicator* tp, bool sp) {
   constexpr std::int64_t b = 2, s = 8, h = 16, f = 32;
   const int t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
   st::memory_ledger ledger;
-  st::model_context<P64> ctx(ledger, st::seed{4}, tp ? st::tensor_parallel(st::group_ref(*tp), sp) : st::tensor_parallel());
+  st::model_context<P64> ctx(ledger, st::seed{4},
+                             tp ? st::tensor_parallel(st::group_ref(*tp), sp) : st::tensor_parallel());
   swiglu<P64> layer(st::module_scope<P64>(ctx, "ffn"), {.channels = h, .hidden = f});
   ctx.params().materialize();
   ctx.params().zero_grads();

@@ -56,9 +56,9 @@ struct run {
   st::train_state_ref<P> state() { return {model.parameters(), opt, {}}; }
   double step() { return train.step(data.next_batch(4, tiny.seq)).loss; }
   std::string save() {
-    return ckpt.save(st::train_progress{train.steps(), opt.steps_taken(), train.scaler().snapshot(), data.seed(),
-                                        data.position()},
-                     state());
+    return ckpt.save(
+        st::train_progress{train.steps(), opt.steps_taken(), train.scaler().snapshot(), data.seed(), data.position()},
+        state());
   }
   bool resume() {
     const auto loaded = ckpt.resume(state());
@@ -86,7 +86,8 @@ void flip_byte(const std::string& path, std::size_t at) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("checkpoint: save then load restores every tensor bit for bit, and the losses continue", P, P32, PFP16) {
+TEST_CASE_TEMPLATE("checkpoint: save then load restores every tensor bit for bit, and the losses continue", P, P32,
+                   PFP16) {
   const std::string dir = scratch("roundtrip");
   run<P> a(dir);
   for (int i = 0; i < 3; ++i) a.step();
@@ -114,7 +115,8 @@ TEST_CASE_TEMPLATE("checkpoint: save then load restores every tensor bit for bit
   for (int i = 0; i < 3; ++i) CHECK(b.step() == later[std::size_t(i)]);  // exactly
 }
 
-TEST_CASE("checkpoint: a truncated, bit-flipped or incomplete checkpoint is refused by name; resume takes the one before") {
+TEST_CASE(
+    "checkpoint: a truncated, bit-flipped or incomplete checkpoint is refused by name; resume takes the one before") {
   const std::string dir = scratch("damaged");
   run<P32> a(dir);
   for (int s = 1; s <= 4; ++s) {
@@ -196,9 +198,10 @@ TEST_CASE("fault injection: the spec is parsed strictly") {
   CHECK(b.targets(1, 4));
   CHECK(!b.targets(3, 4));
   CHECK(!st::fault_injection::parse("").armed());
-  for (const char* bad : {"kill-at-step", "kill-at-step:", "kill-at-step:x", "kill-at-stp:3", "kill-at-step:3@", "kill-at-step:-2"})
-    CHECK_THROWS_WITH_AS(st::fault_injection::parse(bad), doctest::Contains((std::string("STRATA_FAULT='") + bad + "'").c_str()),
-                         st::error);
+  for (const char* bad :
+       {"kill-at-step", "kill-at-step:", "kill-at-step:x", "kill-at-stp:3", "kill-at-step:3@", "kill-at-step:-2"})
+    CHECK_THROWS_WITH_AS(st::fault_injection::parse(bad),
+                         doctest::Contains((std::string("STRATA_FAULT='") + bad + "'").c_str()), st::error);
 }
 
 TEST_CASE("durable files: whole or absent, and CRC-32 matches the standard check value") {

@@ -32,7 +32,8 @@ TEST_CASE("memory ledger: current and peak bytes per category") {
   CHECK(ledger.total_peak() == 480);
   ledger.reset_peaks();
   CHECK(ledger.peak(mc::activations) == 0);
-  CHECK_THROWS_WITH_AS(ledger.release(mc::gradients, 8), doctest::Contains("releasing 8 bytes of gradients"), st::error);
+  CHECK_THROWS_WITH_AS(ledger.release(mc::gradients, 8), doctest::Contains("releasing 8 bytes of gradients"),
+                       st::error);
 }
 
 TEST_CASE("buffers made uninitialized skip the zeroing; the emulated device fills them with NaN") {
@@ -206,7 +207,8 @@ TEST_CASE("sequential data order walks the stream window by window; seek resumes
   t.seek(1);
   CHECK(t.next_batch(3, 10).inputs == b1.inputs);
   CHECK(st::parse_data_order("shuffled") == st::data_order::shuffled);
-  CHECK_THROWS_WITH_AS(st::parse_data_order("random"), "data order 'random' is not one of shuffled, sequential", st::error);
+  CHECK_THROWS_WITH_AS(st::parse_data_order("random"), "data order 'random' is not one of shuffled, sequential",
+                       st::error);
 }
 
 TEST_CASE("metrics line carries step, loss, lr, grad_norm, tokens_per_s and bytes per category") {

@@ -32,7 +32,7 @@ struct batch {
 batch make_batch() {
   batch b{std::vector<float>(sz(N * V)), std::vector<std::int32_t>(sz(N))};
   for (std::int64_t i = 0; i < N; ++i) {
-    const double std_dev = 3.0 + 2.0 * double(i % 5) / 4.0;         // 3 .. 5
+    const double std_dev = 3.0 + 2.0 * double(i % 5) / 4.0;  // 3 .. 5
     const double offset = (i % 3 == 0) ? -60.0 : (i % 3 == 1 ? 0.0 : -8.0);
     float* row = b.logits.data() + i * V;
     for (std::int64_t v = 0; v < V; ++v) row[v] = float(offset + std_dev * strata::counter_normal(1717, sz(i), sz(v)));
@@ -116,8 +116,8 @@ std::vector<float> vocab_parallel(const std::vector<T>& logits, const std::vecto
   }
   grad.assign(sz(N * V), T{});
   for (int r = 0; r < t; ++r) {
-    k::vocab_parallel_finish(host{}, losses.data(), piece[sz(r)].data(), row_max.data(), sums.data(), targets.data(),
-                             N, Vl, r * Vl, V, dloss);
+    k::vocab_parallel_finish(host{}, losses.data(), piece[sz(r)].data(), row_max.data(), sums.data(), targets.data(), N,
+                             Vl, r * Vl, V, dloss);
     for (std::int64_t i = 0; i < N; ++i)
       for (std::int64_t v = 0; v < Vl && r * Vl + v < V; ++v)
         grad[sz(i * V + r * Vl + v)] = piece[sz(r)][sz(i * Vl + v)];
@@ -151,8 +151,9 @@ TEST_CASE("fp32 cross-entropy at vocab 50257: mean loss within 1e-7 relative of 
   const double forward_err = relative(mean_of(losses), ref.mean);
   double worst_row = 0;
   for (std::int64_t i = 0; i < N; ++i) worst_row = std::max(worst_row, relative(losses[sz(i)], ref.losses[sz(i)]));
-  MESSAGE("vocab " << V << ", " << N << " rows, mean loss " << ref.mean << ": fp32 cross_entropy_forward relative error "
-                   << forward_err << " (worst row " << worst_row << ")");
+  MESSAGE("vocab " << V << ", " << N << " rows, mean loss " << ref.mean
+                   << ": fp32 cross_entropy_forward relative error " << forward_err << " (worst row " << worst_row
+                   << ")");
   CHECK(forward_err <= 1e-7);
   CHECK(worst_row <= 2e-7);  // one row: a few float roundings of the loss itself
 

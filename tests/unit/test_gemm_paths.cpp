@@ -68,7 +68,8 @@ TEST_CASE("the bf16 GEMM is within one rounding of the exact product plus fp32 a
             const double c0 = double(float(C0[static_cast<std::size_t>(i * N + j)]));
             exact = alpha * exact + beta * c0;
             // One bf16 rounding of the result, plus fp32 accumulation over K terms (and alpha, beta).
-            const double bound = std::fabs(exact) / 256 + (K + 3) * std::ldexp(1.0, -24) * (alpha * magnitude + beta * std::fabs(c0));
+            const double bound =
+                std::fabs(exact) / 256 + (K + 3) * std::ldexp(1.0, -24) * (alpha * magnitude + beta * std::fabs(c0));
             const double got = double(float(C[static_cast<std::size_t>(i * N + j)]));
             worst = std::max(worst, std::fabs(got - exact) / bound);
           }

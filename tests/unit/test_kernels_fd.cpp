@@ -42,8 +42,8 @@ TEST_CASE("linear: gradients of inp, weight, bias match finite differences") {
   };
   loss();
   auto backward = [&](vec& dinp, vec& dweight, vec& dbias) {
-    k::linear_backward(host{}, ws, dinp.data(), dweight.data(), dbias.data(), g.data(), inp.data(),
-                       weight.data(), N, C, OC);
+    k::linear_backward(host{}, ws, dinp.data(), dweight.data(), dbias.data(), g.data(), inp.data(), weight.data(), N, C,
+                       OC);
   };
   vec dinp(N * C), dweight(OC * C), dbias(OC);
   backward(dinp, dweight, dbias);
@@ -62,8 +62,7 @@ TEST_CASE("linear: gradients of inp, weight, bias match finite differences") {
 
   {  // null dinp and dbias are skipped; dweight is unchanged
     vec dweight3(OC * C);
-    k::linear_backward(host{}, ws, nullptr, dweight3.data(), nullptr, g.data(), inp.data(),
-                               weight.data(), N, C, OC);
+    k::linear_backward(host{}, ws, nullptr, dweight3.data(), nullptr, g.data(), inp.data(), weight.data(), N, C, OC);
     CHECK(dweight3 == dweight);
   }
   {  // no bias: out is the plain product
@@ -76,18 +75,17 @@ TEST_CASE("linear: gradients of inp, weight, bias match finite differences") {
 
 TEST_CASE("layernorm: gradients of inp, weight, bias match finite differences") {
   const std::int64_t N = 10, C = 8;
-  vec inp = randn(N * C, 11, 1.5, 0.3), weight = randn(C, 12, 0.3, 1.0), bias = randn(C, 13, 0.2),
-      g = randn(N * C, 14);
+  vec inp = randn(N * C, 11, 1.5, 0.3), weight = randn(C, 12, 0.3, 1.0), bias = randn(C, 13, 0.2), g = randn(N * C, 14);
   vec out(N * C), mean(N), rstd(N);
   auto loss = [&] {
-    k::layernorm_forward(host{}, out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
-                         bias.data(), N, C, 1e-5);
+    k::layernorm_forward(host{}, out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C,
+                         1e-5);
     return weighted_sum(g, out);
   };
   loss();
   auto backward = [&](vec& dinp, vec& dweight, vec& dbias) {
-    k::layernorm_backward(host{}, dinp.data(), dweight.data(), dbias.data(), g.data(), inp.data(),
-                          weight.data(), mean.data(), rstd.data(), N, C);
+    k::layernorm_backward(host{}, dinp.data(), dweight.data(), dbias.data(), g.data(), inp.data(), weight.data(),
+                          mean.data(), rstd.data(), N, C);
   };
   vec dinp(N * C), dweight(C), dbias(C);
   backward(dinp, dweight, dbias);
@@ -158,7 +156,8 @@ TEST_CASE("linear_gelu_forward and bias_gelu_backward: gradients match finite di
 
   vec dpre(N * OC, std::numeric_limits<double>::quiet_NaN()), dinp(N * C), dweight(OC * C), dbias(OC);
   k::bias_gelu_backward(host{}, dpre.data(), dbias.data(), pre.data(), g.data(), N, OC);
-  k::linear_backward(host{}, ws, dinp.data(), dweight.data(), nullptr, dpre.data(), inp.data(), weight.data(), N, C, OC);
+  k::linear_backward(host{}, ws, dinp.data(), dweight.data(), nullptr, dpre.data(), inp.data(), weight.data(), N, C,
+                     OC);
   check_gradient("linear_gelu dinp", dinp, inp, loss);
   check_gradient("linear_gelu dweight", dweight, weight, loss);
   check_gradient("linear_gelu dbias", dbias, bias, loss);
@@ -337,4 +336,3 @@ TEST_CASE("cross-entropy: fused gradient matches finite differences of dloss * s
     CHECK(forward_losses[i] == doctest::Approx(max_l + std::log(z) - logits[i * Vp + targets[i]]).epsilon(1e-14));
   }
 }
-

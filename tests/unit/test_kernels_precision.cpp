@@ -59,13 +59,19 @@ fvec quantized(const fvec& x) {
 
 // Unit roundoff of the 16-bit types: rounding to nearest moves a value by at most this
 // fraction of itself (8 and 11 significant bits).
-template <class T> constexpr double unit_roundoff = 0;
-template <> constexpr double unit_roundoff<bf16> = 1.0 / 256;   // 2^-8  ~ 3.9e-3
-template <> constexpr double unit_roundoff<fp16> = 1.0 / 2048;  // 2^-11 ~ 4.9e-4
+template <class T>
+constexpr double unit_roundoff = 0;
+template <>
+constexpr double unit_roundoff<bf16> = 1.0 / 256;  // 2^-8  ~ 3.9e-3
+template <>
+constexpr double unit_roundoff<fp16> = 1.0 / 2048;  // 2^-11 ~ 4.9e-4
 // Below fp16's normal range the spacing is absolute: 2^-24, so half of it may be lost.
-template <class T> constexpr double absolute_floor = 0;
-template <> constexpr double absolute_floor<bf16> = 1e-38;
-template <> constexpr double absolute_floor<fp16> = 1.0 / (1 << 25);
+template <class T>
+constexpr double absolute_floor = 0;
+template <>
+constexpr double absolute_floor<bf16> = 1e-38;
+template <>
+constexpr double absolute_floor<fp16> = 1.0 / (1 << 25);
 
 // Compares a kernel's 16-bit output with the same kernel in fp32 on the same (quantised)
 // inputs. Every kernel computes in fp32 and rounds each output once, so each element must be
@@ -84,8 +90,8 @@ void check_one_rounding(const char* what, const std::vector<T>& got16, const fve
     max_ref = std::max(max_ref, std::fabs(r));
   }
   if (std::getenv("STRATA_TEST_VERBOSE"))
-    std::printf("  %s %-28s tensor-relative error %.2e (bound used: %.0f%%)\n", strata::dtype_name<T>(),
-                what, max_diff / max_ref, 100 * worst_ratio);
+    std::printf("  %s %-28s tensor-relative error %.2e (bound used: %.0f%%)\n", strata::dtype_name<T>(), what,
+                max_diff / max_ref, 100 * worst_ratio);
   INFO(strata::dtype_name<T>(), " ", what, ": worst |y16 - y32| / (u|y32| + floor) = ", worst_ratio);
   CHECK(worst_ratio <= 1.0);
   CHECK(max_diff / max_ref <= 2 * unit_roundoff<T>);
@@ -101,9 +107,7 @@ template <class F>
 std::string error_message(F&& f) {
   try {
     f();
-  } catch (const strata::error& e) {
-    return e.what();
-  }
+  } catch (const strata::error& e) { return e.what(); }
   return "";
 }
 
@@ -177,32 +181,32 @@ TEST_CASE("bf16: every bit pattern widens exactly and narrows back to itself") {
 
 TEST_CASE("bf16 and fp16 round to nearest, ties to even") {
   // bf16 keeps 7 fraction bits: near 1 the spacing is 2^-7.
-  CHECK(bf16(1.0f + 0x1p-8f).bits == bf16(1.0f).bits);                 // tie, 1.0 is even
-  CHECK(float(bf16(1.0f + 3 * 0x1p-8f)) == 1.0f + 0x1p-6f);            // tie, rounds up to even
-  CHECK(float(bf16(1.0f + 0x1p-8f + 0x1p-20f)) == 1.0f + 0x1p-7f);     // above the tie
-  CHECK(float(bf16(-(1.0f + 0x1p-8f))) == -1.0f);                      // symmetric in sign
+  CHECK(bf16(1.0f + 0x1p-8f).bits == bf16(1.0f).bits);              // tie, 1.0 is even
+  CHECK(float(bf16(1.0f + 3 * 0x1p-8f)) == 1.0f + 0x1p-6f);         // tie, rounds up to even
+  CHECK(float(bf16(1.0f + 0x1p-8f + 0x1p-20f)) == 1.0f + 0x1p-7f);  // above the tie
+  CHECK(float(bf16(-(1.0f + 0x1p-8f))) == -1.0f);                   // symmetric in sign
   // fp16 keeps 10 fraction bits: near 1 the spacing is 2^-10.
   CHECK(fp16(1.0f + 0x1p-11f).bits == 0x3c00);
   CHECK(float(fp16(1.0f + 3 * 0x1p-11f)) == 1.0f + 0x1p-9f);
   CHECK(float(fp16(1.0f + 0x1p-11f + 0x1p-22f)) == 1.0f + 0x1p-10f);
-  CHECK(float(fp16(2048.0f + 1.0f)) == 2048.0f);                       // spacing 2 above 2048
+  CHECK(float(fp16(2048.0f + 1.0f)) == 2048.0f);  // spacing 2 above 2048
   CHECK(float(fp16(2048.0f + 3.0f)) == 2052.0f);
 }
 
 TEST_CASE("fp16 subnormals, overflow, infinities and NaN") {
-  CHECK(fp16(0x1p-24f).bits == 0x0001);             // smallest subnormal
-  CHECK(fp16(0x1p-25f).bits == 0x0000);             // half of it: tie to even (zero)
-  CHECK(fp16(0x1p-25f * 1.0001f).bits == 0x0001);   // just above the tie
-  CHECK(fp16(3 * 0x1p-25f).bits == 0x0002);         // 1.5 ulp: tie to even (2)
+  CHECK(fp16(0x1p-24f).bits == 0x0001);            // smallest subnormal
+  CHECK(fp16(0x1p-25f).bits == 0x0000);            // half of it: tie to even (zero)
+  CHECK(fp16(0x1p-25f * 1.0001f).bits == 0x0001);  // just above the tie
+  CHECK(fp16(3 * 0x1p-25f).bits == 0x0002);        // 1.5 ulp: tie to even (2)
   CHECK(fp16(-0x1p-24f).bits == 0x8001);
   CHECK(fp16(1023 * 0x1p-24f).bits == 0x03ff);      // largest subnormal
   CHECK(fp16(0x1p-14f - 0x1p-25f).bits == 0x0400);  // ties up into the smallest normal
   CHECK(fp16(0x1p-14f).bits == 0x0400);
   CHECK(fp16(1e-10f).bits == 0x0000);
   CHECK(fp16(-0.0f).bits == 0x8000);
-  CHECK(fp16(65504.0f).bits == 0x7bff);             // largest finite
-  CHECK(fp16(65519.0f).bits == 0x7bff);             // below the midpoint to 65536
-  CHECK(fp16(65520.0f).bits == 0x7c00);             // the midpoint overflows (ties to even)
+  CHECK(fp16(65504.0f).bits == 0x7bff);  // largest finite
+  CHECK(fp16(65519.0f).bits == 0x7bff);  // below the midpoint to 65536
+  CHECK(fp16(65520.0f).bits == 0x7c00);  // the midpoint overflows (ties to even)
   CHECK(fp16(1e10f).bits == 0x7c00);
   CHECK(fp16(-1e10f).bits == 0xfc00);
   CHECK(fp16(INFINITY).bits == 0x7c00);
@@ -212,11 +216,11 @@ TEST_CASE("fp16 subnormals, overflow, infinities and NaN") {
 
 TEST_CASE("bf16 subnormals, overflow, infinities and NaN") {
   const float smallest_sub = std::numeric_limits<float>::denorm_min();
-  CHECK(bf16(65536 * smallest_sub).bits == 0x0001);       // 2^-133: smallest bf16 subnormal
-  CHECK(bf16(32768 * smallest_sub).bits == 0x0000);       // tie to even (zero)
-  CHECK(bf16(3 * 32768 * smallest_sub).bits == 0x0002);   // tie to even (2)
+  CHECK(bf16(65536 * smallest_sub).bits == 0x0001);               // 2^-133: smallest bf16 subnormal
+  CHECK(bf16(32768 * smallest_sub).bits == 0x0000);               // tie to even (zero)
+  CHECK(bf16(3 * 32768 * smallest_sub).bits == 0x0002);           // tie to even (2)
   CHECK(bf16(std::numeric_limits<float>::max()).bits == 0x7f80);  // rounds past bf16's max
-  CHECK(float(bf16::from_bits(0x7f7f)) == 0x1.fep127f);   // largest finite bf16
+  CHECK(float(bf16::from_bits(0x7f7f)) == 0x1.fep127f);           // largest finite bf16
   CHECK(bf16(INFINITY).bits == 0x7f80);
   CHECK(bf16(-INFINITY).bits == 0xff80);
   CHECK(std::isnan(float(bf16(NAN))));
@@ -239,8 +243,7 @@ TEST_CASE_TEMPLATE("gemm matches a plain triple loop for every transpose and pad
     for (bool tb : {false, true}) {
       const std::int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
       const std::int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
-      fvec a = randn(sz(a_rows * lda), 100), b = randn(sz(b_rows * ldb), 101),
-           c0 = randn(sz(M * ldc), 102);
+      fvec a = randn(sz(a_rows * lda), 100), b = randn(sz(b_rows * ldb), 101), c0 = randn(sz(M * ldc), 102);
       std::vector<T> A(a.begin(), a.end()), B(b.begin(), b.end()), C(c0.begin(), c0.end());
       const double alpha = 0.75, beta = -0.5;
       k::gemm<T>(host{}, ws, ta, tb, M, N, K, T(alpha), A.data(), lda, B.data(), ldb, T(beta), C.data(), ldc);
@@ -299,8 +302,12 @@ TEST_CASE_TEMPLATE("the portable GEMM (no BLAS) matches the BLAS path", T, float
   const double u_acc = std::is_same_v<A, double> ? 0x1p-53 : 0x1p-24;
   const double u_out = std::is_same_v<T, bf16> ? 0x1p-8 : std::is_same_v<T, fp16> ? 0x1p-11 : 0.0;
   const double floor = std::is_same_v<T, fp16> ? absolute_floor<fp16> : 0.0;
-  struct shape { std::int64_t M, N, K; };
-  struct scalars { double alpha, beta; };
+  struct shape {
+    std::int64_t M, N, K;
+  };
+  struct scalars {
+    double alpha, beta;
+  };
   double worst_bound_ratio = 0, worst_tensor_rel = 0;
   std::size_t differing = 0, total = 0;
   for (const shape sh : {shape{150, 300, 600}, shape{7, 5, 3}, shape{1, 129, 257}})
@@ -347,7 +354,8 @@ TEST_CASE_TEMPLATE("the portable GEMM (no BLAS) matches the BLAS path", T, float
               ++total;
             }
             for (std::int64_t j = N; j < ldc; ++j)
-              padding_kept = padding_kept && std::memcmp(&Cref[sz(i * ldc + j)], &Cblas[sz(i * ldc + j)], sizeof(T)) == 0;
+              padding_kept =
+                  padding_kept && std::memcmp(&Cref[sz(i * ldc + j)], &Cblas[sz(i * ldc + j)], sizeof(T)) == 0;
           }
           CHECK(padding_kept);
           const double tensor_rel = max_diff / max_val;
@@ -359,9 +367,10 @@ TEST_CASE_TEMPLATE("the portable GEMM (no BLAS) matches the BLAS path", T, float
           }
         }
   if (std::getenv("STRATA_TEST_VERBOSE"))
-    std::printf("  %s reference_gemm vs BLAS: worst |ref - blas| / bound %.3f, worst tensor-relative %.2e, "
-                "%zu of %zu elements differ\n",
-                strata::dtype_name<T>(), worst_bound_ratio, worst_tensor_rel, differing, total);
+    std::printf(
+        "  %s reference_gemm vs BLAS: worst |ref - blas| / bound %.3f, worst tensor-relative %.2e, "
+        "%zu of %zu elements differ\n",
+        strata::dtype_name<T>(), worst_bound_ratio, worst_tensor_rel, differing, total);
   CHECK(worst_bound_ratio <= 1.0);
 }
 
@@ -394,7 +403,8 @@ TEST_CASE("the portable GEMM is bit-identical for 1, 2 or 3 threads; K = 0 and a
   CHECK(c_nan == fvec{0.0f, 0.0f, 0.0f, 0.0f});
   // The same argument checks as the BLAS path.
   CHECK(error_message([&] {
-          k::gemm_detail::reference_gemm<float>(false, false, 2, 2, 2, 1.0f, c.data(), 1, c.data(), 2, 0.0f, c.data(), 2);
+          k::gemm_detail::reference_gemm<float>(false, false, 2, 2, 2, 1.0f, c.data(), 1, c.data(), 2, 0.0f, c.data(),
+                                                2);
         }) == "gemm: lda = 1 is less than A's 2 columns");
 }
 
@@ -415,8 +425,8 @@ TEST_CASE_TEMPLATE("linear in 16 bits is fp32 rounded once", T, bf16, fp16) {
   auto inp16 = narrow<T>(inp), w16 = narrow<T>(w), bias16 = narrow<T>(bias), dout16 = narrow<T>(dout);
   std::vector<T> out16(out32.size()), dinp16(dinp32.size()), dw16(dw32.size()), db16(db32.size());
   k::linear_forward(host{}, ws, out16.data(), inp16.data(), w16.data(), bias16.data(), N, C, OC);
-  k::linear_backward(host{}, ws, dinp16.data(), dw16.data(), db16.data(), dout16.data(), inp16.data(), w16.data(), N,
-                     C, OC);
+  k::linear_backward(host{}, ws, dinp16.data(), dw16.data(), db16.data(), dout16.data(), inp16.data(), w16.data(), N, C,
+                     OC);
   check_one_rounding("linear out", out16, out32);
   check_one_rounding("linear dinp", dinp16, dinp32);
   check_one_rounding("linear dweight", dw16, dw32);
@@ -425,11 +435,9 @@ TEST_CASE_TEMPLATE("linear in 16 bits is fp32 rounded once", T, bf16, fp16) {
 
 TEST_CASE_TEMPLATE("layernorm in 16 bits is fp32 rounded once", T, bf16, fp16) {
   const std::int64_t N = 16, C = 48;
-  const fvec inp = quantized<T>(randn(sz(N * C), 130, 2.0, 0.5)),
-             w = quantized<T>(randn(sz(C), 131, 0.2, 1.0)), b = quantized<T>(randn(sz(C), 132, 0.1)),
-             dout = quantized<T>(randn(sz(N * C), 133));
-  fvec out32(inp.size()), mean32(sz(N)), rstd32(sz(N)), dinp32(inp.size()), dw32(w.size()),
-      db32(b.size());
+  const fvec inp = quantized<T>(randn(sz(N * C), 130, 2.0, 0.5)), w = quantized<T>(randn(sz(C), 131, 0.2, 1.0)),
+             b = quantized<T>(randn(sz(C), 132, 0.1)), dout = quantized<T>(randn(sz(N * C), 133));
+  fvec out32(inp.size()), mean32(sz(N)), rstd32(sz(N)), dinp32(inp.size()), dw32(w.size()), db32(b.size());
   k::layernorm_forward(host{}, out32.data(), mean32.data(), rstd32.data(), inp.data(), w.data(), b.data(), N, C, 1e-5f);
   k::layernorm_backward(host{}, dinp32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), w.data(),
                         mean32.data(), rstd32.data(), N, C);
@@ -474,8 +482,7 @@ TEST_CASE_TEMPLATE("gelu and residual in 16 bits are fp32 rounded once", T, bf16
 
 TEST_CASE_TEMPLATE("attention in 16 bits is fp32 rounded once", T, bf16, fp16) {
   const std::int64_t B = 2, T_ = 9, C = 16, NH = 4;
-  const fvec qkv = quantized<T>(randn(sz(B * T_ * 3 * C), 150)),
-             dout = quantized<T>(randn(sz(B * T_ * C), 151));
+  const fvec qkv = quantized<T>(randn(sz(B * T_ * 3 * C), 150)), dout = quantized<T>(randn(sz(B * T_ * C), 151));
   fvec out32(dout.size()), att32(sz(B * NH * T_ * T_)), dqkv32(qkv.size());
   k::attention_forward(host{}, out32.data(), att32.data(), qkv.data(), B, T_, C, NH);
   k::attention_backward(host{}, dqkv32.data(), dout.data(), qkv.data(), att32.data(), B, T_, C, NH);
@@ -709,8 +716,7 @@ all_outputs run_all_kernels() {
   strata::workspace ws(ledger);
   {
     const std::int64_t N = 96, C = 384;
-    const fvec x = randn(sz(N * C), 200), w = randn(sz(C), 201), b = randn(sz(C), 202),
-               dy = randn(sz(N * C), 203);
+    const fvec x = randn(sz(N * C), 200), w = randn(sz(C), 201), b = randn(sz(C), 202), dy = randn(sz(N * C), 203);
     fvec mean(sz(N)), rstd(sz(N));
     r.ln_out.resize(x.size()), r.ln_dinp.resize(x.size()), r.ln_dw.resize(w.size()), r.ln_db.resize(b.size());
     k::layernorm_forward(host{}, r.ln_out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
@@ -747,12 +753,11 @@ all_outputs run_all_kernels() {
   }
   {
     const std::int64_t N = 256, C = 64, OC = 320;
-    const fvec x = randn(sz(N * C), 240), w = randn(sz(OC * C), 241),
-               dy = randn(sz(N * OC), 242);
+    const fvec x = randn(sz(N * C), 240), w = randn(sz(OC * C), 241), dy = randn(sz(N * OC), 242);
     fvec dw(w.size());
     r.linear_dbias.resize(sz(OC));
-    k::linear_backward<float>(host{}, ws, nullptr, dw.data(), r.linear_dbias.data(), dy.data(), x.data(), w.data(),
-                              N, C, OC);
+    k::linear_backward<float>(host{}, ws, nullptr, dw.data(), r.linear_dbias.data(), dy.data(), x.data(), w.data(), N,
+                              C, OC);
   }
   return r;
 }
@@ -796,8 +801,7 @@ TEST_CASE("bad token ids and targets throw strata::error naming the value and po
   const std::int64_t B = 2, T = 10, C = 4, V = 256;
   std::vector<std::int32_t> tokens(sz(B * T), 5);
   tokens[17] = 300;
-  fvec wte(sz(V * C)), wpe(sz(T * C)), out(sz(B * T * C)), dwte(wte.size()),
-      dwpe(wpe.size());
+  fvec wte(sz(V * C)), wpe(sz(T * C)), out(sz(B * T * C)), dwte(wte.size()), dwpe(wpe.size());
   CHECK(error_message([&] {
           k::embedding_forward(host{}, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
         }) == "embedding: token id 300 at position 17 is out of range for vocab 256");
@@ -854,18 +858,16 @@ TEST_CASE("residual_forward in place (out aliasing a) is a += b") {
   CHECK(a == fvec{11, 22, 33});
   fvec db{1, 1, 1};
   k::residual_backward(host{}, nullptr, db.data(), b.data(), 3);  // a null gradient is skipped
-  CHECK(db == fvec{10, 20, 30});  // written, not added to
+  CHECK(db == fvec{10, 20, 30});                                  // written, not added to
 }
 
 TEST_CASE("bad shapes throw strata::error naming the numbers") {
   fvec buf(1024);
-  CHECK(error_message([&] {
-          k::attention_forward(host{}, buf.data(), buf.data(), buf.data(), 1, 2, 10, 3);
-        }) == "attention_forward: heads = 3 does not divide channels C = 10");
+  CHECK(error_message([&] { k::attention_forward(host{}, buf.data(), buf.data(), buf.data(), 1, 2, 10, 3); }) ==
+        "attention_forward: heads = 3 does not divide channels C = 10");
   std::vector<std::int32_t> targets{0};
-  CHECK(error_message([&] {
-          k::cross_entropy_forward(host{}, buf.data(), buf.data(), targets.data(), 1, 8, 6);
-        }) == "cross_entropy_forward: padded row length Vp = 6 is less than the vocab V = 8");
+  CHECK(error_message([&] { k::cross_entropy_forward(host{}, buf.data(), buf.data(), targets.data(), 1, 8, 6); }) ==
+        "cross_entropy_forward: padded row length Vp = 6 is less than the vocab V = 8");
   strata::memory_ledger ledger;
   strata::workspace ws(ledger);
   CHECK(error_message([&] {
@@ -882,7 +884,8 @@ struct attention_reference {
   std::vector<double> out, lse, dqkv;
 };
 template <class T>
-attention_reference attention_naive(const std::vector<T>& qkv_t, const std::vector<T>& dout_t, const k::attention_shape& s) {
+attention_reference attention_naive(const std::vector<T>& qkv_t, const std::vector<T>& dout_t,
+                                    const k::attention_shape& s) {
   const std::int64_t B = s.batch, T_ = s.seq, H = s.heads, d = s.head_dim, G = s.group(), W = s.row_width();
   const double scale = s.softmax_scale();
   std::vector<double> qkv(qkv_t.size()), dout(dout_t.size());
@@ -896,7 +899,9 @@ attention_reference attention_naive(const std::vector<T>& qkv_t, const std::vect
       for (std::int64_t t = 0; t < T_; ++t) {
         const auto q = [&](std::int64_t tt) { return &qkv[sz((b * T_ + tt) * W + h * d)]; };
         const auto key = [&](std::int64_t tt) { return &qkv[sz((b * T_ + tt) * W + s.q_width() + (h / G) * d)]; };
-        const auto val = [&](std::int64_t tt) { return &qkv[sz((b * T_ + tt) * W + s.q_width() + s.kv_width() + (h / G) * d)]; };
+        const auto val = [&](std::int64_t tt) {
+          return &qkv[sz((b * T_ + tt) * W + s.q_width() + s.kv_width() + (h / G) * d)];
+        };
         double mx = -INFINITY, sum = 0;
         for (std::int64_t t2 = 0; t2 <= t; ++t2) {
           double x = 0;
@@ -954,7 +959,9 @@ template <class T>
 attention_run<T> run_attention(const std::vector<T>& qkv, const std::vector<T>& dout, const k::attention_shape& s) {
   // dqkv starts as NaN: attention_backward writes every element and reads none.
   const T nan = convert<T>(std::numeric_limits<float>::quiet_NaN());
-  attention_run<T> r{std::vector<T>(dout.size()), std::vector<T>(qkv.size(), nan), {},
+  attention_run<T> r{std::vector<T>(dout.size()),
+                     std::vector<T>(qkv.size(), nan),
+                     {},
                      std::vector<acc_t<T>>(sz(s.batch * s.heads * s.seq))};
   k::attention_forward(host{}, r.out.data(), r.lse.data(), qkv.data(), s);
   k::attention_backward(host{}, r.dqkv.data(), dout.data(), qkv.data(), r.lse.data(), r.out.data(), s);

@@ -122,7 +122,8 @@ TEST_CASE("GPT-2 model: every parameter's gradient through the fused loss matche
   double worst = 0;
   for (const auto& e : params.entries()) {
     double* w = params.weights_data() + e.offset;
-    std::vector<double> num(std::size_t(e.numel)), ana(analytic.begin() + e.offset, analytic.begin() + e.offset + e.numel);
+    std::vector<double> num(std::size_t(e.numel)),
+        ana(analytic.begin() + e.offset, analytic.begin() + e.offset + e.numel);
     for (std::int64_t i = 0; i < e.numel; ++i) {
       const double keep = w[i];
       w[i] = keep + fd_step;
@@ -163,8 +164,10 @@ TEST_CASE("linear with gelu: GELU of the plain layer's output; a row split is re
   }
   CHECK(st::linear<P64>::cost({.in = 6, .out = 10, .gelu = true}, {}).activation_bytes ==
         2 * st::linear<P64>::cost({.in = 6, .out = 10}, {}).activation_bytes);
-  CHECK_THROWS_WITH_AS(st::linear<P64>(st::module_scope<P64>(ctx, "row"), {.in = 6, .out = 10, .split = st::tensor_split_kind::row, .gelu = true}),
-                       doctest::Contains("GELU needs whole outputs, and a row-parallel layer's output is a partial sum"), st::error);
+  CHECK_THROWS_WITH_AS(
+      st::linear<P64>(st::module_scope<P64>(ctx, "row"),
+                      {.in = 6, .out = 10, .split = st::tensor_split_kind::row, .gelu = true}),
+      doctest::Contains("GELU needs whole outputs, and a row-parallel layer's output is a partial sum"), st::error);
 }
 
 TEST_CASE("layers meet the layer concept") {

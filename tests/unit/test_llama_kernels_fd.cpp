@@ -145,7 +145,8 @@ TEST_CASE("residual_rmsnorm_forward: the numbers of residual_forward then rmsnor
     std::vector<float> rstd(sz(N)), rstd2(sz(N));
     k::residual_forward(host{}, resid.data(), at.data(), bt.data(), N * C);
     k::rmsnorm_forward(host{}, out.data(), rstd.data(), resid.data(), wt.data(), N, C, 1e-5f);
-    k::residual_rmsnorm_forward(host{}, resid2.data(), out2.data(), rstd2.data(), at.data(), bt.data(), wt.data(), N, C, 1e-5f);
+    k::residual_rmsnorm_forward(host{}, resid2.data(), out2.data(), rstd2.data(), at.data(), bt.data(), wt.data(), N, C,
+                                1e-5f);
     return bit_identical(resid, resid2) && bit_identical(out, out2) && bit_identical(rstd, rstd2);
   };
   CHECK(same(float{}));
@@ -459,8 +460,7 @@ TEST_CASE("attention: the GPT-2 overloads are multi-head attention with one logs
   const std::int64_t B = 2, T = 6, C = 12, NH = 3;
   const attention_shape s = attention_shape::multi_head(B, T, C, NH);
   const vec qkv = randn(sz(B * T * 3 * C), 61), g = randn(sz(B * T * C), 62);
-  vec out_old(sz(B * T * C)), att(sz(B * NH * T)), out_new(out_old.size()),
-      lse(att.size());
+  vec out_old(sz(B * T * C)), att(sz(B * NH * T)), out_new(out_old.size()), lse(att.size());
   k::attention_forward(host{}, out_old.data(), att.data(), qkv.data(), B, T, C, NH);
   k::attention_forward(host{}, out_new.data(), lse.data(), qkv.data(), s);
   CHECK(out_old == out_new);

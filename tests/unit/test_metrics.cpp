@@ -104,11 +104,13 @@ TEST_CASE("metrics: flops_per_s from the plan's model FLOPs, mfu only with a dev
 TEST_CASE("metrics: skipped_steps counts the loss scaler's fp16 overflows") {
   st::memory_ledger ledger;
   st::loss_scaler scaler({.enabled = true});
-  CHECK(field(st::metrics_line(sample_step(), ledger, {.skipped_steps = scaler.skipped_steps()}), "skipped_steps") == "0");
+  CHECK(field(st::metrics_line(sample_step(), ledger, {.skipped_steps = scaler.skipped_steps()}), "skipped_steps") ==
+        "0");
   scaler.update(false);
   scaler.update(true);
   scaler.update(false);
-  CHECK(field(st::metrics_line(sample_step(), ledger, {.skipped_steps = scaler.skipped_steps()}), "skipped_steps") == "2");
+  CHECK(field(st::metrics_line(sample_step(), ledger, {.skipped_steps = scaler.skipped_steps()}), "skipped_steps") ==
+        "2");
 }
 
 TEST_CASE("metrics: the old call form still carries comm, and the new fields as unknown") {
@@ -141,8 +143,16 @@ TEST_CASE("metrics_file writes one line per step with the extras") {
 }
 
 TEST_CASE("progress: the plain line keeps gpt2_train's format") {
-  const st::progress_step p{.step = 3, .total = 3, .loss = 2.5, .tokens_per_s = 200, .lr = 1e-3, .grad_norm = 0.5,
-                            .elapsed = 1.3, .eta = 75, .applied = false, .extra = " | idle 10.0%"};
+  const st::progress_step p{.step = 3,
+                            .total = 3,
+                            .loss = 2.5,
+                            .tokens_per_s = 200,
+                            .lr = 1e-3,
+                            .grad_norm = 0.5,
+                            .elapsed = 1.3,
+                            .eta = 75,
+                            .applied = false,
+                            .extra = " | idle 10.0%"};
   CHECK(st::progress_line(p) ==
         "step    3/3 | loss 2.5000 |      200 tok/s | lr 1.00e-03 | norm  0.500 | 1.3s elapsed | ETA 1m15s"
         " | idle 10.0% | skipped (non-finite gradients)");

@@ -122,6 +122,6 @@ TEST_CASE("a schedule that cannot take the numbers says which") {
                        "interleaved 1F1B needs microbatches (6) divisible by the pipeline degree (4)", st::error);
   CHECK_THROWS_WITH_AS(st::pipeline_actions({kind::one_f_one_b, 2, 4, 2}, 0),
                        "pipeline: 2 virtual chunks per stage need the interleaved schedule (1f1b runs one)", st::error);
-  CHECK_THROWS_WITH_AS(st::parse_pipeline_schedule("zigzag"), "pipeline: unknown schedule 'zigzag' (gpipe, 1f1b or interleaved)",
-                       st::error);
+  CHECK_THROWS_WITH_AS(st::parse_pipeline_schedule("zigzag"),
+                       "pipeline: unknown schedule 'zigzag' (gpipe, 1f1b or interleaved)", st::error);
 }

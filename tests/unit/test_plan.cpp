@@ -61,7 +61,8 @@ TEST_CASE("ZeRO's worked example: 7.5B parameters over 64 ranks, mixed-precision
   const std::int64_t psi = 7'500'000'000;
   const auto at = [&](int zero) {
     return double(st::model_state_plan(psi, {.storage_bytes = 2, .master_bytes = 4, .dp = 64, .zero = zero})
-                      .model_state_bytes()) / GB;
+                      .model_state_bytes()) /
+           GB;
   };
   CHECK(at(0) == doctest::Approx(120.0));
   CHECK(std::round(at(1) * 10) / 10 == 31.4);
@@ -174,7 +175,8 @@ TEST_CASE("attention keeps one logsumexp per query row on every device: no s² t
   // GPT-2 small, one sequence of 1024: 12 x 1024 fp32 statistics, and twice that at 2048.
   static_assert(host_attention::cost(hc, one_sequence).core_bytes == 12LL * 1024 * 4);
   static_assert(gpu_attention::cost(gc, one_sequence).core_bytes == 12LL * 1024 * 4);
-  static_assert(host_attention::cost(hc, two_sequences).activation_bytes == 2 * host_attention::cost(hc, one_sequence).activation_bytes);
+  static_assert(host_attention::cost(hc, two_sequences).activation_bytes ==
+                2 * host_attention::cost(hc, one_sequence).activation_bytes);
   // The plan of a model is the same on each device.
   const st::batch b{.micro = 1, .global = 8};
   const auto on_host = st::plan_model<gpt_bf16>(gpt2_small, b, with(8, 1, 1, 0));

@@ -43,8 +43,7 @@ static_assert(st::tensor<4, st::sequence_parallel>::sequence_parallel);
 static_assert(st::tensor<st::dynamic>::degree == st::dynamic);
 using default_pipeline = st::pipeline<>;
 static_assert(default_pipeline::degree == 1 && default_pipeline::microbatches == 1 &&
-              default_pipeline::virtual_chunks == 1 &&
-              std::is_same_v<default_pipeline::schedule, st::one_f_one_b>);
+              default_pipeline::virtual_chunks == 1 && std::is_same_v<default_pipeline::schedule, st::one_f_one_b>);
 static_assert(st::pipeline<4, st::interleaved_1f1b, 8, 2>::virtual_chunks == 2);
 static_assert(st::pipeline<st::dynamic, st::interleaved_1f1b, 6, 2>::degree == st::dynamic);  // checked at start-up
 static_assert(st::pipeline<4, st::interleaved_1f1b, st::dynamic, 2>::microbatches == st::dynamic);
@@ -64,8 +63,8 @@ template <class A, class B>
 constexpr bool same_traits() {
   return A::dp == B::dp && A::tp == B::tp && A::pp == B::pp && A::zero_stage == B::zero_stage &&
          A::sequence_parallel == B::sequence_parallel && std::is_same_v<typename A::schedule, typename B::schedule> &&
-         A::microbatches == B::microbatches && A::virtual_chunks == B::virtual_chunks &&
-         A::is_static == B::is_static && std::is_same_v<typename A::canonical, typename B::canonical>;
+         A::microbatches == B::microbatches && A::virtual_chunks == B::virtual_chunks && A::is_static == B::is_static &&
+         std::is_same_v<typename A::canonical, typename B::canonical>;
 }
 static_assert(same_traits<dtp, pdt>() && same_traits<dtp, tpd>());
 static_assert(std::is_same_v<dtp, dtp::canonical> && std::is_same_v<pdt::canonical, dtp>);
@@ -78,12 +77,14 @@ static_assert(std::is_same_v<pdt::data_axis, D> && std::is_same_v<pdt::tensor_ax
 // Missing axes take their defaults.
 using empty = st::parallel<>;
 static_assert(std::is_same_v<empty::data_axis, st::data<st::dynamic, st::zero<0>>>);
-static_assert(std::is_same_v<empty::tensor_axis, st::tensor<1>> && std::is_same_v<empty::pipeline_axis, st::pipeline<1>>);
+static_assert(std::is_same_v<empty::tensor_axis, st::tensor<1>> &&
+              std::is_same_v<empty::pipeline_axis, st::pipeline<1>>);
 static_assert(empty::dp == st::dynamic && empty::tp == 1 && empty::pp == 1 && empty::zero_stage == 0);
 static_assert(!empty::sequence_parallel && std::is_same_v<empty::schedule, st::one_f_one_b> && !empty::is_static);
 using tp_only = st::parallel<st::tensor<8>>;
 static_assert(tp_only::dp == st::dynamic && tp_only::tp == 8 && tp_only::pp == 1);
-static_assert(same_traits<st::parallel<st::pipeline<4>, st::tensor<2>>, st::parallel<st::tensor<2>, st::pipeline<4>>>());
+static_assert(
+    same_traits<st::parallel<st::pipeline<4>, st::tensor<2>>, st::parallel<st::tensor<2>, st::pipeline<4>>>());
 
 // serial and the concept.
 static_assert(st::serial::dp == 1 && st::serial::tp == 1 && st::serial::pp == 1 && st::serial::is_static);
@@ -97,9 +98,7 @@ void check_throws_containing(F&& f, std::initializer_list<const char*> wanted) {
   std::string message;
   try {
     f();
-  } catch (const st::error& e) {
-    message = e.what();
-  }
+  } catch (const st::error& e) { message = e.what(); }
   REQUIRE_MESSAGE(!message.empty(), "expected a strata::error");
   for (const char* piece : wanted) CHECK_MESSAGE(message.find(piece) != std::string::npos, message, " lacks ", piece);
 }
@@ -200,7 +199,8 @@ TEST_CASE("resolve_layout: a dynamic value not given at launch is an error") {
 
 TEST_CASE("resolve_layout: bad launch values and world sizes") {
   using T = st::parallel<st::tensor<st::dynamic>>;
-  check_throws_containing([] { (void)st::resolve_layout<T>(4, {.tp = 0}); }, {"layout tp=0 given at launch must be >= 1"});
+  check_throws_containing([] { (void)st::resolve_layout<T>(4, {.tp = 0}); },
+                          {"layout tp=0 given at launch must be >= 1"});
   check_throws_containing([] { (void)st::resolve_layout<st::serial>(0); }, {"the world size must be >= 1, got 0"});
 }
 

@@ -42,10 +42,11 @@ struct tiny_model {
   using policy = P;
   using config = dims;
   static constexpr auto layers(const dims& d) {
-    return st::sequential(st::layer<st::embedding<P>>("", {.vocab = d.vocab, .max_seq = d.seq, .channels = d.d_model}),
-                          st::blocks<st::transformer_block<P>>("h", 1, {.channels = d.d_model, .heads = 2, .hidden = 2 * d.d_model}),
-                          st::layer<st::layernorm<P>>("ln_f", {.channels = d.d_model}),
-                          st::layer<st::lm_head<P>>("lm_head", {.vocab = d.vocab, .channels = d.d_model, .tied_to = "wte"}));
+    return st::sequential(
+        st::layer<st::embedding<P>>("", {.vocab = d.vocab, .max_seq = d.seq, .channels = d.d_model}),
+        st::blocks<st::transformer_block<P>>("h", 1, {.channels = d.d_model, .heads = 2, .hidden = 2 * d.d_model}),
+        st::layer<st::layernorm<P>>("ln_f", {.channels = d.d_model}),
+        st::layer<st::lm_head<P>>("lm_head", {.vocab = d.vocab, .channels = d.d_model, .tied_to = "wte"}));
   }
 };
 
@@ -111,8 +112,9 @@ void write_manifest(const std::string& step_dir, const nlohmann::json& m) {
 
 // ---- a non-finite gradient is never applied ----
 
-TEST_CASE_TEMPLATE("a non-finite gradient skips the step in every precision; only fp16's scaler reacts; a run of them stops", P,
-                   P32, PBF16, PFP16) {
+TEST_CASE_TEMPLATE(
+    "a non-finite gradient skips the step in every precision; only fp16's scaler reacts; a run of them stops", P, P32,
+    PBF16, PFP16) {
   using T = typename P::storage;
   run<P> r;
   REQUIRE(r.step().applied);
@@ -162,9 +164,7 @@ TEST_CASE_TEMPLATE("a non-finite gradient skips the step in every precision; onl
       CHECK_FALSE(applied);
       ++skipped;
     }
-  } catch (const st::error& e) {
-    stopped = e.what();
-  }
+  } catch (const st::error& e) { stopped = e.what(); }
   CHECK(stopped.find("3 steps in a row") != std::string::npos);
   CHECK(stopped.find("non-finite gradient norm") != std::string::npos);
   CHECK(skipped == (r.train.scaler().enabled() ? 1 + 2 : 2));
@@ -176,11 +176,13 @@ TEST_CASE_TEMPLATE("a non-finite gradient skips the step in every precision; onl
 TEST_CASE("a loss scale of 0, negative or not finite is never restored; with scaling off only 1 is") {
   st::loss_scaler fp16({.enabled = true});
   st::loss_scaler fp32({.enabled = false});
-  for (const double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+  for (const double bad :
+       {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
     CHECK_THROWS_WITH_AS(fp16.restore({bad, 0, 0}), doctest::Contains("must be positive and finite"), st::error);
     CHECK_THROWS_WITH_AS(fp32.restore({bad, 0, 0}), doctest::Contains("must be positive and finite"), st::error);
   }
-  CHECK_THROWS_WITH_AS(fp32.restore({2.0, 0, 0}), doctest::Contains("into a precision without loss scaling"), st::error);
+  CHECK_THROWS_WITH_AS(fp32.restore({2.0, 0, 0}), doctest::Contains("into a precision without loss scaling"),
+                       st::error);
   CHECK_THROWS_WITH_AS(fp16.restore({2.0, -1, 0}), doctest::Contains("neither can be negative"), st::error);
   fp16.restore({2.0, 3, 1});
   CHECK(fp16.scale() == 2.0);
@@ -241,7 +243,8 @@ TEST_CASE("a manifest value out of range, of the wrong type or disagreeing with 
     if (e.remove) m.at(json::json_pointer(e.pointer).parent_pointer()).erase(json::json_pointer(e.pointer).back());
     else m[json::json_pointer(e.pointer)] = e.value;
     write_manifest(step_dir, m);
-    CHECK_THROWS_WITH_AS(cf::read_manifest(step_dir), doctest::Contains(("checkpoint manifest '" + path).c_str()), st::error);
+    CHECK_THROWS_WITH_AS(cf::read_manifest(step_dir), doctest::Contains(("checkpoint manifest '" + path).c_str()),
+                         st::error);
     CHECK_THROWS_WITH_AS(cf::read_manifest(step_dir), doctest::Contains(e.says), st::error);
     // resume passes it over, and with nothing else there refuses rather than starting over
     run<P32> b;
@@ -267,7 +270,7 @@ TEST_CASE("resume: an incomplete attempt is removed and, with nothing complete, 
     run<P32> a;
     auto ck = a.checkpointer(dir);
     a.step();
-    a.save(ck);  // step 1: run.json and a complete checkpoint
+    a.save(ck);                                      // step 1: run.json and a complete checkpoint
     fs::remove(cf::step_dir(dir, 1) + "/COMPLETE");  // as a crash before the marker leaves it
   }
   fs::create_directories(cf::step_dir(dir, 3));
@@ -356,8 +359,9 @@ TEST_CASE("a checkpoint directory belongs to one run: another is refused before 
   // The same model and seed, started over: still another run.
   run<P32> b;
   auto ckb = b.checkpointer(dir, 5);
-  CHECK_THROWS_WITH_AS(ckb.start_new_run(), doctest::Contains(("belongs to another run (run " + owner->at("run").get<std::string>()).c_str()),
-                       st::error);
+  CHECK_THROWS_WITH_AS(
+      ckb.start_new_run(),
+      doctest::Contains(("belongs to another run (run " + owner->at("run").get<std::string>()).c_str()), st::error);
   // One that never asked, at its first save (which would have replaced step 1).
   b.step();
   CHECK_THROWS_WITH_AS(b.save(ckb), doctest::Contains("belongs to another run"), st::error);
@@ -366,18 +370,20 @@ TEST_CASE("a checkpoint directory belongs to one run: another is refused before 
   // Resuming with another seed, the checkpoint refuses; with none complete, run.json does.
   run<P32> c;
   auto ckc = c.checkpointer(dir, 6);
-  CHECK_THROWS_WITH_AS(ckc.resume(c.state()), doctest::Contains("was trained with seed 5; this run has seed 6"), st::error);
+  CHECK_THROWS_WITH_AS(ckc.resume(c.state()), doctest::Contains("was trained with seed 5; this run has seed 6"),
+                       st::error);
   unchanged();
   fs::remove(cf::step_dir(dir, 1) + "/COMPLETE");
-  CHECK_THROWS_WITH_AS(ckc.resume(c.state()),
-                       doctest::Contains(("belongs to another run (run.json: run " + owner->at("run").get<std::string>() +
-                                          "): it was trained with seed 5; this run has seed 6")
-                                             .c_str()),
-                       st::error);
+  CHECK_THROWS_WITH_AS(
+      ckc.resume(c.state()),
+      doctest::Contains(("belongs to another run (run.json: run " + owner->at("run").get<std::string>() +
+                         "): it was trained with seed 5; this run has seed 6")
+                            .c_str()),
+      st::error);
   CHECK(cf::steps(dir) == std::vector<int>{1});  // the incomplete attempt is left to its run
   st::checkpointer other_model({dir, 0}, st::group_ref(), {{"world", 1}}, {{"d_model", 32}}, 5);
-  CHECK_THROWS_WITH_AS(other_model.resume(c.state()), doctest::Contains("it is of another model: d_model 16 there, 32 here"),
-                       st::error);
+  CHECK_THROWS_WITH_AS(other_model.resume(c.state()),
+                       doctest::Contains("it is of another model: d_model 16 there, 32 here"), st::error);
   CHECK(cf::steps(dir) == std::vector<int>{1});
 
   // The run itself resumes (under any layout: not part of the identity), keeps its id, saves.
@@ -391,15 +397,17 @@ TEST_CASE("a checkpoint directory belongs to one run: another is refused before 
 
   // A run.json that is not one is refused, naming it (and nested deep, before it is built).
   st::write_file_durably(dir + "/run.json", std::string(100000, '['));
-  CHECK_THROWS_WITH_AS(probe_checkpointer(dir).start_new_run(), doctest::Contains("run.json' nests deeper than 16 levels"), st::error);
+  CHECK_THROWS_WITH_AS(probe_checkpointer(dir).start_new_run(),
+                       doctest::Contains("run.json' nests deeper than 16 levels"), st::error);
   st::write_file_durably(dir + "/run.json", std::string("{\"format\": \"strata-run\", \"run\": 7}"));
-  CHECK_THROWS_WITH_AS(probe_checkpointer(dir).start_new_run(), doctest::Contains("run.json': run is missing or not a run id"),
-                       st::error);
+  CHECK_THROWS_WITH_AS(probe_checkpointer(dir).start_new_run(),
+                       doctest::Contains("run.json': run is missing or not a run id"), st::error);
 
   // Checkpoints with no run.json (an older strata's) are another run's too, to a fresh start.
   fs::remove(dir + "/run.json");
   run<P32> e;
   auto cke = e.checkpointer(dir, 5);
-  CHECK_THROWS_WITH_AS(cke.start_new_run(), doctest::Contains("already holds checkpoints of another run (step-00000001, no run.json)"),
+  CHECK_THROWS_WITH_AS(cke.start_new_run(),
+                       doctest::Contains("already holds checkpoints of another run (step-00000001, no run.json)"),
                        st::error);
 }

@@ -29,9 +29,7 @@ std::vector<double> weights_of(st::parameter_store<float>& p) {
   return std::vector<double>(p.weights_data(), p.weights_data() + p.size());
 }
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 // A file with this header text and these data bytes.
 std::string file_with(const std::string& header, const std::string& data) {
@@ -70,19 +68,24 @@ TEST_CASE("a truncated or corrupt safetensors file is refused with its name and 
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // The data cut short: the tensor's bytes run past the end.
   write_bytes(path, good.substr(0, good.size() - 4));
-  CHECK_THROWS_WITH_AS(st::read_safetensors(path), doctest::Contains("strata_test_bad.safetensors': tensor 'w' has data_offsets [0, 16] outside the 12 data bytes"),
-                       st::error);
+  CHECK_THROWS_WITH_AS(
+      st::read_safetensors(path),
+      doctest::Contains("strata_test_bad.safetensors': tensor 'w' has data_offsets [0, 16] outside the 12 data bytes"),
+      st::error);
   // A header length past the end of the file.
   write_bytes(path, std::string("\xff\x00\x00\x00\x00\x00\x00\x00", 8) + "{}");
-  CHECK_THROWS_WITH_AS(st::read_safetensors(path), doctest::Contains("the header length at offset 0 says 255 bytes, but the file has 2 after it"),
+  CHECK_THROWS_WITH_AS(st::read_safetensors(path),
+                       doctest::Contains("the header length at offset 0 says 255 bytes, but the file has 2 after it"),
                        st::error);
   // A header that is not JSON.
   write_bytes(path, std::string("\x04\x00\x00\x00\x00\x00\x00\x00", 8) + "{oops");
-  CHECK_THROWS_WITH_AS(st::read_safetensors(path), doctest::Contains("the header (bytes 8 to 12) is not valid JSON"), st::error);
+  CHECK_THROWS_WITH_AS(st::read_safetensors(path), doctest::Contains("the header (bytes 8 to 12) is not valid JSON"),
+                       st::error);
   // A dtype strata does not read.
   write_bytes(path, file_with(R"({"w":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})", "abcd"));
   CHECK_THROWS_WITH_AS(st::read_safetensors(path), doctest::Contains("tensor 'w' has dtype I8"), st::error);
-  CHECK_THROWS_WITH_AS(st::read_safetensors(temp_path("missing.safetensors")), doctest::Contains("cannot open"), st::error);
+  CHECK_THROWS_WITH_AS(st::read_safetensors(temp_path("missing.safetensors")), doctest::Contains("cannot open"),
+                       st::error);
   std::remove(path.c_str());
 }
 
@@ -117,17 +120,19 @@ TEST_CASE("the example GPT-2 exports with GPT-2's names and loads back exactly")
   st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>> b(ledger, d, st::seed{2});
   CHECK(weights_of(b.parameters()) != weights_of(a.parameters()));
   auto& p = b.parameters();
-  st::scatter_model_weights(p, std::span<float>(p.weights_data(), std::size_t(p.size())), st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>>::serial_parameters(d),
-                            gpt2::import_hf(path, d));
+  st::scatter_model_weights(
+      p, std::span<float>(p.weights_data(), std::size_t(p.size())),
+      st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>>::serial_parameters(d),
+      gpt2::import_hf(path, d));
   CHECK(weights_of(b.parameters()) == weights_of(a.parameters()));
   // bf16 models write BF16.
   gpt2::export_hf<st::bf16>(path, d, weights_of(a.parameters()));
   CHECK(st::read_safetensors(path).front().dtype == "BF16");
   // A file for another shape is refused with the tensor and both shapes.
   const gpt2::dims wider{.vocab = 50, .seq = 8, .layers = 2, .heads = 2, .d_model = 32};
-  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, wider),
-                       doctest::Contains("tensor 'transformer.wte.weight' has shape [50, 16], the model expects [50, 32]"),
-                       st::error);
+  CHECK_THROWS_WITH_AS(
+      gpt2::import_hf(path, wider),
+      doctest::Contains("tensor 'transformer.wte.weight' has shape [50, 16], the model expects [50, 32]"), st::error);
   std::remove(path.c_str());
 }
 
@@ -152,10 +157,10 @@ std::string raw_file(const std::vector<raw_tensor>& tensors) {
       if (!shape.empty()) shape += ',';
       shape += std::to_string(s);
     }
-    for (const std::string& part : {std::string(",\""), t.name, std::string("\":{\"dtype\":\""), t.dtype,
-                                    std::string("\",\"shape\":["), shape, std::string("],\"data_offsets\":["),
-                                    std::to_string(data.size()), std::string(","),
-                                    std::to_string(data.size() + t.bytes.size()), std::string("]}")})
+    for (const std::string& part :
+         {std::string(",\""), t.name, std::string("\":{\"dtype\":\""), t.dtype, std::string("\",\"shape\":["), shape,
+          std::string("],\"data_offsets\":["), std::to_string(data.size()), std::string(","),
+          std::to_string(data.size() + t.bytes.size()), std::string("]}")})
       header += part;
     data += t.bytes;
   }
@@ -235,7 +240,9 @@ struct hub_gpt2 {
     plain("ln_f.weight", {C});
     plain("ln_f.bias", {C});
   }
-  static gpt2::dims dims(std::int64_t seq = T) { return {.vocab = V, .seq = seq, .layers = L, .heads = 2, .d_model = C}; }
+  static gpt2::dims dims(std::int64_t seq = T) {
+    return {.vocab = V, .seq = seq, .layers = L, .heads = 2, .d_model = C};
+  }
   const raw_tensor& tensor(const std::string& name) const {
     for (const auto& t : tensors)
       if (t.name == name) return t;
@@ -255,7 +262,8 @@ TEST_CASE("a hub-layout GPT-2 file loads: names without prefix, BOOL and F32 mas
   REQUIRE(serial.size() == hub.serial.size());
   CHECK(serial == hub.serial);  // every weight, the Conv1D transposes included
   REQUIRE(notes.size() == 1);
-  CHECK(notes[0] == "skipped 4 tensors strata does not use: h.{0..1}.attn.bias (BOOL/F32), h.{0..1}.attn.masked_bias (F32)");
+  CHECK(notes[0] ==
+        "skipped 4 tensors strata does not use: h.{0..1}.attn.bias (BOOL/F32), h.{0..1}.attn.masked_bias (F32)");
   // The same weights under "transformer." (GPT2LMHeadModel's names) load the same.
   const hub_gpt2 prefixed("transformer.");
   write_bytes(path, raw_file(prefixed.tensors));
@@ -280,7 +288,8 @@ TEST_CASE("a hub-layout GPT-2 file loads: names without prefix, BOOL and F32 mas
                        st::error);
   // A missing tensor is named in the file's two possible forms.
   auto missing = hub.tensors;
-  missing.erase(std::find_if(missing.begin(), missing.end(), [](const raw_tensor& t) { return t.name == "ln_f.bias"; }));
+  missing.erase(
+      std::find_if(missing.begin(), missing.end(), [](const raw_tensor& t) { return t.name == "ln_f.bias"; }));
   write_bytes(path, raw_file(missing));
   CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
                        doctest::Contains("has no tensor 'transformer.ln_f.bias' (nor 'ln_f.bias')"), st::error);
@@ -295,12 +304,15 @@ TEST_CASE("a used tensor keeps its checks: a wrong dtype or shape is refused, an
   for (auto& t : bad)
     if (t.name == "h.0.ln_2.bias") t = {t.name, "I8", t.shape, std::string(std::size_t(hub_gpt2::C), '\1')};
   write_bytes(path, raw_file(bad));
-  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
-                       doctest::Contains("hub_gpt2_bad.safetensors': tensor 'h.0.ln_2.bias' has dtype I8 (F32, F64, BF16 or F16 expected)"),
-                       st::error);
+  CHECK_THROWS_WITH_AS(
+      gpt2::import_hf(path, hub_gpt2::dims()),
+      doctest::Contains(
+          "hub_gpt2_bad.safetensors': tensor 'h.0.ln_2.bias' has dtype I8 (F32, F64, BF16 or F16 expected)"),
+      st::error);
   // A used weight of another shape: the tensor as the file names it, and both shapes.
   CHECK_THROWS_WITH_AS(gpt2::import_hf(path, {.vocab = 16, .seq = 12, .layers = 2, .heads = 2, .d_model = 16}),
-                       doctest::Contains("tensor 'wte.weight' has shape [16, 8], the model expects [16, 16]"), st::error);
+                       doctest::Contains("tensor 'wte.weight' has shape [16, 8], the model expects [16, 16]"),
+                       st::error);
   // An unused BOOL entry is still checked: bytes that do not match its shape are refused.
   auto short_mask = hub.tensors;
   for (auto& t : short_mask)
@@ -316,7 +328,8 @@ TEST_CASE("a used tensor keeps its checks: a wrong dtype or shape is refused, an
                        doctest::Contains("tensor 'extra' has dtype Q3, which is not a safetensors dtype"), st::error);
   // read_safetensors (checkpoints) still reads only strata's dtypes, the reader any.
   write_bytes(path, raw_file(hub.tensors));
-  CHECK_THROWS_WITH_AS(st::read_safetensors(path), doctest::Contains("tensor 'h.0.attn.bias' has dtype BOOL (F32, F64, BF16 or F16 expected)"),
+  CHECK_THROWS_WITH_AS(st::read_safetensors(path),
+                       doctest::Contains("tensor 'h.0.attn.bias' has dtype BOOL (F32, F64, BF16 or F16 expected)"),
                        st::error);
   const st::safetensors_reader reader(path);
   REQUIRE(reader.find("h.0.attn.bias") != nullptr);
@@ -324,7 +337,8 @@ TEST_CASE("a used tensor keeps its checks: a wrong dtype or shape is refused, an
   CHECK(reader.find("h.0.attn.masked_bias")->shape.empty());
   CHECK(reader.read("h.0.attn.masked_bias").at(0) == -1e4);
   CHECK(reader.metadata().at("format") == "pt");
-  CHECK_THROWS_WITH_AS(reader.read("h.0.attn.bias"), doctest::Contains("tensor 'h.0.attn.bias' has dtype BOOL"), st::error);
+  CHECK_THROWS_WITH_AS(reader.read("h.0.attn.bias"), doctest::Contains("tensor 'h.0.attn.bias' has dtype BOOL"),
+                       st::error);
   std::remove(path.c_str());
 }
 

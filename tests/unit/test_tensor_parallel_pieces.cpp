@@ -58,7 +58,8 @@ TEST_CASE("vocabulary-parallel cross-entropy over t pieces equals the whole fuse
     for (int r = 0; r < t; ++r) {
       vec m(N);
       k::vocab_parallel_max(host{}, m.data(), piece[std::size_t(r)].data(), targets.data(), N, Vl, r * Vl, V);
-      for (std::int64_t i = 0; i < N; ++i) row_max[std::size_t(i)] = std::max(row_max[std::size_t(i)], m[std::size_t(i)]);
+      for (std::int64_t i = 0; i < N; ++i)
+        row_max[std::size_t(i)] = std::max(row_max[std::size_t(i)], m[std::size_t(i)]);
     }
     for (int r = 0; r < t; ++r) {
       vec s(2 * N);
@@ -97,7 +98,8 @@ TEST_CASE("vocabulary-parallel cross-entropy over t pieces equals the whole fuse
 TEST_CASE("vocabulary-parallel embedding pieces sum to the whole embedding, forward and backward") {
   constexpr std::int64_t B = 2, T = 5, C = 4, V = 11, maxT = 6;
   const std::vector<std::int32_t> tokens{0, 10, 3, 3, 7, 10, 5, 0, 9, 2};
-  const vec wte = randn(std::size_t(V * C), 2), wpe = randn(std::size_t(maxT * C), 3), dout = randn(std::size_t(B * T * C), 4);
+  const vec wte = randn(std::size_t(V * C), 2), wpe = randn(std::size_t(maxT * C), 3),
+            dout = randn(std::size_t(B * T * C), 4);
   vec ref(std::size_t(B * T * C)), ref_dwte(std::size_t(V * C)), ref_dwpe(std::size_t(maxT * C));
   k::embedding_forward(host{}, ref.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
   k::embedding_backward(host{}, ref_dwte.data(), ref_dwpe.data(), dout.data(), tokens.data(), B, T, C);
@@ -137,7 +139,7 @@ TEST_CASE("tensor_shard puts every piece where the full tensor has it") {
   // A fused QKV weight [3·6, 4] over 3 ranks: rank r holds rows 2r..2r+1 of q, of k and of v.
   const strata::tensor_shard qkv{{18, 4}, 0, 3, 1, 3};
   CHECK(qkv.local() == strata::shape{6, 4});
-  CHECK(qkv.global_index(0) == 2 * 4);             // q row 2
+  CHECK(qkv.global_index(0) == 2 * 4);              // q row 2
   CHECK(qkv.global_index(1 * 4 + 3) == 3 * 4 + 3);  // q row 3, column 3
   CHECK(qkv.global_index(2 * 4) == 8 * 4);          // k row 2 (rows 6..11 are k)
   CHECK(qkv.global_index(5 * 4) == 15 * 4);         // v row 3

@@ -48,7 +48,6 @@ run_result<P> train_run(int steps, std::int64_t batch = 8, std::int64_t micro = 
   return r;
 }
 
-
 }  // namespace
 
 TEST_CASE("the tiny model learns the generated corpus") {
@@ -72,7 +71,8 @@ TEST_CASE("two runs with one seed are bit-identical") {
 TEST_CASE("micro-batches accumulate to the same step as one full batch") {
   auto whole = train_run<P32>(3, 8, 0);
   auto split = train_run<P32>(3, 8, 2);
-  for (std::size_t i = 0; i < whole.losses.size(); ++i) CHECK(split.losses[i] == doctest::Approx(whole.losses[i]).epsilon(1e-5));
+  for (std::size_t i = 0; i < whole.losses.size(); ++i)
+    CHECK(split.losses[i] == doctest::Approx(whole.losses[i]).epsilon(1e-5));
   double worst = 0;
   for (std::size_t i = 0; i < whole.final_weights.size(); ++i)
     worst = std::max(worst, double(std::abs(whole.final_weights[i] - split.final_weights[i])));
@@ -89,7 +89,8 @@ TEST_CASE("bf16 and fp16 runs track the fp32 run") {
     worst_bf = std::max(worst_bf, std::abs(bf.losses[std::size_t(s)] - ref.losses[std::size_t(s)]));
     worst_hf = std::max(worst_hf, std::abs(hf.losses[std::size_t(s)] - ref.losses[std::size_t(s)]));
   }
-  MESSAGE("max per-step loss deviation from fp32 over " << steps << " steps: bf16 " << worst_bf << ", fp16 " << worst_hf);
+  MESSAGE("max per-step loss deviation from fp32 over " << steps << " steps: bf16 " << worst_bf << ", fp16 "
+                                                        << worst_hf);
   // Tolerances: bf16 keeps 8 mantissa bits (relative rounding 2^-9 = 0.2%), fp16 11 bits.
   // Measured: bf16 0.0021, fp16 0.00015 (2 threads).
   CHECK(worst_bf < 0.02);
@@ -135,14 +136,18 @@ TEST_CASE("fp16 loss scaling: an injected overflow skips the step, backs off, th
     CHECK(train.scaler().scale() == doctest::Approx(scale));
   }
   CHECK(train.scaler().skipped_steps() == skips);
-  CHECK(skips >= 2);     // backed off from 1e9 more than once
-  CHECK(growths >= 1);   // and grew again after clean steps
+  CHECK(skips >= 2);    // backed off from 1e9 more than once
+  CHECK(growths >= 1);  // and grew again after clean steps
   CHECK(std::memcmp(before.data(), p.weights_data(), before.size() * sizeof(st::fp16)) != 0);  // steps were taken
 }
 
 TEST_CASE("loss_scaler rules in isolation") {
-  st::loss_scaler s({.enabled = true, .initial_scale = 1024, .growth_factor = 2, .backoff_factor = 0.5,
-                     .growth_interval = 3, .min_scale = 1});
+  st::loss_scaler s({.enabled = true,
+                     .initial_scale = 1024,
+                     .growth_factor = 2,
+                     .backoff_factor = 0.5,
+                     .growth_interval = 3,
+                     .min_scale = 1});
   CHECK_FALSE(s.update(false));
   CHECK(s.scale() == 512);
   CHECK(s.update(true));

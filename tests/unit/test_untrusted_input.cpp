@@ -120,9 +120,7 @@ std::string load_edited(const std::string& saved, const std::string& name,
   tiny_run r(dir);
   try {
     r.load(step_dir);
-  } catch (const st::error& e) {
-    return e.what();
-  }
+  } catch (const st::error& e) { return e.what(); }
   return "";
 }
 
@@ -133,9 +131,7 @@ std::string error_within(double seconds, F&& f) {
   std::string what = "(no error)";
   try {
     f();
-  } catch (const st::error& e) {
-    what = e.what();
-  }
+  } catch (const st::error& e) { what = e.what(); }
   CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds);
   return what;
 }
@@ -201,7 +197,10 @@ TEST_CASE("untrusted input: a checkpoint piece's shard fields are checked agains
       {[](json& x) { x["count"] = "8192"; }, "field 'count' is \"8192\""},
       {[](json& x) { x["real_rows"] = 1 << 20; }, "field 'real_rows' is 1048576"},
       {[](json& x) { x["block_parts"] = {0}; }, "field 'block_parts[0]' is 0"},
-      {[](json& x) { x["full"] = {256, 32, 1, 1, 1}; }, "field 'full'"},
+      {[](json& x) {
+         x["full"] = {256, 32, 1, 1, 1};
+       },
+       "field 'full'"},
   };
   int n = 0;
   for (const auto& [edit, expected] : bad) {
@@ -222,7 +221,8 @@ TEST_CASE("untrusted input: deep nesting and duplicate keys in a manifest or a s
   const std::string path = dir + "/deep.safetensors";
   write_bytes(path, file_with(R"({"__metadata__":{"x":)" + deep + "}}", ""));
   std::map<std::string, std::string> meta;
-  CHECK_THROWS_WITH_AS(st::read_safetensors(path, &meta), doctest::Contains("deep.safetensors': the header"), st::error);
+  CHECK_THROWS_WITH_AS(st::read_safetensors(path, &meta), doctest::Contains("deep.safetensors': the header"),
+                       st::error);
   CHECK_THROWS_WITH_AS(st::read_safetensors(path, &meta), doctest::Contains("nests deeper than 16 levels"), st::error);
   CHECK_THROWS_WITH_AS(st::safetensors_reader{path}, doctest::Contains("nests deeper than 16 levels"), st::error);
 
@@ -267,7 +267,10 @@ TEST_CASE("untrusted input: element counts that overflow are refused, never wrap
   // A zero-element tensor whose other dimensions multiply past 2^63, with 0 bytes of data.
   const std::string dir = scratch("overflow");
   const std::string path = dir + "/huge.safetensors";
-  write_bytes(path, file_with(R"({"w":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],"data_offsets":[0,0]}})", ""));
+  write_bytes(
+      path,
+      file_with(R"({"w":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],"data_offsets":[0,0]}})",
+                ""));
   CHECK_THROWS_WITH_AS(st::read_safetensors(path), doctest::Contains("huge.safetensors': tensor 'w': field 'shape'"),
                        st::error);
   CHECK_THROWS_WITH_AS(st::safetensors_reader{path}, doctest::Contains("more than 2^56 elements"), st::error);
@@ -287,9 +290,11 @@ TEST_CASE("untrusted input: only regular files are read; a FIFO or a device is r
   const std::string dir = scratch("special");
   const std::string fifo = dir + "/fifo.safetensors";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-  CHECK(contains(error_within(5, [&] { st::read_whole_file(fifo); }), "'" + fifo + "' is not a readable file: it is a FIFO"));
+  CHECK(contains(error_within(5, [&] { st::read_whole_file(fifo); }),
+                 "'" + fifo + "' is not a readable file: it is a FIFO"));
   CHECK(contains(error_within(5, [&] { st::read_safetensors(fifo); }), "is a FIFO, not a regular file"));
-  CHECK(contains(error_within(5, [&] { st::safetensors_reader{fifo}; }), fifo + "' is not a readable file: it is a FIFO"));
+  CHECK(contains(error_within(5, [&] { st::safetensors_reader{fifo}; }),
+                 fifo + "' is not a readable file: it is a FIFO"));
   CHECK(contains(error_within(5, [&] { st::read_whole_file("/dev/zero"); }),
                  "'/dev/zero' is not a readable file: it is a character device"));
   CHECK(contains(error_within(5, [&] { st::read_whole_file(dir); }), "is not a readable file: it is a directory"));
@@ -301,7 +306,8 @@ TEST_CASE("untrusted input: only regular files are read; a FIFO or a device is r
   fs::remove(rank_file);
   REQUIRE(::mkfifo(rank_file.c_str(), 0600) == 0);
   tiny_run reader(dir + "/ck");
-  CHECK(contains(error_within(5, [&] { reader.load(step_dir); }), rank_file + "' is not a readable file: it is a FIFO"));
+  CHECK(
+      contains(error_within(5, [&] { reader.load(step_dir); }), rank_file + "' is not a readable file: it is a FIFO"));
   CHECK(contains(st::checkpoint_files::problem(step_dir), "is a FIFO"));
 }
 
@@ -317,27 +323,26 @@ TEST_CASE("untrusted input: a safetensors header must tile the data exactly, wit
     std::string read_all = "(no error)", lazy = "(no error)";
     try {
       st::read_safetensors(path);
-    } catch (const st::error& e) {
-      read_all = e.what();
-    }
+    } catch (const st::error& e) { read_all = e.what(); }
     try {
       st::safetensors_reader r(path);
-    } catch (const st::error& e) {
-      lazy = e.what();
-    }
+    } catch (const st::error& e) { lazy = e.what(); }
     CHECK(contains(read_all, "x.safetensors'"));
     CHECK(contains(read_all, expected));
     CHECK(contains(lazy, expected));
   };
   const std::string eight(8, '\0'), twelve(12, '\0');
   // Two tensors over the same bytes.
-  refused("{\"a\":{" + f32 + R"("shape":[2],"data_offsets":[0,8]},"b":{)" + f32 + R"("shape":[2],"data_offsets":[4,12]}})",
-          twelve, "tensor 'b' has data_offsets [4, 12], overlapping tensor 'a'");
-  refused("{\"a\":{" + f32 + R"("shape":[2],"data_offsets":[0,8]},"b":{)" + f32 + R"("shape":[2],"data_offsets":[0,8]}})",
-          eight, "overlapping tensor 'a'");
+  refused(
+      "{\"a\":{" + f32 + R"("shape":[2],"data_offsets":[0,8]},"b":{)" + f32 + R"("shape":[2],"data_offsets":[4,12]}})",
+      twelve, "tensor 'b' has data_offsets [4, 12], overlapping tensor 'a'");
+  refused(
+      "{\"a\":{" + f32 + R"("shape":[2],"data_offsets":[0,8]},"b":{)" + f32 + R"("shape":[2],"data_offsets":[0,8]}})",
+      eight, "overlapping tensor 'a'");
   // A hole between two tensors, and bytes after the last.
-  refused("{\"a\":{" + f32 + R"("shape":[1],"data_offsets":[0,4]},"b":{)" + f32 + R"("shape":[1],"data_offsets":[8,12]}})",
-          twelve, "leaving the data bytes [4, 8) to no tensor");
+  refused(
+      "{\"a\":{" + f32 + R"("shape":[1],"data_offsets":[0,4]},"b":{)" + f32 + R"("shape":[1],"data_offsets":[8,12]}})",
+      twelve, "leaving the data bytes [4, 8) to no tensor");
   refused("{\"a\":{" + f32 + R"("shape":[1],"data_offsets":[0,4]}})", eight, "the data bytes [4, 8) (file offset");
   // Fractional, negative and mistyped numbers and fields.
   refused("{\"a\":{" + f32 + R"("shape":[2.0],"data_offsets":[0,8]}})", eight, "tensor 'a': field 'shape[0]' is 2.0");
@@ -345,14 +350,17 @@ TEST_CASE("untrusted input: a safetensors header must tile the data exactly, wit
   refused("{\"a\":{" + f32 + R"("shape":[2],"data_offsets":[0,8.0]}})", eight, "field 'data_offsets[1]' is 8.0");
   refused("{\"a\":{" + f32 + R"("shape":[2],"data_offsets":[-8,0]}})", eight, "field 'data_offsets[0]' is -8");
   refused("{\"a\":{" + f32 + R"("shape":[2],"data_offsets":[0,8,8]}})", eight, "field 'data_offsets' is [0,8,8]");
-  refused(R"({"a":{"dtype":7,"shape":[2],"data_offsets":[0,8]}})", eight, "tensor 'a': field 'dtype' is 7, expected a string");
+  refused(R"({"a":{"dtype":7,"shape":[2],"data_offsets":[0,8]}})", eight,
+          "tensor 'a': field 'dtype' is 7, expected a string");
   refused("{\"a\":{" + f32 + R"("shape":"2","data_offsets":[0,8]}})", eight, "field 'shape' is \"2\"");
-  refused("{\"a\":{" + f32 + R"("shape":[2],"data_offsets":[0,8],"offset":3}})", eight, "tensor 'a' has the field 'offset'");
+  refused("{\"a\":{" + f32 + R"("shape":[2],"data_offsets":[0,8],"offset":3}})", eight,
+          "tensor 'a' has the field 'offset'");
   refused(R"({"__metadata__":{"format":["pt"]},"a":{)" + f32 + R"("shape":[2],"data_offsets":[0,8]}})", eight,
           "__metadata__: field 'format' is [\"pt\"], expected a string");
   // A key twice: the last one used to win.
-  refused("{\"a\":{" + f32 + R"("shape":[1],"data_offsets":[0,4]},"a":{)" + f32 + R"("shape":[2],"data_offsets":[0,8]}})",
-          eight, "has the key 'a' twice");
+  refused(
+      "{\"a\":{" + f32 + R"("shape":[1],"data_offsets":[0,4]},"a":{)" + f32 + R"("shape":[2],"data_offsets":[0,8]}})",
+      eight, "has the key 'a' twice");
 
   // What strata writes still reads, including zero-sized tensors anywhere among the others.
   st::write_safetensors(path, {st::make_tensor<float>("a", {2}, {1, 2}), st::make_tensor<float>("e", {0, 3}, {}),
@@ -371,7 +379,8 @@ TEST_CASE("untrusted input: token shards are regular files with every header fie
                  "token shard '" + fifo + "' is not a readable file: it is a FIFO, not a regular file"));
   CHECK(contains(error_within(5, [&] { st::token_stream::from_glob(dir + "/train_*.bin", 256, 1); }), "it is a FIFO"));
   CHECK(contains(error_within(5, [&] { st::read_token_shard("/dev/zero", 256); }), "it is a character device"));
-  CHECK(contains(error_within(5, [&] { st::read_token_shard(dir, 256); }), "is not a readable file: it is a directory"));
+  CHECK(
+      contains(error_within(5, [&] { st::read_token_shard(dir, 256); }), "is not a readable file: it is a directory"));
 
   const std::string shard = dir + "/shard.bin";
   st::write_token_shard(shard, {1, 2, 3});
@@ -385,11 +394,13 @@ TEST_CASE("untrusted input: token shards are regular files with every header fie
     write_bytes(shard, bytes);
   };
   set_count(-1);
-  CHECK_THROWS_WITH_AS(st::read_token_shard(shard, 256), doctest::Contains("negative token count -1 at offset 8"), st::error);
+  CHECK_THROWS_WITH_AS(st::read_token_shard(shard, 256), doctest::Contains("negative token count -1 at offset 8"),
+                       st::error);
   set_count(INT32_MAX);
-  CHECK_THROWS_WITH_AS(st::read_token_shard(shard, 256), doctest::Contains("header promises 2147483647 tokens"), st::error);
+  CHECK_THROWS_WITH_AS(st::read_token_shard(shard, 256), doctest::Contains("header promises 2147483647 tokens"),
+                       st::error);
   // An llm.c shard cut inside its header is not a headerless shard of 2-byte tokens.
   write_bytes(shard, bytes.substr(0, 100));
-  CHECK_THROWS_WITH_AS(st::read_token_shard(shard, 65536), doctest::Contains("has 100 bytes, less than the 1024-byte header"),
-                       st::error);
+  CHECK_THROWS_WITH_AS(st::read_token_shard(shard, 65536),
+                       doctest::Contains("has 100 bytes, less than the 1024-byte header"), st::error);
 }

@@ -53,8 +53,7 @@ class collectives {
 
   // ---- all_reduce: in place ------------------------------------------------------------------
   template <comm_output_range R>
-    requires std::ranges::borrowed_range<R>
-  comm_handle all_reduce_async(R&& data, reduce_op op = reduce_op::sum) {
+  requires std::ranges::borrowed_range<R> comm_handle all_reduce_async(R&& data, reduce_op op = reduce_op::sum) {
     check_member("all_reduce");
     using T = comm_value_t<R>;
     const std::size_t count = std::ranges::size(data);
@@ -68,9 +67,9 @@ class collectives {
 
   // ---- reduce_scatter: out = this rank's part of the reduction of every rank's in -----------
   template <comm_range In, comm_output_range Out>
-    requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
-             std::ranges::borrowed_range<Out>
-  comm_handle reduce_scatter_async(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+  requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
+      std::ranges::borrowed_range<Out>
+          comm_handle reduce_scatter_async(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
     check_member("reduce_scatter");
     using T = comm_value_t<In>;
     const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out);
@@ -78,14 +77,13 @@ class collectives {
                  " elements but ", n(), " ranks x ", out_n, " output elements = ", out_n * std::size_t(n()));
     check_apart("reduce_scatter", std::ranges::data(in), in_n * sizeof(T), std::ranges::data(out), out_n * sizeof(T));
     counters_.record(op_kind::reduce_scatter, volume::reduce_scatter(in_n * sizeof(T), out_n * sizeof(T), n()));
-    return engine().post_reduce_scatter(std::ranges::data(in), std::ranges::data(out), out_n, {}, comm_dtype_of<T>,
-                                        op);
+    return engine().post_reduce_scatter(std::ranges::data(in), std::ranges::data(out), out_n, {}, comm_dtype_of<T>, op);
   }
   template <comm_range In, comm_output_range Out>
-    requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
-             std::ranges::borrowed_range<Out>
-  comm_handle reduce_scatter_async(In&& in, Out&& out, std::span<const std::size_t> counts,
-                                   reduce_op op = reduce_op::sum) {
+  requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
+      std::ranges::borrowed_range<Out>
+          comm_handle reduce_scatter_async(In&& in, Out&& out, std::span<const std::size_t> counts,
+                                           reduce_op op = reduce_op::sum) {
     check_member("reduce_scatter");
     using T = comm_value_t<In>;
     const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out);
@@ -94,8 +92,8 @@ class collectives {
                  " elements but the counts add up to ", total);
     check_apart("reduce_scatter", std::ranges::data(in), in_n * sizeof(T), std::ranges::data(out), out_n * sizeof(T));
     counters_.record(op_kind::reduce_scatter, volume::reduce_scatter(in_n * sizeof(T), out_n * sizeof(T), n()));
-    return engine().post_reduce_scatter(std::ranges::data(in), std::ranges::data(out), out_n, counts,
-                                        comm_dtype_of<T>, op);
+    return engine().post_reduce_scatter(std::ranges::data(in), std::ranges::data(out), out_n, counts, comm_dtype_of<T>,
+                                        op);
   }
   template <comm_range In, comm_output_range Out>
   void reduce_scatter(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
@@ -109,9 +107,9 @@ class collectives {
   // ---- all_gather: out = every rank's in, in rank order ---------------------------------------
   // `in` may be this rank's own slot of `out` (in place); otherwise they must not overlap.
   template <comm_range In, comm_output_range Out>
-    requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
-             std::ranges::borrowed_range<Out>
-  comm_handle all_gather_async(In&& in, Out&& out) {
+  requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
+      std::ranges::borrowed_range<Out>
+          comm_handle all_gather_async(In&& in, Out&& out) {
     check_member("all_gather");
     using T = comm_value_t<In>;
     const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out);
@@ -122,9 +120,9 @@ class collectives {
     return engine().post_all_gather(std::ranges::data(in), std::ranges::data(out), in_n, {}, comm_dtype_of<T>);
   }
   template <comm_range In, comm_output_range Out>
-    requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
-             std::ranges::borrowed_range<Out>
-  comm_handle all_gather_async(In&& in, Out&& out, std::span<const std::size_t> counts) {
+  requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
+      std::ranges::borrowed_range<Out>
+          comm_handle all_gather_async(In&& in, Out&& out, std::span<const std::size_t> counts) {
     check_member("all_gather");
     using T = comm_value_t<In>;
     const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out);
@@ -147,8 +145,7 @@ class collectives {
 
   // ---- broadcast: every rank's data = root's data ---------------------------------------------
   template <comm_output_range R>
-    requires std::ranges::borrowed_range<R>
-  comm_handle broadcast_async(R&& data, int root) {
+  requires std::ranges::borrowed_range<R> comm_handle broadcast_async(R&& data, int root) {
     check_member("broadcast");
     using T = comm_value_t<R>;
     STRATA_CHECK(root >= 0 && root < n(), "broadcast on group ", name(), ": root ", root, " is not a rank of ", n());
@@ -166,8 +163,7 @@ class collectives {
     check_member("p2p");
     for (const p2p_op& o : ops) {
       if (o.peer == no_peer) continue;
-      STRATA_CHECK(o.peer >= 0 && o.peer < n(), "p2p on group ", name(), ": peer ", o.peer, " is not a rank of ",
-                   n());
+      STRATA_CHECK(o.peer >= 0 && o.peer < n(), "p2p on group ", name(), ": peer ", o.peer, " is not a rank of ", n());
       STRATA_CHECK(o.tag >= 0, "p2p on group ", name(), ": tag ", o.tag, " must be >= 0");
       if (o.dir == p2p_op::direction::send) {
         counters_.record(op_kind::send, {o.bytes(), 0});
@@ -184,14 +180,12 @@ class collectives {
   void p2p(std::initializer_list<p2p_op> ops) { p2p_async(ops).wait(); }
 
   template <comm_range R>
-    requires std::ranges::borrowed_range<R>
-  comm_handle send_async(R&& data, int peer, int tag = 0) {
+  requires std::ranges::borrowed_range<R> comm_handle send_async(R&& data, int peer, int tag = 0) {
     const p2p_op op = send_to(peer, data, tag);
     return p2p_async(std::span<const p2p_op>(&op, 1));
   }
   template <comm_output_range R>
-    requires std::ranges::borrowed_range<R>
-  comm_handle recv_async(R&& data, int peer, int tag = 0) {
+  requires std::ranges::borrowed_range<R> comm_handle recv_async(R&& data, int peer, int tag = 0) {
     const p2p_op op = recv_from(peer, data, tag);
     return p2p_async(std::span<const p2p_op>(&op, 1));
   }
@@ -235,15 +229,14 @@ class collectives {
   // counts must have one entry per rank, this rank's equal to `mine`; returns their sum.
   std::size_t check_counts(const char* op, std::span<const std::size_t> counts, std::size_t mine,
                            const char* what) const {
-    STRATA_CHECK(counts.size() == std::size_t(n()), op, " on group ", name(), ": ", counts.size(),
-                 " counts given for ", n(), " ranks");
+    STRATA_CHECK(counts.size() == std::size_t(n()), op, " on group ", name(), ": ", counts.size(), " counts given for ",
+                 n(), " ranks");
     STRATA_CHECK(counts[std::size_t(me())] == mine, op, " on group ", name(), ": rank ", me(), "'s count is ",
                  counts[std::size_t(me())], " but its ", what, " has ", mine, " elements");
     return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   }
 
-  void check_apart(const char* op, const void* in, std::size_t in_bytes, const void* out,
-                   std::size_t out_bytes) const {
+  void check_apart(const char* op, const void* in, std::size_t in_bytes, const void* out, std::size_t out_bytes) const {
     STRATA_CHECK(!detail::bytes_overlap(in, in_bytes, out, out_bytes), op, " on group ", name(),
                  ": the input and output buffers overlap");
   }

@@ -46,9 +46,12 @@ enum class reduce_op { sum, avg, max };
 
 constexpr std::string_view reduce_op_name(reduce_op op) {
   switch (op) {
-    case reduce_op::sum: return "sum";
-    case reduce_op::avg: return "avg";
-    case reduce_op::max: return "max";
+    case reduce_op::sum:
+      return "sum";
+    case reduce_op::avg:
+      return "avg";
+    case reduce_op::max:
+      return "max";
   }
   return "unknown";
 }
@@ -68,20 +71,28 @@ inline constexpr comm_dtype comm_dtype_of = std::is_same_v<T, float>    ? comm_d
 
 constexpr std::size_t dtype_bytes(comm_dtype d) {
   switch (d) {
-    case comm_dtype::f32: return 4;
-    case comm_dtype::f64: return 8;
-    case comm_dtype::bf16: return 2;
-    case comm_dtype::fp16: return 2;
+    case comm_dtype::f32:
+      return 4;
+    case comm_dtype::f64:
+      return 8;
+    case comm_dtype::bf16:
+      return 2;
+    case comm_dtype::fp16:
+      return 2;
   }
   return 0;
 }
 
 constexpr std::string_view comm_dtype_name(comm_dtype d) {
   switch (d) {
-    case comm_dtype::f32: return "fp32";
-    case comm_dtype::f64: return "fp64";
-    case comm_dtype::bf16: return "bf16";
-    case comm_dtype::fp16: return "fp16";
+    case comm_dtype::f32:
+      return "fp32";
+    case comm_dtype::f64:
+      return "fp64";
+    case comm_dtype::bf16:
+      return "bf16";
+    case comm_dtype::fp16:
+      return "fp16";
   }
   return "unknown";
 }
@@ -90,10 +101,14 @@ constexpr std::string_view comm_dtype_name(comm_dtype d) {
 template <class F>
 decltype(auto) visit_dtype(comm_dtype d, F&& f) {
   switch (d) {
-    case comm_dtype::f64: return std::forward<F>(f)(std::type_identity<double>{});
-    case comm_dtype::bf16: return std::forward<F>(f)(std::type_identity<bf16>{});
-    case comm_dtype::fp16: return std::forward<F>(f)(std::type_identity<fp16>{});
-    case comm_dtype::f32: break;
+    case comm_dtype::f64:
+      return std::forward<F>(f)(std::type_identity<double>{});
+    case comm_dtype::bf16:
+      return std::forward<F>(f)(std::type_identity<bf16>{});
+    case comm_dtype::fp16:
+      return std::forward<F>(f)(std::type_identity<fp16>{});
+    case comm_dtype::f32:
+      break;
   }
   return std::forward<F>(f)(std::type_identity<float>{});
 }
@@ -129,8 +144,12 @@ struct p2p_op {
 template <comm_range R>
 p2p_op send_to(int peer, R&& data, int tag = 0) {
   using T = comm_value_t<R>;
-  return {p2p_op::direction::send, const_cast<T*>(std::ranges::data(data)), std::ranges::size(data),
-          comm_dtype_of<T>, peer, tag};
+  return {p2p_op::direction::send,
+          const_cast<T*>(std::ranges::data(data)),
+          std::ranges::size(data),
+          comm_dtype_of<T>,
+          peer,
+          tag};
 }
 
 template <comm_output_range R>
@@ -193,8 +212,8 @@ void wait_all(Handles&... hs) {
 
 // The concept, per element type.
 template <class C, class T>
-concept communicator_for = requires(C& c, std::span<T> buf, std::span<const T> in,
-                                    std::span<const std::size_t> counts, reduce_op op, int r) {
+concept communicator_for = requires(C& c, std::span<T> buf, std::span<const T> in, std::span<const std::size_t> counts,
+                                    reduce_op op, int r) {
   c.all_reduce(buf, op);
   { c.all_reduce_async(buf, op) } -> std::same_as<comm_handle>;
   c.reduce_scatter(in, buf, op);
@@ -224,7 +243,7 @@ concept communicator = requires(C& c, const C& cc, std::span<const p2p_op> ops) 
   { c.p2p_async(ops) } -> std::same_as<comm_handle>;
   c.barrier();
   { c.barrier_async() } -> std::same_as<comm_handle>;
-} && communicator_for<C, float> && communicator_for<C, double> && communicator_for<C, bf16> &&
-                       communicator_for<C, fp16>;
+}
+&&communicator_for<C, float>&& communicator_for<C, double>&& communicator_for<C, bf16>&& communicator_for<C, fp16>;
 
 }  // namespace strata

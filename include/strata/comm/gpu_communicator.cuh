@@ -45,8 +45,12 @@ constexpr std::string_view gpu_comm_engine_name(gpu_comm_engine e) {
 class gpu_communicator : public collectives<gpu_communicator> {
  public:
   // Collective over `host` (which must outlive this): builds the engine over the same ranks.
-  gpu_communicator(mpi_communicator& host, gpu_comm_engine engine, cudaStream_t comm_stream, cudaStream_t compute_stream)
-      : collectives(std::string(host.name())), host_(&host), engine_(engine), stream_(comm_stream),
+  gpu_communicator(mpi_communicator& host, gpu_comm_engine engine, cudaStream_t comm_stream,
+                   cudaStream_t compute_stream)
+      : collectives(std::string(host.name())),
+        host_(&host),
+        engine_(engine),
+        stream_(comm_stream),
         compute_(compute_stream) {
     if (engine == gpu_comm_engine::nccl) nccl_.emplace(host, comm_stream);
     else staged_.emplace(host, comm_stream);

@@ -92,14 +92,15 @@ inline gpu_comm_engine choose_gpu_comm_engine(mpi_communicator& world_comm) {
                " is not an engine (nccl, mpi or auto)");
   double most = double(sharing);
   world_comm.all_reduce(std::span<double>(&most, 1), reduce_op::max);
-  STRATA_CHECK(want != "nccl" || most <= 1.0, "STRATA_COMM=nccl: ", int(most), " ranks share one GPU on a node of "
+  STRATA_CHECK(want != "nccl" || most <= 1.0, "STRATA_COMM=nccl: ", int(most),
+               " ranks share one GPU on a node of "
                "this launch; NCCL needs one GPU per rank (STRATA_COMM=mpi stages through host memory instead)");
   if (want == "mpi" || (want == "auto" && most > 1.0)) return gpu_comm_engine::mpi_staged;
   return gpu_comm_engine::nccl;
 }
 
 template <class Device>
-  requires std::is_base_of_v<cuda, Device>
+requires std::is_base_of_v<cuda, Device>
 class run_groups<Device> {
  public:
   using dp_comm = gpu_communicator;

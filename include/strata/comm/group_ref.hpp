@@ -66,8 +66,8 @@ class group_ref {
   // out = the sum over ranks of this rank's part of `in` (size() equal parts).
   template <comm_scalar T>
   void reduce_scatter(std::span<const T> in, std::span<T> out) {
-    STRATA_CHECK(in.size() == out.size() * static_cast<std::size_t>(size()), "group_ref::reduce_scatter on ",
-                 name(), ": input holds ", in.size(), " elements, expected ", out.size(), " x ", size());
+    STRATA_CHECK(in.size() == out.size() * static_cast<std::size_t>(size()), "group_ref::reduce_scatter on ", name(),
+                 ": input holds ", in.size(), " elements, expected ", out.size(), " x ", size());
     if (!impl_ || size() == 1) {
       if (out.data() != in.data()) std::copy(in.begin(), in.end(), out.begin());
       return;
@@ -110,8 +110,9 @@ class group_ref {
     void reduce_scatter(const void* in, void* out, std::size_t n_each, comm_dtype d) override {
       visit_dtype(d, [&](auto id) {
         using T = typename decltype(id)::type;
-        comm->reduce_scatter(std::span<const T>(static_cast<const T*>(in), n_each * static_cast<std::size_t>(comm->size())),
-                             std::span<T>(static_cast<T*>(out), n_each), reduce_op::sum);
+        comm->reduce_scatter(
+            std::span<const T>(static_cast<const T*>(in), n_each * static_cast<std::size_t>(comm->size())),
+            std::span<T>(static_cast<T*>(out), n_each), reduce_op::sum);
       });
     }
     void broadcast(void* data, std::size_t n, comm_dtype d, int root) override {

@@ -26,7 +26,7 @@ namespace strata {
 
 struct mesh_position {
   int world_size = 1, rank = 0;
-  int pp = 1, dp = 1, tp = 1;                  // degrees
+  int pp = 1, dp = 1, tp = 1;                 // degrees
   int pp_rank = 0, dp_rank = 0, tp_rank = 0;  // coordinates; also the rank in each group
 
   std::vector<int> tp_group, dp_group, pp_group;  // world ranks, in group-rank order

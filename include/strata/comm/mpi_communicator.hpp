@@ -83,10 +83,13 @@ inline std::string mpi_error_string(int rc) {
 // The MPI type that carries d without arithmetic.
 inline MPI_Datatype mpi_move_type(comm_dtype d) {
   switch (d) {
-    case comm_dtype::f64: return MPI_DOUBLE;
+    case comm_dtype::f64:
+      return MPI_DOUBLE;
     case comm_dtype::bf16:
-    case comm_dtype::fp16: return MPI_UINT16_T;
-    case comm_dtype::f32: break;
+    case comm_dtype::fp16:
+      return MPI_UINT16_T;
+    case comm_dtype::f32:
+      break;
   }
   return MPI_FLOAT;
 }
@@ -346,8 +349,7 @@ class mpi_communicator : public collectives<mpi_communicator> {
     const std::size_t total = equal ? block * std::size_t(size_) : sum(counts);
     const std::size_t own = equal ? block : counts[std::size_t(rank_)];
     const std::size_t offset =
-        equal ? block * std::size_t(rank_)
-              : std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
+        equal ? block * std::size_t(rank_) : std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
     check_int_count("all_gather", total);
     const std::size_t esz = dtype_bytes(dt);
     auto o = make_op("all_gather", total * esz);
@@ -451,8 +453,7 @@ class mpi_communicator : public collectives<mpi_communicator> {
   // Calls f(offset, count) for consecutive pieces of at most options_.chunk_elements elements.
   template <class F>
   void for_chunks(std::size_t count, F&& f) const {
-    const std::size_t chunk =
-        std::clamp<std::size_t>(options_.chunk_elements, 1, static_cast<std::size_t>(INT_MAX));
+    const std::size_t chunk = std::clamp<std::size_t>(options_.chunk_elements, 1, static_cast<std::size_t>(INT_MAX));
     for (std::size_t off = 0; off < count; off += chunk) f(off, static_cast<int>(std::min(chunk, count - off)));
   }
 

@@ -86,7 +86,10 @@ class staged_operation final : public comm_handle::operation {
  public:
   staged_operation(comm_handle inner, std::vector<staged_buffer> outputs, std::vector<staged_buffer> inputs,
                    cudaStream_t stream, std::shared_ptr<pinned_pool> pool)
-      : inner_(std::move(inner)), outputs_(std::move(outputs)), inputs_(std::move(inputs)), stream_(stream),
+      : inner_(std::move(inner)),
+        outputs_(std::move(outputs)),
+        inputs_(std::move(inputs)),
+        stream_(stream),
         pool_(std::move(pool)) {}
   ~staged_operation() override {
     for (auto& b : outputs_) pool_->release(b.block);
@@ -126,7 +129,9 @@ class mpi_device_communicator : public collectives<mpi_device_communicator> {
  public:
   // Wraps `host` (which must outlive this) for device buffers used on `stream`.
   mpi_device_communicator(mpi_communicator& host, cudaStream_t stream)
-      : collectives(std::string(host.name())), host_(&host), stream_(stream),
+      : collectives(std::string(host.name())),
+        host_(&host),
+        stream_(stream),
         pool_(std::make_shared<detail::pinned_pool>()) {}
 
   int rank() const { return host_->rank(); }

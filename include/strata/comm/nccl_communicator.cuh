@@ -51,10 +51,14 @@ namespace detail {
 
 inline ncclDataType_t nccl_type(comm_dtype d) {
   switch (d) {
-    case comm_dtype::f64: return ncclFloat64;
-    case comm_dtype::bf16: return ncclBfloat16;
-    case comm_dtype::fp16: return ncclFloat16;
-    case comm_dtype::f32: break;
+    case comm_dtype::f64:
+      return ncclFloat64;
+    case comm_dtype::bf16:
+      return ncclBfloat16;
+    case comm_dtype::fp16:
+      return ncclFloat16;
+    case comm_dtype::f32:
+      break;
   }
   return ncclFloat32;
 }
@@ -90,7 +94,12 @@ class nccl_operation final : public comm_handle::operation {
  public:
   nccl_operation(cudaEvent_t event, ncclComm_t comm, std::string_view op, std::string_view group, std::uint64_t bytes,
                  int world_rank, double timeout_s)
-      : event_(event), comm_(comm), op_(op), group_(group), bytes_(bytes), world_rank_(world_rank),
+      : event_(event),
+        comm_(comm),
+        op_(op),
+        group_(group),
+        bytes_(bytes),
+        world_rank_(world_rank),
         timeout_s_(timeout_s) {}
   ~nccl_operation() override { cudaEventDestroy(event_); }
 
@@ -101,7 +110,8 @@ class nccl_operation final : public comm_handle::operation {
       done_ = true;
       return true;
     }
-    if (e != cudaErrorNotReady) nccl_abort_job(failure_line(world_rank_, op_, group_, bytes_, cudaGetErrorString(e)), comm_);
+    if (e != cudaErrorNotReady)
+      nccl_abort_job(failure_line(world_rank_, op_, group_, bytes_, cudaGetErrorString(e)), comm_);
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm_, &async);
     if (async != ncclSuccess && async != ncclInProgress)
@@ -204,7 +214,8 @@ class nccl_communicator : public collectives<nccl_communicator> {
     if (is_16bit(dt)) {
       float* s = stage(count);
       widen(dt, data, s, count);
-      check("all_reduce", ncclAllReduce(s, s, count, ncclFloat32, op == reduce_op::max ? ncclMax : ncclSum, comm_, stream_));
+      check("all_reduce",
+            ncclAllReduce(s, s, count, ncclFloat32, op == reduce_op::max ? ncclMax : ncclSum, comm_, stream_));
       narrow(dt, s, data, count, op == reduce_op::avg);
       unstage(s);
     } else {
@@ -269,8 +280,7 @@ class nccl_communicator : public collectives<nccl_communicator> {
       std::size_t off = 0;
       for (int r = 0; r < size_; ++r) {
         const std::size_t c = counts[std::size_t(r)];
-        if (c > 0)
-          check("all_gather", ncclBroadcast(in, static_cast<char*>(out) + off * esz, c, t, r, comm_, stream_));
+        if (c > 0) check("all_gather", ncclBroadcast(in, static_cast<char*>(out) + off * esz, c, t, r, comm_, stream_));
         off += c;
       }
       check("all_gather", ncclGroupEnd());
@@ -372,8 +382,8 @@ class nccl_communicator : public collectives<nccl_communicator> {
     cudaEvent_t e = nullptr;
     check_cuda(op, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     check_cuda(op, cudaEventRecord(e, stream_));
-    return comm_handle(std::make_unique<detail::nccl_operation>(e, comm_, op, name(), bytes, world_rank_,
-                                                                options_.timeout_s));
+    return comm_handle(
+        std::make_unique<detail::nccl_operation>(e, comm_, op, name(), bytes, world_rank_, options_.timeout_s));
   }
 
   ncclComm_t comm_ = nullptr;

@@ -25,7 +25,8 @@ class run_groups {
   static_assert(!std::is_base_of_v<cuda, Device>,
                 "strata: a run under a cuda policy talks through device communicators: include "
                 "<strata/comm/gpu_groups.cuh> (compiled by nvcc) before instantiating strata::training");
-  static_assert(std::is_base_of_v<host, Device>, "strata::run_groups: not a device (expected strata::host or strata::cuda)");
+  static_assert(std::is_base_of_v<host, Device>,
+                "strata::run_groups: not a device (expected strata::host or strata::cuda)");
 
  public:
   using dp_comm = mpi_communicator;

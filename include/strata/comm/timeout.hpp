@@ -74,8 +74,8 @@ inline std::string stall_line(int world_rank, double timeout_s, std::string_view
                               std::uint64_t bytes) {
   char secs[32];
   std::snprintf(secs, sizeof secs, "%.1f", timeout_s);
-  return concat("strata: rank ", world_rank, " timed out after ", secs, " s in ", op, " on group ", group, " (",
-                bytes, " bytes); aborting the job");
+  return concat("strata: rank ", world_rank, " timed out after ", secs, " s in ", op, " on group ", group, " (", bytes,
+                " bytes); aborting the job");
 }
 
 inline std::string failure_line(int world_rank, std::string_view op, std::string_view group, std::uint64_t bytes,

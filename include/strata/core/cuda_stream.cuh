@@ -30,10 +30,11 @@
 
 // Throws strata::error when a CUDA runtime call fails: "CUDA error cudaErrorX (text) in
 // `call` at file:line".
-#define STRATA_CUDA_CHECK(call)                                                                     \
-  do {                                                                                              \
-    const cudaError_t strata_cuda_err_ = (call);                                                    \
-    if (strata_cuda_err_ != cudaSuccess) ::strata::gpu::detail::cuda_fail(strata_cuda_err_, #call, __FILE__, __LINE__); \
+#define STRATA_CUDA_CHECK(call)                                                      \
+  do {                                                                               \
+    const cudaError_t strata_cuda_err_ = (call);                                     \
+    if (strata_cuda_err_ != cudaSuccess)                                             \
+      ::strata::gpu::detail::cuda_fail(strata_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 namespace strata::gpu {

@@ -42,7 +42,9 @@ struct bf16 {
 
   bf16() = default;
   STRATA_HD STRATA_ALWAYS_INLINE explicit bf16(float f) : bits(from_float(f)) {}
-  STRATA_HD STRATA_ALWAYS_INLINE explicit operator float() const { return detail::bits_float(std::uint32_t(bits) << 16); }
+  STRATA_HD STRATA_ALWAYS_INLINE explicit operator float() const {
+    return detail::bits_float(std::uint32_t(bits) << 16);
+  }
 
   STRATA_HD static bf16 from_bits(std::uint16_t b) {
     bf16 h;
@@ -93,7 +95,7 @@ struct fp16 {
     std::uint32_t u = detail::float_bits(f);
     std::uint32_t sign = (u >> 16) & 0x8000u;
     std::uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return std::uint16_t(sign | 0x7e00u);  // NaN
+    if (abs > 0x7f800000u) return std::uint16_t(sign | 0x7e00u);   // NaN
     if (abs >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
     if (abs < 0x38800000u) {
       // Result is subnormal (or zero): value = m * 2^-24 with m < 1024. Add 0.5 (as float)
@@ -138,15 +140,23 @@ STRATA_HD STRATA_ALWAYS_INLINE inline To convert(From x) {
 
 // The type arithmetic on a storage type is carried out in: double stays double (used by the
 // gradient checks), everything narrower accumulates in float.
-template <class T> struct accumulate_type { using type = float; };
-template <> struct accumulate_type<double> { using type = double; };
-template <class T> using acc_t = typename accumulate_type<T>::type;
+template <class T>
+struct accumulate_type {
+  using type = float;
+};
+template <>
+struct accumulate_type<double> {
+  using type = double;
+};
+template <class T>
+using acc_t = typename accumulate_type<T>::type;
 
 template <class T>
-inline constexpr bool is_scalar_v = std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                                    std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
+inline constexpr bool is_scalar_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
 
-template <class T> constexpr const char* dtype_name() {
+template <class T>
+constexpr const char* dtype_name() {
   if constexpr (std::is_same_v<T, float>) return "fp32";
   else if constexpr (std::is_same_v<T, double>) return "fp64";
   else if constexpr (std::is_same_v<T, bf16>) return "bf16";

@@ -34,46 +34,45 @@ inline emulated_memory_counts& emulated_memory_stats() {
 }
 
 inline const memory_space& emulated_device_memory() {
-  static const memory_space space{
-      "emulated", false,
-      [](std::size_t bytes) {
-        void* p = host_memory().allocate(bytes);
-        auto& c = emulated_memory_stats();
-        c.live.insert(p);
-        ++c.allocations;
-        return p;
-      },
-      [](void* p) {
-        auto& c = emulated_memory_stats();
-        c.live.erase(p);
-        ++c.frees;
-        host_memory().deallocate(p);
-      },
-      [](void* p, std::size_t bytes) { host_memory().zero(p, bytes); },
-      [](void* dst, const void* src, std::size_t bytes, copy_direction d) {
-        auto& c = emulated_memory_stats();
-        if (d == copy_direction::host_to_space) {
-          ++c.uploads;
-          c.upload_bytes += bytes;
-        } else if (d == copy_direction::space_to_host) {
-          ++c.downloads;
-          c.download_bytes += bytes;
-        } else {
-          ++c.within;
-        }
-        std::memcpy(dst, src, bytes);
-      },
-      // Unlike a GPU's, "uninitialised" memory here is all one bits: NaN in every floating type,
-      // so a kernel that reads an element of its output before writing it (one that assumes
-      // zeros) turns the runs on this space, and the tests comparing them, to NaN.
-      [](std::size_t bytes) {
-        void* p = host_memory().allocate_uninitialized(bytes);
-        std::memset(p, 0xFF, bytes);
-        auto& c = emulated_memory_stats();
-        c.live.insert(p);
-        ++c.allocations;
-        return p;
-      }};
+  static const memory_space space{"emulated", false,
+                                  [](std::size_t bytes) {
+                                    void* p = host_memory().allocate(bytes);
+                                    auto& c = emulated_memory_stats();
+                                    c.live.insert(p);
+                                    ++c.allocations;
+                                    return p;
+                                  },
+                                  [](void* p) {
+                                    auto& c = emulated_memory_stats();
+                                    c.live.erase(p);
+                                    ++c.frees;
+                                    host_memory().deallocate(p);
+                                  },
+                                  [](void* p, std::size_t bytes) { host_memory().zero(p, bytes); },
+                                  [](void* dst, const void* src, std::size_t bytes, copy_direction d) {
+                                    auto& c = emulated_memory_stats();
+                                    if (d == copy_direction::host_to_space) {
+                                      ++c.uploads;
+                                      c.upload_bytes += bytes;
+                                    } else if (d == copy_direction::space_to_host) {
+                                      ++c.downloads;
+                                      c.download_bytes += bytes;
+                                    } else {
+                                      ++c.within;
+                                    }
+                                    std::memcpy(dst, src, bytes);
+                                  },
+                                  // Unlike a GPU's, "uninitialised" memory here is all one bits: NaN in every floating
+                                  // type, so a kernel that reads an element of its output before writing it (one that
+                                  // assumes zeros) turns the runs on this space, and the tests comparing them, to NaN.
+                                  [](std::size_t bytes) {
+                                    void* p = host_memory().allocate_uninitialized(bytes);
+                                    std::memset(p, 0xFF, bytes);
+                                    auto& c = emulated_memory_stats();
+                                    c.live.insert(p);
+                                    ++c.allocations;
+                                    return p;
+                                  }};
   return space;
 }
 

@@ -34,7 +34,7 @@ template <class... Args>
 }  // namespace strata
 
 // STRATA_CHECK(cond, pieces...): throws strata::error built from the pieces when cond is false.
-#define STRATA_CHECK(cond, ...)                \
-  do {                                         \
-    if (!(cond)) ::strata::fail(__VA_ARGS__);  \
+#define STRATA_CHECK(cond, ...)               \
+  do {                                        \
+    if (!(cond)) ::strata::fail(__VA_ARGS__); \
   } while (0)

@@ -40,15 +40,12 @@ constexpr std::uint64_t parameter_id(std::string_view name) {
 // 64 random bits for (seed, parameter, element, stream).
 constexpr std::uint64_t counter_bits(std::uint64_t seed, std::uint64_t param, std::uint64_t index,
                                      std::uint64_t stream = 0) {
-  return detail::mix64(detail::mix64(detail::mix64(seed ^ 0x5eedull) ^ param) ^
-                       (index * 2 + stream));
+  return detail::mix64(detail::mix64(detail::mix64(seed ^ 0x5eedull) ^ param) ^ (index * 2 + stream));
 }
 
 // Uniform in (0, 1): 53 random bits, never exactly 0 so log() is safe.
-inline double counter_uniform(std::uint64_t seed, std::uint64_t param, std::uint64_t index,
-                              std::uint64_t stream = 0) {
-  return (static_cast<double>(counter_bits(seed, param, index, stream) >> 11) + 0.5) *
-         (1.0 / 9007199254740992.0);
+inline double counter_uniform(std::uint64_t seed, std::uint64_t param, std::uint64_t index, std::uint64_t stream = 0) {
+  return (static_cast<double>(counter_bits(seed, param, index, stream) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
 // Standard normal by Box-Muller on two independent uniforms of the same element.

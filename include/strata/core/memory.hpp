@@ -34,13 +34,20 @@ inline constexpr int memory_category_count = 7;
 
 constexpr std::string_view category_name(memory_category c) {
   switch (c) {
-    case memory_category::parameters: return "parameters";
-    case memory_category::gradients: return "gradients";
-    case memory_category::master_weights: return "master_weights";
-    case memory_category::optimizer_state: return "optimizer_state";
-    case memory_category::activations: return "activations";
-    case memory_category::workspace: return "workspace";
-    case memory_category::communication: return "communication";
+    case memory_category::parameters:
+      return "parameters";
+    case memory_category::gradients:
+      return "gradients";
+    case memory_category::master_weights:
+      return "master_weights";
+    case memory_category::optimizer_state:
+      return "optimizer_state";
+    case memory_category::activations:
+      return "activations";
+    case memory_category::workspace:
+      return "workspace";
+    case memory_category::communication:
+      return "communication";
   }
   return "unknown";
 }
@@ -54,7 +61,7 @@ enum class copy_direction { host_to_space, space_to_host, within_space };
 
 struct memory_space {
   const char* name;
-  bool host_accessible;  // elements may be read and written by host code directly
+  bool host_accessible;                  // elements may be read and written by host code directly
   void* (*allocate)(std::size_t bytes);  // zeroed; throws on failure
   void (*deallocate)(void* p);
   void (*zero)(void* p, std::size_t bytes);
@@ -127,7 +134,8 @@ inline void deallocate(void* p) {
 // 64-byte aligned host memory (large blocks reused: host_blocks).
 inline const memory_space& host_memory() {
   static const memory_space space{
-      "host", true,
+      "host",
+      true,
       [](std::size_t bytes) -> void* { return host_blocks::allocate(bytes); },
       [](void* p) { host_blocks::deallocate(p); },
       [](void* p, std::size_t bytes) { std::memset(p, 0, bytes); },
@@ -154,8 +162,8 @@ class memory_ledger {
   }
   void release(memory_category c, std::size_t bytes) {
     auto i = index(c);
-    STRATA_CHECK(current_[i] >= bytes, "memory_ledger: releasing ", bytes, " bytes of ",
-                 category_name(c), " but only ", current_[i], " are held");
+    STRATA_CHECK(current_[i] >= bytes, "memory_ledger: releasing ", bytes, " bytes of ", category_name(c), " but only ",
+                 current_[i], " are held");
     current_[i] -= bytes;
     total_current_ -= bytes;
   }

@@ -14,9 +14,9 @@
 //
 // The clock is the wall clock, or with enable(profiler::clock::process_cpu) the process's CPU time
 // (every thread's): on a machine other work shares, a one-thread profile by CPU time counts only
-// what the step itself computed. The clock is the host's: under a cuda policy a scope times the launch, not the kernel, so the
-// table describes the host path; a GPU profile belongs to nsys. Scopes run on the thread that
-// drives the model (the kernels' OpenMP teams start and end inside them).
+// what the step itself computed. The clock is the host's: under a cuda policy a scope times the launch, not the kernel,
+// so the table describes the host path; a GPU profile belongs to nsys. Scopes run on the thread that drives the model
+// (the kernels' OpenMP teams start and end inside them).
 #pragma once
 #include <algorithm>
 #include <chrono>

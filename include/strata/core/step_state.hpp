@@ -29,7 +29,7 @@ struct step_rules {
   double backoff_factor = 0.5;
   double min_scale = 1.0;
   int growth_interval = 2000;
-  double max_norm = 1.0;  // global gradient-norm clipping; <= 0 turns it off
+  double max_norm = 1.0;             // global gradient-norm clipping; <= 0 turns it off
   double beta1 = 0.9, beta2 = 0.95;  // AdamW's, for the bias corrections of the applied steps
 };
 
@@ -40,12 +40,12 @@ struct step_state {
   double norm = 0.0;       // last step's unscaled global gradient norm
   double grad_mult = 1.0;  // clip / scale: AdamW multiplies every gradient by it
   double bias_correction1 = 1.0, bias_correction2 = 1.0;  // 1 - beta^t for the applied step t
-  long long skipped = 0;             // steps skipped for overflow (dynamic scaling)
-  long long nonfinite_unscaled = 0;  // non-finite norms without dynamic scaling
-  int clean_steps = 0;               // finite steps since the scale last changed
-  int step = 0;                      // optimizer steps applied (AdamW's t)
-  int apply = 0;                     // 1: the optimizer takes this step
-  int found_inf = 0;                 // 1: this step's gradients held an inf or NaN
+  long long skipped = 0;                                  // steps skipped for overflow (dynamic scaling)
+  long long nonfinite_unscaled = 0;                       // non-finite norms without dynamic scaling
+  int clean_steps = 0;                                    // finite steps since the scale last changed
+  int step = 0;                                           // optimizer steps applied (AdamW's t)
+  int apply = 0;                                          // 1: the optimizer takes this step
+  int found_inf = 0;                                      // 1: this step's gradients held an inf or NaN
 };
 
 // One step's bookkeeping, after s.sumsq holds the scaled gradients' sum of squares.

@@ -60,15 +60,13 @@ struct tensor_view {
   std::int64_t dim(int i) const { return shape[i]; }
   // A mutable view converts to a read-only one (and a read-only view needs no conversion).
   template <class U = T>
-    requires(!std::is_const_v<U>)
-  operator tensor_view<const U>() const { return {data, shape}; }
+  requires(!std::is_const_v<U>) operator tensor_view<const U>() const { return {data, shape}; }
 };
 
 // Throws when `v` does not have shape `expected`, naming who expected it.
 template <class T>
 void check_shape(const tensor_view<T>& v, const shape& expected, const char* who) {
-  STRATA_CHECK(v.shape == expected, who, ": expected shape ", expected.str(), ", got ",
-               v.shape.str());
+  STRATA_CHECK(v.shape == expected, who, ": expected shape ", expected.str(), ", got ", v.shape.str());
 }
 
 }  // namespace strata

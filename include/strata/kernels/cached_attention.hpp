@@ -21,8 +21,9 @@
 namespace strata::kernels {
 template <class T>
 void cached_attention_forward(cuda, T*, T*, T*, const T*, const attention_shape&, std::int64_t, std::int64_t) {
-  fail("cached_attention_forward: no CUDA kernel for attention over a KV cache yet; generate with the cache "
-       "under a host policy (strata::host), or without it (generation::cache = false)");
+  fail(
+      "cached_attention_forward: no CUDA kernel for attention over a KV cache yet; generate with the cache "
+      "under a host policy (strata::host), or without it (generation::cache = false)");
 }
 }  // namespace strata::kernels
 #endif

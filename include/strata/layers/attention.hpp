@@ -54,8 +54,12 @@ class attention {
   };
 
   static constexpr typename linear<P>::config qkv_config(const config& c) {
-    typename linear<P>::config l{.in = c.channels, .out = (c.heads + 2 * c.kv()) * c.head_dim(), .bias = c.bias,
-                                 .init_std = c.init_std, .split = tensor_split_kind::column, .blocks = 3};
+    typename linear<P>::config l{.in = c.channels,
+                                 .out = (c.heads + 2 * c.kv()) * c.head_dim(),
+                                 .bias = c.bias,
+                                 .init_std = c.init_std,
+                                 .split = tensor_split_kind::column,
+                                 .blocks = 3};
     if (c.kv() != c.heads) {  // q, k and v groups of unequal sizes, split by heads
       l.blocks = 1;
       l.block_sizes = {c.heads * c.head_dim(), c.kv() * c.head_dim(), c.kv() * c.head_dim(), 0};
@@ -64,7 +68,11 @@ class attention {
     return l;
   }
   static constexpr typename linear<P>::config proj_config(const config& c) {
-    return {.in = c.channels, .out = c.channels, .bias = c.bias, .init_std = c.proj_init_std, .split = tensor_split_kind::row};
+    return {.in = c.channels,
+            .out = c.channels,
+            .bias = c.bias,
+            .init_std = c.proj_init_std,
+            .split = tensor_split_kind::row};
   }
 
   static constexpr tensor_extent_list tensor_extents(const config& c) {
@@ -87,7 +95,10 @@ class attention {
   }
 
   attention(module_scope<P> scope, const config& c)
-      : scope_(scope), cfg_(validated(scope, c)), qkv_(scope / "qkv", qkv_config(c)), proj_(scope / "proj", proj_config(c)) {}
+      : scope_(scope),
+        cfg_(validated(scope, c)),
+        qkv_(scope / "qkv", qkv_config(c)),
+        proj_(scope / "proj", proj_config(c)) {}
 
   // Selective recomputation: keep no logsumexps between forward and backward.
   void recompute_core(bool on) { recompute_core_ = on; }
@@ -121,7 +132,8 @@ class attention {
     {
       STRATA_PROFILE("attention.backward");
       if (recompute_core_) core_forward(shape_);
-      kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, lse_.data(), heads_out_.data(), shape_);
+      kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, lse_.data(), heads_out_.data(),
+                                  shape_);
       if (recompute_core_) lse_ = buffer<A>();
       // q and k were turned by their positions: their gradients turn back.
       if (cfg_.rope_theta > 0) kernels::rope_backward(device{}, dqkv.data(), shape_, cfg_.rope_theta);
@@ -149,8 +161,8 @@ class attention {
     } else {
       STRATA_CHECK(step.pos == cached_ && shape.batch == cache_batch_ && step.pos + shape.seq <= cache_capacity_,
                    scope_.qualify("forward_cached"), ": the cache holds positions 0 .. ", cached_ - 1, " of ",
-                   cache_batch_, " sequences (room for ", cache_capacity_, "); got ", shape.seq,
-                   " tokens at position ", step.pos, " of ", shape.batch);
+                   cache_batch_, " sequences (room for ", cache_capacity_, "); got ", shape.seq, " tokens at position ",
+                   step.pos, " of ", shape.batch);
     }
     T* qkv_out = qkv_.output_data();
     if (cfg_.rope_theta > 0) kernels::rope_forward(device{}, qkv_out, shape, cfg_.rope_theta, step.pos);

@@ -37,7 +37,8 @@ struct decode_step {
 template <class L>
 concept position_wise_layer = requires {
   { L::position_wise } -> std::convertible_to<bool>;
-} && L::position_wise;
+}
+&&L::position_wise;
 
 template <class L>
 concept cached_hidden_layer = requires(L& l, tensor_view<const typename L::T> x, const decode_step& s) {

@@ -16,7 +16,7 @@ namespace strata {
 
 struct cost_scope {
   tensor_split tp{};
-  std::int64_t batch = 1, seq = 1;  // one micro-batch
+  std::int64_t batch = 1, seq = 1;                  // one micro-batch
   recompute_mode recompute = recompute_mode::none;  // what recompute<recompute_from_context, L> does
 
   constexpr std::int64_t rows() const { return batch * seq; }
@@ -29,11 +29,11 @@ struct layer_cost {
   std::int64_t tied_params = 0;  // elements of a parameter another layer owns (held again, as a
                                  // replica, where that layer sits on another pipeline stage)
   std::int64_t forward_flops = 0, backward_flops = 0;
-  std::int64_t activation_bytes = 0;  // kept from forward to backward
-  std::int64_t output_bytes = 0;      // the output alone: the next layer's input, and all that
-                                      // full recomputation keeps
-  std::int64_t core_bytes = 0;        // what selective recomputation drops...
-  std::int64_t core_flops = 0;        // ...and what recomputing it costs
+  std::int64_t activation_bytes = 0;                           // kept from forward to backward
+  std::int64_t output_bytes = 0;                               // the output alone: the next layer's input, and all that
+                                                               // full recomputation keeps
+  std::int64_t core_bytes = 0;                                 // what selective recomputation drops...
+  std::int64_t core_flops = 0;                                 // ...and what recomputing it costs
   double tensor_forward_bytes = 0, tensor_backward_bytes = 0;  // sent per rank in the tensor group
 
   // `next` runs after this: everything adds up, the output is next's.

@@ -40,7 +40,9 @@ class embedding {
   };
 
   // The vocabulary rounded up to a multiple of the tensor-parallel degree.
-  static constexpr std::int64_t padded_vocab(const config& c, int degree) { return (c.vocab + degree - 1) / degree * degree; }
+  static constexpr std::int64_t padded_vocab(const config& c, int degree) {
+    return (c.vocab + degree - 1) / degree * degree;
+  }
   // The positions a sequence may reach: the position table's rows (0: no table, no limit).
   static constexpr std::int64_t max_positions(const config& c) { return c.max_seq; }
   // The vocabulary is padded, so any degree splits it: nothing to divide.
@@ -79,8 +81,8 @@ class embedding {
     STRATA_PROFILE("embedding.forward");
     STRATA_CHECK(tokens.shape.rank == 2, scope_.qualify("forward"), ": expected tokens [B, T], got ",
                  tokens.shape.str());
-    STRATA_CHECK(!positions() || tokens.shape[1] <= cfg_.max_seq, scope_.qualify("forward"), ": sequence length ", tokens.shape[1],
-                 " exceeds the position table (max_seq = ", cfg_.max_seq, ")");
+    STRATA_CHECK(!positions() || tokens.shape[1] <= cfg_.max_seq, scope_.qualify("forward"), ": sequence length ",
+                 tokens.shape[1], " exceeds the position table (max_seq = ", cfg_.max_seq, ")");
     batch_ = tokens.shape[0];
     seq_ = tokens.shape[1];
     auto& ledger = scope_.ledger();
@@ -121,8 +123,8 @@ class embedding {
                  ": runs with the sequence split paused (tensor_parallel::pause_sequence_split)");
     const std::int64_t batch = tokens.shape[0], n = tokens.shape[1], rows = batch * n;
     STRATA_CHECK(!positions() || step.pos + n <= cfg_.max_seq, scope_.qualify("forward_cached"),
-                 ": generation reaches position ", step.pos + n - 1, ", past the position table (max_seq = ",
-                 cfg_.max_seq, ")");
+                 ": generation reaches position ", step.pos + n - 1,
+                 ", past the position table (max_seq = ", cfg_.max_seq, ")");
     auto& ledger = scope_.ledger();
     ensure_size(tokens_, ledger, memory_category::activations, rows);
     tokens_.upload(tokens.data, static_cast<std::size_t>(rows));
@@ -153,7 +155,8 @@ class embedding {
     } else {
       kernels::token_embedding_backward(device{}, p.grads(wte_), dy.data(), tokens_.data(), batch_ * seq_,
                                         cfg_.channels, first_row_, rows_here_);
-      if (positions()) kernels::position_embedding_backward(device{}, p.grads(wpe_), dy.data(), batch_, seq_, cfg_.channels);
+      if (positions())
+        kernels::position_embedding_backward(device{}, p.grads(wpe_), dy.data(), batch_, seq_, cfg_.channels);
     }
     p.grad_written(wte_);
     if (positions()) p.grad_written(wpe_);

@@ -41,19 +41,30 @@ struct parameter_visitor_probe {
 
 // ---- the pieces every layer has ----
 template <class L>
-concept has_policy_alias = requires { typename L::policy; };
+concept has_policy_alias = requires {
+  typename L::policy;
+};
 template <class L>
-concept has_storage_alias = requires { typename L::T; };
+concept has_storage_alias = requires {
+  typename L::T;
+};
 template <class L>
-concept has_config = requires { typename L::config; } && std::is_aggregate_v<typename L::config>;
+concept has_config = requires {
+  typename L::config;
+}
+&&std::is_aggregate_v<typename L::config>;
 template <class L>
 concept has_layer_cost = requires(const typename L::config& c, const cost_scope& s) {
   { L::cost(c, s) } -> std::same_as<layer_cost>;
 };
 template <class L>
-concept built_from_scope = std::constructible_from<L, module_scope<typename L::policy>, const typename L::config&>;
+concept built_from_scope = std::constructible_from < L,
+        module_scope<typename L::policy>,
+const typename L::config& > ;
 template <class L>
-concept visits_parameters = requires(const L& l) { l.visit_parameters(detail::parameter_visitor_probe{}); };
+concept visits_parameters = requires(const L& l) {
+  l.visit_parameters(detail::parameter_visitor_probe{});
+};
 template <class L>
 concept has_tensor_extents = requires(const typename L::config& c) {
   { L::tensor_extents(c) } -> std::same_as<tensor_extent_list>;
@@ -61,7 +72,7 @@ concept has_tensor_extents = requires(const typename L::config& c) {
 
 template <class L>
 concept layer_basics = has_policy_alias<L> && has_storage_alias<L> && has_config<L> && has_layer_cost<L> &&
-                       built_from_scope<L> && visits_parameters<L>;
+    built_from_scope<L> && visits_parameters<L>;
 
 // ---- the roles ----
 template <class L>
@@ -80,12 +91,15 @@ concept has_token_forward = requires(L& l, tensor_view<const std::int32_t> token
   { l.forward(tokens) } -> std::same_as<tensor_view<const typename L::T>>;
 };
 template <class L>
-concept has_input_backward = requires(L& l, const buffer<typename L::T>& dy) { l.backward(dy); };
+concept has_input_backward = requires(L& l, const buffer<typename L::T>& dy) {
+  l.backward(dy);
+};
 template <class L>
 concept input_layer = layer_basics<L> && has_token_forward<L> && has_input_backward<L>;
 
 template <class L>
-concept has_loss_forward = requires(L& l, tensor_view<const typename L::T> x, tensor_view<const std::int32_t> t, double s) {
+concept has_loss_forward = requires(L& l, tensor_view<const typename L::T> x, tensor_view<const std::int32_t> t,
+                                    double s) {
   { l.forward(x, t, s) } -> std::convertible_to<double>;
 };
 template <class L>
@@ -117,13 +131,16 @@ template <class L>
 consteval bool check_layer_basics() {
   static_assert(has_policy_alias<L>, "strata layer: missing `using policy = P;` (the policy it was instantiated with)");
   static_assert(has_storage_alias<L>, "strata layer: missing `using T = typename P::storage;`");
-  static_assert(requires { typename L::config; }, "strata layer: missing `struct config { ... };` (its settings)");
+  static_assert(
+      requires { typename L::config; }, "strata layer: missing `struct config { ... };` (its settings)");
   if constexpr (has_policy_alias<L> && has_storage_alias<L> && requires { typename L::config; }) {
     static_assert(has_config<L>, "strata layer: `config` must be a plain aggregate (designated initializers)");
-    static_assert(has_layer_cost<L>, "strata layer: missing `static constexpr strata::layer_cost cost(const config&, "
-                                     "const strata::cost_scope&)` (its costs, for the planner)");
-    static_assert(built_from_scope<L>, "strata layer: missing the constructor `L(strata::module_scope<policy>, const "
-                                       "config&)` (registers its parameters)");
+    static_assert(has_layer_cost<L>,
+                  "strata layer: missing `static constexpr strata::layer_cost cost(const config&, "
+                  "const strata::cost_scope&)` (its costs, for the planner)");
+    static_assert(built_from_scope<L>,
+                  "strata layer: missing the constructor `L(strata::module_scope<policy>, const "
+                  "config&)` (registers its parameters)");
     static_assert(visits_parameters<L>, "strata layer: missing `template <class F> void visit_parameters(F&&) const`");
   }
   return true;
@@ -133,9 +150,11 @@ template <class L>
 consteval bool check_hidden_layer() {
   check_layer_basics<L>();
   if constexpr (layer_basics<L>) {
-    static_assert(has_hidden_forward<L>, "strata hidden layer: missing `tensor_view<const T> forward(tensor_view<const T>)`");
-    static_assert(has_hidden_backward<L>, "strata hidden layer: missing `buffer<T> backward(const buffer<T>& dy)` "
-                                          "(returns the input gradient)");
+    static_assert(has_hidden_forward<L>,
+                  "strata hidden layer: missing `tensor_view<const T> forward(tensor_view<const T>)`");
+    static_assert(has_hidden_backward<L>,
+                  "strata hidden layer: missing `buffer<T> backward(const buffer<T>& dy)` "
+                  "(returns the input gradient)");
   }
   return true;
 }
@@ -144,8 +163,9 @@ template <class L>
 consteval bool check_input_layer() {
   check_layer_basics<L>();
   if constexpr (layer_basics<L>) {
-    static_assert(has_token_forward<L>, "strata input layer (the first part of a model): missing "
-                                        "`tensor_view<const T> forward(tensor_view<const std::int32_t> tokens)`");
+    static_assert(has_token_forward<L>,
+                  "strata input layer (the first part of a model): missing "
+                  "`tensor_view<const T> forward(tensor_view<const std::int32_t> tokens)`");
     static_assert(has_input_backward<L>, "strata input layer: missing `void backward(const buffer<T>& dy)`");
   }
   return true;
@@ -155,11 +175,13 @@ template <class L>
 consteval bool check_output_layer() {
   check_layer_basics<L>();
   if constexpr (layer_basics<L>) {
-    static_assert(has_loss_forward<L>, "strata output layer (the last part of a model): missing `double forward("
-                                       "tensor_view<const T> x, tensor_view<const std::int32_t> targets, double grad_scale)`");
+    static_assert(has_loss_forward<L>,
+                  "strata output layer (the last part of a model): missing `double forward("
+                  "tensor_view<const T> x, tensor_view<const std::int32_t> targets, double grad_scale)`");
     static_assert(has_loss_backward<L>, "strata output layer: missing `buffer<T> backward()` (the gradient of x)");
-    static_assert(has_evaluate<L>, "strata output layer: missing `double evaluate(tensor_view<const T> x, "
-                                   "tensor_view<const std::int32_t> targets)`");
+    static_assert(has_evaluate<L>,
+                  "strata output layer: missing `double evaluate(tensor_view<const T> x, "
+                  "tensor_view<const std::int32_t> targets)`");
   }
   return true;
 }

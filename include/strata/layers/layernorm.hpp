@@ -45,7 +45,8 @@ class layernorm {
     r.output_bytes = rows * c.channels * static_cast<std::int64_t>(sizeof(T));
     r.activation_bytes = r.output_bytes + 2 * rows * static_cast<std::int64_t>(sizeof(A));
     if (s.tp.sequence_parallel)
-      r.tensor_backward_bytes = ring_all_reduce_bytes(double(2 * c.channels * static_cast<std::int64_t>(sizeof(T))), s.tp.degree);
+      r.tensor_backward_bytes =
+          ring_all_reduce_bytes(double(2 * c.channels * static_cast<std::int64_t>(sizeof(T))), s.tp.degree);
     return r;
   }
 
@@ -84,8 +85,8 @@ class layernorm {
       buffer<T> partial(ledger, memory_category::communication, static_cast<std::size_t>(2 * cfg_.channels));
       T* dweight = partial.data();
       T* dbias = dweight + cfg_.channels;
-      kernels::layernorm_backward(device{}, dinp.data(), dweight, dbias, dout.data(), input_.data,
-                                  p.weights(weight_), mean_.data(), rstd_.data(), rows_, cfg_.channels);
+      kernels::layernorm_backward(device{}, dinp.data(), dweight, dbias, dout.data(), input_.data, p.weights(weight_),
+                                  mean_.data(), rstd_.data(), rows_, cfg_.channels);
       tp.sum_partial_gradients(std::span<T>(partial.data(), partial.size()));
       kernels::residual_forward(device{}, p.grads(weight_), p.grads(weight_), dweight, cfg_.channels);
       kernels::residual_forward(device{}, p.grads(bias_), p.grads(bias_), dbias, cfg_.channels);

@@ -66,7 +66,9 @@ class linear {
       while (n < tensor_shard::max_blocks && block_sizes[std::size_t(n)] > 0) ++n;
       return n;
     }
-    constexpr std::int64_t block_size(int b) const { return block_sizes[0] > 0 ? block_sizes[std::size_t(b)] : out / blocks; }
+    constexpr std::int64_t block_size(int b) const {
+      return block_sizes[0] > 0 ? block_sizes[std::size_t(b)] : out / blocks;
+    }
   };
 
   // Each token alone: generation runs forward on the new tokens (layers/cached_forward.hpp).
@@ -79,7 +81,8 @@ class linear {
       tensor_extent_list r;
       for (int b = 0; b < c.block_count(); ++b) {
         const std::int64_t heads = c.block_heads[std::size_t(b)];
-        r.add(heads > 0 ? tensor_extent{"heads of a fused block", heads, true} : tensor_extent{"out features per block", c.block_size(b)});
+        r.add(heads > 0 ? tensor_extent{"heads of a fused block", heads, true}
+                        : tensor_extent{"out features per block", c.block_size(b)});
       }
       return r;
     }
@@ -97,13 +100,15 @@ class linear {
     else r.params = (c.in + (c.bias ? 1 : 0)) * local_out(c, int(t));
     r.forward_flops = 2 * rows * c.in * (c.split == tensor_split_kind::row ? c.out / t : local_out(c, int(t)));
     r.backward_flops = 2 * r.forward_flops;
-    r.output_bytes = (c.split == tensor_split_kind::column ? rows * local_out(c, int(t)) : s.tp.local_rows(rows) * c.out) * bytes;
+    r.output_bytes =
+        (c.split == tensor_split_kind::column ? rows * local_out(c, int(t)) : s.tp.local_rows(rows) * c.out) * bytes;
     r.activation_bytes = (c.gelu ? 2 : 1) * r.output_bytes;  // with GELU, the pre-activation too
     if (c.split == tensor_split_kind::column) {
       const double input = double(rows * c.in * bytes);
       r.tensor_forward_bytes = tensor_edge_bytes::enter_forward(tp, input);
       // backward: the input gradient's partial sums leave, and the input is gathered again
-      r.tensor_backward_bytes = tensor_edge_bytes::enter_backward(tp, input) + tensor_edge_bytes::enter_forward(tp, input);
+      r.tensor_backward_bytes =
+          tensor_edge_bytes::enter_backward(tp, input) + tensor_edge_bytes::enter_forward(tp, input);
     } else if (c.split == tensor_split_kind::row) {
       const double output = double(rows * c.out * bytes);
       r.tensor_forward_bytes = tensor_edge_bytes::leave_forward(tp, output);
@@ -202,11 +207,11 @@ class linear {
     auto& p = scope_.params();
     buffer<T> gathered_dout;
     const buffer<T>& dy = cfg_.split == tensor_split_kind::row ? tp.leave_backward(dout, gathered_dout, ledger) : dout;
-    STRATA_CHECK(static_cast<std::int64_t>(dy.size()) == rows_ * out_local_, scope_.qualify("backward"),
-                 ": expected ", rows_ * out_local_, " output gradients, got ", dy.size());
+    STRATA_CHECK(static_cast<std::int64_t>(dy.size()) == rows_ * out_local_, scope_.qualify("backward"), ": expected ",
+                 rows_ * out_local_, " output gradients, got ", dy.size());
     buffer<T> gathered_input;
-    const T* x = cfg_.split == tensor_split_kind::column ? tp.enter_forward(input_, gathered_input, ledger).data
-                                                          : input_.data;
+    const T* x =
+        cfg_.split == tensor_split_kind::column ? tp.enter_forward(input_, gathered_input, ledger).data : input_.data;
     buffer<T> dinp(ledger, memory_category::activations, static_cast<std::size_t>(rows_ * in_local_), uninitialized);
     if (shared_) {
       backward_shared(dinp.data(), dy.data(), x);
@@ -219,8 +224,8 @@ class linear {
                                p.weights(weight_), rows_, in_local_, out_local_);
     } else {
       kernels::linear_backward(device{}, scope_.workspace(), dinp.data(), p.grads(weight_),
-                               cfg_.bias ? p.grads(bias_) : nullptr, dy.data(), x, p.weights(weight_), rows_,
-                               in_local_, out_local_);
+                               cfg_.bias ? p.grads(bias_) : nullptr, dy.data(), x, p.weights(weight_), rows_, in_local_,
+                               out_local_);
     }
     p.grad_written(weight_);
     if (cfg_.bias) p.grad_written(bias_);
@@ -301,7 +306,8 @@ class linear {
     auto& p = scope_.params();
     auto& ledger = scope_.ledger();
     const int t = scope_.tensor().degree();
-    const std::int64_t in = in_local_, shared_rows = shared_gradient_elements(cfg_, t) / (cfg_.in + (cfg_.bias ? 1 : 0));
+    const std::int64_t in = in_local_,
+                       shared_rows = shared_gradient_elements(cfg_, t) / (cfg_.in + (cfg_.bias ? 1 : 0));
     buffer<T> dw(ledger, memory_category::activations, std::size_t(out_local_ * in));
     buffer<T> db(ledger, memory_category::activations, std::size_t(cfg_.bias ? out_local_ : 0));
     buffer<T> whole_w(ledger, memory_category::activations, std::size_t(shared_rows * in));

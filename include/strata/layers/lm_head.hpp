@@ -43,7 +43,9 @@ class lm_head {
   };
 
   // The vocabulary rounded up to a multiple of the degree, and a rank's share of it.
-  static constexpr std::int64_t padded_vocab(const config& c, int degree) { return (c.vocab + degree - 1) / degree * degree; }
+  static constexpr std::int64_t padded_vocab(const config& c, int degree) {
+    return (c.vocab + degree - 1) / degree * degree;
+  }
   static constexpr std::int64_t local_vocab(const config& c, int degree) { return padded_vocab(c, degree) / degree; }
   // The vocabulary is padded, so any degree splits it.
   static constexpr tensor_extent_list tensor_extents(const config&) { return {}; }
@@ -63,7 +65,8 @@ class lm_head {
       const double input = double(rows * c.channels * bytes);
       r.tensor_forward_bytes = tensor_edge_bytes::enter_forward(s.tp, input) +
                                ring_all_reduce_bytes(double(3 * rows * static_cast<std::int64_t>(sizeof(A))), t);
-      r.tensor_backward_bytes = tensor_edge_bytes::enter_backward(s.tp, input) + tensor_edge_bytes::enter_forward(s.tp, input);
+      r.tensor_backward_bytes =
+          tensor_edge_bytes::enter_backward(s.tp, input) + tensor_edge_bytes::enter_forward(s.tp, input);
     }
     return r;
   }
@@ -76,7 +79,8 @@ class lm_head {
     const tensor_shard table = tensor_shard::padded_rows(c.vocab, c.channels, degree_, tp.rank());
     const auto init = init_rule::normal_with_std(c.init_std);
     tied_ = !c.tied_to.empty();
-    weight_ = tied_ ? scope_.tied_parameter(c.tied_to, table, init, true) : scope_.add_parameter("weight", table, init, true);
+    weight_ =
+        tied_ ? scope_.tied_parameter(c.tied_to, table, init, true) : scope_.add_parameter("weight", table, init, true);
   }
 
   // Mean loss over all positions; also leaves d(loss·loss_scale)/dlogits for backward.
@@ -95,8 +99,7 @@ class lm_head {
     if (degree_ == 1)
       kernels::cross_entropy_forward_backward(device{}, losses_.data(), logits_.data(), targets_.data(), rows,
                                               cfg_.vocab, cfg_.vocab, static_cast<A>(loss_scale / double(rows)));
-    else
-      vocab_parallel_loss(targets_.data(), logits_.data(), static_cast<A>(loss_scale / double(rows)));
+    else vocab_parallel_loss(targets_.data(), logits_.data(), static_cast<A>(loss_scale / double(rows)));
     return mean_loss(rows);
   }
 
@@ -112,8 +115,7 @@ class lm_head {
     if (degree_ == 1)
       kernels::cross_entropy_forward(device{}, losses_.data(), logits_.data(), targets_.data(), rows, cfg_.vocab,
                                      cfg_.vocab);
-    else
-      vocab_parallel_loss(targets_.data(), nullptr, A(0));
+    else vocab_parallel_loss(targets_.data(), nullptr, A(0));
     return mean_loss(rows);
   }
 
@@ -123,7 +125,8 @@ class lm_head {
     compute_logits(x);
     if (degree_ == 1) return {logits_.data(), {batch_, seq_, cfg_.vocab}};
     const std::int64_t rows = batch_ * seq_, vl = local_vocab(cfg_, degree_);
-    buffer<T> pieces(scope_.ledger(), memory_category::communication, static_cast<std::size_t>(rows * padded_vocab(cfg_, degree_)));
+    buffer<T> pieces(scope_.ledger(), memory_category::communication,
+                     static_cast<std::size_t>(rows * padded_vocab(cfg_, degree_)));
     scope_.tensor().group().all_gather(std::span<const T>(logits_.data(), logits_.size()),
                                        std::span<T>(pieces.data(), pieces.size()));
     ensure_size(whole_logits_, scope_.ledger(), memory_category::activations, rows * cfg_.vocab);

@@ -29,7 +29,8 @@ class mlp {
   static constexpr bool position_wise = true;
 
   static constexpr typename linear<P>::config fc_config(const config& c) {
-    return {.in = c.channels, .out = c.hidden, .init_std = c.init_std, .split = tensor_split_kind::column, .gelu = true};
+    return {
+        .in = c.channels, .out = c.hidden, .init_std = c.init_std, .split = tensor_split_kind::column, .gelu = true};
   }
   static constexpr typename linear<P>::config proj_config(const config& c) {
     return {.in = c.hidden, .out = c.channels, .init_std = c.proj_init_std, .split = tensor_split_kind::row};

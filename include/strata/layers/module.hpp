@@ -118,7 +118,8 @@ class module_scope {
   void check_tensor_extents(const tensor_extent_list& extents) const {
     const int t = ctx_->tensor().degree();
     if (const tensor_extent* e = extents.first_not_divided_by(t))
-      fail(qualify_layer(), ": tensor parallelism tp=", t, " does not divide ", e->name(), " = ", e->extent, e->otherwise());
+      fail(qualify_layer(), ": tensor parallelism tp=", t, " does not divide ", e->name(), " = ", e->extent,
+           e->otherwise());
   }
   // The scope's name for messages ("h.3.attn"; "model" at the root).
   std::string qualify_layer() const { return prefix_.empty() ? std::string("model") : prefix_; }

@@ -41,9 +41,9 @@ struct param_handle {
 // is whole on every rank (replicated).
 struct tensor_shard {
   static constexpr int max_blocks = 4;
-  strata::shape full;           // the full tensor, padding included
+  strata::shape full;  // the full tensor, padding included
   int dim = 0, parts = 1, index = 0, blocks = 1;
-  std::int64_t real_rows = -1;  // -1: no padding
+  std::int64_t real_rows = -1;                         // -1: no padding
   std::array<std::int64_t, max_blocks> block_sizes{};  // along dim; all zero: `blocks` equal blocks
   std::array<int, max_blocks> block_parts{};           // pieces of each block; zero: `parts`
 
@@ -157,7 +157,7 @@ struct tensor_shard {
 };
 
 struct param_info {
-  std::string name;        // "blocks.3.attn.qkv.weight": its identity for init and checkpoints
+  std::string name;  // "blocks.3.attn.qkv.weight": its identity for init and checkpoints
   strata::shape shape;
   std::int64_t offset = 0;  // in elements, into the flat buffers
   std::int64_t numel = 0;
@@ -183,16 +183,15 @@ class parameter_store {
   // A parameter that may be a piece of a larger tensor: its shape here is shard.local().
   param_handle add(std::string name, init_rule init, bool weight_decay, tensor_shard shard) {
     const strata::shape shape = shard.local();
-    STRATA_CHECK(!materialized(), "parameter_store: cannot add '", name,
-                 "' after the parameters were allocated");
+    STRATA_CHECK(!materialized(), "parameter_store: cannot add '", name, "' after the parameters were allocated");
     for (const auto& e : entries_)
       STRATA_CHECK(e.name != name, "parameter_store: parameter '", name, "' registered twice");
     STRATA_CHECK(shard.consistent(), "parameter_store: '", name, "' of shape ", shard.full.str(),
                  " cannot be split into ", shard.parts, " pieces of each of ", shard.blocks, " blocks along dimension ",
                  shard.dim);
     param_info info{std::move(name), shape, total_, shape.numel(), init, weight_decay, 1, shard};
-    STRATA_CHECK(info.numel > 0, "parameter_store: parameter '", info.name, "' has shape ",
-                 shape.str(), " with no elements");
+    STRATA_CHECK(info.numel > 0, "parameter_store: parameter '", info.name, "' has shape ", shape.str(),
+                 " with no elements");
     total_ += info.numel;
     entries_.push_back(std::move(info));
     return {static_cast<int>(entries_.size()) - 1};
@@ -255,8 +254,9 @@ class parameter_store {
   }
   T* weights_data() {
     materialize();
-    STRATA_CHECK(!weights_released_, "parameter_store: the flat weight buffer was released (parameters are "
-                                     "sharded, ZeRO-3); gather them from their owner");
+    STRATA_CHECK(!weights_released_,
+                 "parameter_store: the flat weight buffer was released (parameters are "
+                 "sharded, ZeRO-3); gather them from their owner");
     return weights_.data();
   }
 
@@ -285,8 +285,9 @@ class parameter_store {
   }
   T* grads_data() {
     materialize();
-    STRATA_CHECK(!grads_released_, "parameter_store: the flat gradient buffer was released (gradients are "
-                                   "sharded, ZeRO-2); read them from their owner");
+    STRATA_CHECK(!grads_released_,
+                 "parameter_store: the flat gradient buffer was released (gradients are "
+                 "sharded, ZeRO-2); read them from their owner");
     return grads_.data();
   }
 

@@ -32,16 +32,21 @@ namespace strata {
 
 // A layer whose quadratic core selective recomputation can drop.
 template <class L>
-concept has_recomputable_core = requires(L& l) { l.recompute_core(true); };
+concept has_recomputable_core = requires(L& l) {
+  l.recompute_core(true);
+};
 
 // A layer that can let go of what it keeps between forward and backward.
 template <class L>
-concept releases_activations = requires(L& l) { l.release_activations(); };
+concept releases_activations = requires(L& l) {
+  l.release_activations();
+};
 
 template <class Mode, class L>
 class recompute {
-  static_assert(is_recompute_tag_v<Mode>, "strata::recompute<Mode, L>: Mode must be strata::no_recompute, "
-                                          "strata::selective, strata::full or strata::recompute_from_context");
+  static_assert(is_recompute_tag_v<Mode>,
+                "strata::recompute<Mode, L>: Mode must be strata::no_recompute, "
+                "strata::selective, strata::full or strata::recompute_from_context");
   static_assert(check_hidden_layer<L>());
   static_assert(!std::is_same_v<Mode, selective> || has_recomputable_core<L>,
                 "strata::recompute<selective, L>: L has no recompute_core(bool), the member selective "
@@ -78,7 +83,8 @@ class recompute {
         r.backward_flops += r.core_flops;
         r.core_bytes = r.core_flops = 0;
         break;
-      case recompute_mode::none: break;
+      case recompute_mode::none:
+        break;
     }
     return r;
   }
@@ -86,7 +92,9 @@ class recompute {
   recompute(module_scope<policy> scope, const config& c) : mode_(mode_of(scope)), scope_(scope), inner_(scope, c) {
     if (mode_ == recompute_mode::selective) {
       if constexpr (has_recomputable_core<L>) inner_.recompute_core(true);
-      else fail(scope.qualify_layer(), ": selective recomputation needs a layer with recompute_core(bool) (an attention core)");
+      else
+        fail(scope.qualify_layer(),
+             ": selective recomputation needs a layer with recompute_core(bool) (an attention core)");
     }
     if constexpr (!releases_activations<L>)
       STRATA_CHECK(mode_ != recompute_mode::full, scope.qualify_layer(),
@@ -104,7 +112,9 @@ class recompute {
   }
 
   // Generation keeps no activations for backward: the wrapped layer's cached forward, whatever the mode.
-  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) { return run_cached(inner_, x, step); }
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) {
+    return run_cached(inner_, x, step);
+  }
   void release_cache() { drop_cache(inner_); }
 
   buffer<T> backward(const buffer<T>& dout) {

@@ -46,7 +46,8 @@ class rmsnorm {
     r.output_bytes = rows * c.channels * static_cast<std::int64_t>(sizeof(T));
     r.activation_bytes = r.output_bytes + rows * static_cast<std::int64_t>(sizeof(A));
     if (s.tp.sequence_parallel)
-      r.tensor_backward_bytes = ring_all_reduce_bytes(double(c.channels * static_cast<std::int64_t>(sizeof(T))), s.tp.degree);
+      r.tensor_backward_bytes =
+          ring_all_reduce_bytes(double(c.channels * static_cast<std::int64_t>(sizeof(T))), s.tp.degree);
     return r;
   }
 

@@ -62,10 +62,14 @@ constexpr blocks_part<L> blocks(std::string_view name, std::int64_t count, const
   return {name, count, c};
 }
 
-template <class T> struct is_blocks_part : std::false_type {};
-template <class L> struct is_blocks_part<blocks_part<L>> : std::true_type {};
-template <class T> struct is_layer_part : std::false_type {};
-template <class L> struct is_layer_part<layer_part<L>> : std::true_type {};
+template <class T>
+struct is_blocks_part : std::false_type {};
+template <class L>
+struct is_blocks_part<blocks_part<L>> : std::true_type {};
+template <class T>
+struct is_layer_part : std::false_type {};
+template <class L>
+struct is_layer_part<layer_part<L>> : std::true_type {};
 
 namespace detail {
 template <class... Parts>
@@ -81,12 +85,14 @@ template <std::size_t I, std::size_t N, std::size_t B, class Part>
 consteval bool check_part() {
   using L = typename Part::layer_type;
   if constexpr (I == 0) {
-    static_assert(is_layer_part<Part>::value, "strata::sequential: the first part takes the token ids; it cannot "
-                                              "be the repeated blocks");
+    static_assert(is_layer_part<Part>::value,
+                  "strata::sequential: the first part takes the token ids; it cannot "
+                  "be the repeated blocks");
     check_input_layer<L>();
   } else if constexpr (I + 1 == N) {
-    static_assert(is_layer_part<Part>::value, "strata::sequential: the last part gives the loss; it cannot be the "
-                                              "repeated blocks");
+    static_assert(is_layer_part<Part>::value,
+                  "strata::sequential: the last part gives the loss; it cannot be the "
+                  "repeated blocks");
     check_output_layer<L>();
   } else {
     check_hidden_layer<L>();
@@ -104,8 +110,9 @@ template <class... Parts>
 struct sequential_layers {
   static constexpr std::size_t size = sizeof...(Parts);
   static constexpr std::size_t blocks_at = detail::blocks_index<Parts...>();  // the repeated part
-  static_assert(((is_layer_part<Parts>::value || is_blocks_part<Parts>::value) && ...),
-                "strata::sequential: every part is strata::layer<L>(name, config) or strata::blocks<L>(name, count, config)");
+  static_assert(
+      ((is_layer_part<Parts>::value || is_blocks_part<Parts>::value) && ...),
+      "strata::sequential: every part is strata::layer<L>(name, config) or strata::blocks<L>(name, count, config)");
   static_assert(size >= 3, "strata::sequential: a model needs at least an input part, the blocks and an output part");
   static_assert((0 + ... + int(is_blocks_part<Parts>::value)) == 1,
                 "strata::sequential: exactly one part is the repeated blocks (strata::blocks<L>(name, count, config))");
@@ -116,7 +123,9 @@ struct sequential_layers {
   template <std::size_t I>
   using part_type = std::tuple_element_t<I, std::tuple<Parts...>>;
   template <std::size_t I>
-  constexpr const auto& part() const { return std::get<I>(parts); }
+  constexpr const auto& part() const {
+    return std::get<I>(parts);
+  }
   constexpr const auto& blocks() const { return std::get<blocks_at>(parts); }
 };
 
@@ -125,25 +134,37 @@ constexpr sequential_layers<Parts...> sequential(Parts... parts) {
   return {{parts...}};
 }
 
-template <class T> struct is_sequential_layers : std::false_type {};
-template <class... Parts> struct is_sequential_layers<sequential_layers<Parts...>> : std::true_type {};
+template <class T>
+struct is_sequential_layers : std::false_type {};
+template <class... Parts>
+struct is_sequential_layers<sequential_layers<Parts...>> : std::true_type {};
 
 // ---- a model declaration: policy, config and layers(config) ----
 template <class M>
-concept has_model_config = requires { typename M::config; } && std::is_aggregate_v<typename M::config>;
+concept has_model_config = requires {
+  typename M::config;
+}
+&&std::is_aggregate_v<typename M::config>;
 template <class M>
-concept has_layer_list = requires(const typename M::config& c) { M::layers(c); } &&
-                         is_sequential_layers<std::remove_cvref_t<decltype(M::layers(std::declval<const typename M::config&>()))>>::value;
+concept has_layer_list = requires(const typename M::config& c) {
+  M::layers(c);
+}
+&&is_sequential_layers<std::remove_cvref_t<decltype(M::layers(std::declval<const typename M::config&>()))>>::value;
 template <class M>
-concept model_declaration = requires { typename M::policy; } && has_model_config<M> && has_layer_list<M>;
+concept model_declaration = requires {
+  typename M::policy;
+}
+&&has_model_config<M>&& has_layer_list<M>;
 
 template <class M>
 consteval bool check_model_declaration() {
-  static_assert(requires { typename M::policy; }, "strata model: missing `using policy = P;`");
+  static_assert(
+      requires { typename M::policy; }, "strata model: missing `using policy = P;`");
   static_assert(has_model_config<M>, "strata model: missing `struct config { ... };` (its shape, a plain aggregate)");
   if constexpr (has_model_config<M>)
-    static_assert(has_layer_list<M>, "strata model: missing `static constexpr auto layers(const config&)` returning "
-                                     "strata::sequential(...) (its layers in order)");
+    static_assert(has_layer_list<M>,
+                  "strata model: missing `static constexpr auto layers(const config&)` returning "
+                  "strata::sequential(...) (its layers in order)");
   return true;
 }
 

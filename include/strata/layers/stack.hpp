@@ -64,7 +64,7 @@ class stack {
 
   // Lets every copy go of what forward kept (when the layer can).
   void release_activations() {
-    if constexpr (requires(Layer& l) { l.release_activations(); })
+    if constexpr (requires(Layer & l) { l.release_activations(); })
       for (auto& l : layers_) l.release_activations();
   }
 

@@ -32,11 +32,16 @@ class swiglu {
   static constexpr bool position_wise = true;
 
   static constexpr typename linear<P>::config gate_up_config(const config& c) {
-    return {.in = c.channels, .out = 2 * c.hidden, .bias = false, .init_std = c.init_std,
-            .split = tensor_split_kind::column, .blocks = 2};
+    return {.in = c.channels,
+            .out = 2 * c.hidden,
+            .bias = false,
+            .init_std = c.init_std,
+            .split = tensor_split_kind::column,
+            .blocks = 2};
   }
   static constexpr typename linear<P>::config down_config(const config& c) {
-    return {.in = c.hidden, .out = c.channels, .bias = false, .init_std = c.proj_init_std, .split = tensor_split_kind::row};
+    return {
+        .in = c.hidden, .out = c.channels, .bias = false, .init_std = c.proj_init_std, .split = tensor_split_kind::row};
   }
   static constexpr tensor_extent_list tensor_extents(const config& c) { return {{"FFN width", c.hidden}}; }
   // gate|up, then the gate (its output kept: the down projection's input), then down.
@@ -50,7 +55,9 @@ class swiglu {
   }
 
   swiglu(module_scope<P> scope, const config& c)
-      : scope_(scope), cfg_(validated(scope, c)), gate_up_(scope / "gate_up", gate_up_config(c)),
+      : scope_(scope),
+        cfg_(validated(scope, c)),
+        gate_up_(scope / "gate_up", gate_up_config(c)),
         down_(scope / "down", down_config(c)) {}
 
   tensor_view<const T> forward(tensor_view<const T> x) {
@@ -69,7 +76,8 @@ class swiglu {
 
   buffer<T> backward(const buffer<T>& dout) {
     buffer<T> dact = down_.backward(dout);
-    const std::int64_t hidden = cfg_.hidden / scope_.tensor().degree(), rows = static_cast<std::int64_t>(dact.size()) / hidden;
+    const std::int64_t hidden = cfg_.hidden / scope_.tensor().degree(),
+                       rows = static_cast<std::int64_t>(dact.size()) / hidden;
     buffer<T> dpre(scope_.ledger(), memory_category::activations, dact.size() * 2, uninitialized);
     {
       STRATA_PROFILE("swiglu.backward");

@@ -28,8 +28,11 @@ namespace strata {
 
 // A model whose shape is part of its type: `static constexpr config shape{...};`.
 template <class M>
-concept has_static_shape = requires { typename M::config; M::shape; } &&
-                           std::is_same_v<std::remove_cvref_t<decltype(M::shape)>, typename M::config>;
+concept has_static_shape = requires {
+  typename M::config;
+  M::shape;
+}
+&&std::is_same_v<std::remove_cvref_t<decltype(M::shape)>, typename M::config>;
 
 template <int Degree, tensor_extent Extent>
 struct tensor_degree_divides {
@@ -44,7 +47,8 @@ namespace detail {
 template <int Degree, tensor_extent_list List, std::size_t... K>
 consteval bool each_extent_divided(std::index_sequence<K...>) {
   return ((K >= std::size_t(List.count) ||
-           tensor_degree_divides<Degree, (K < std::size_t(List.count) ? List.items[K] : tensor_extent{"", Degree})>::value) &&
+           tensor_degree_divides<Degree,
+                                 (K < std::size_t(List.count) ? List.items[K] : tensor_extent{"", Degree})>::value) &&
           ...);
 }
 template <int Degree, class Model, std::size_t... I>
@@ -84,11 +88,11 @@ constexpr void check_tensor_extents(const typename Model::config& c, int degree,
           const tensor_extent_list extents = tensor_extents_of<L>(part.config);
           if (const tensor_extent* e = extents.first_not_divided_by(degree))
             fail(prefix, "tensor parallelism tp=", degree, " does not divide ", e->name(), " = ", e->extent,
-                 e->otherwise(), " (",
-                 I == list::blocks_at ? "blocks '" : "layer '", part.name, "')");
+                 e->otherwise(), " (", I == list::blocks_at ? "blocks '" : "layer '", part.name, "')");
         }(),
         ...);
-  }(std::make_index_sequence<list::size>{});
+  }
+  (std::make_index_sequence<list::size>{});
 }
 
 }  // namespace strata

@@ -112,7 +112,8 @@ class tensor_parallel {
   // Leaving a region: a row-parallel layer's partial sums [B, T, C]. All-reduced in place
   // (returns a view of `partial`), or reduce-scattered into `out` ([B, T/t, C]).
   template <class T>
-  tensor_view<const T> leave_forward(buffer<T>& partial, strata::shape full_shape, buffer<T>& out, memory_ledger& ledger) {
+  tensor_view<const T> leave_forward(buffer<T>& partial, strata::shape full_shape, buffer<T>& out,
+                                     memory_ledger& ledger) {
     if (!sequence_parallel()) {
       group_.all_reduce(std::span<T>(partial.data(), partial.size()));
       return {partial.data(), full_shape};

@@ -43,10 +43,17 @@ class transformer_block {
   using norm_type = Norm<P>;
   using ffn_type = FeedForward<P>;
 
-  static constexpr typename norm_type::config ln_config(const config& c) { return {.channels = c.channels, .eps = c.eps}; }
+  static constexpr typename norm_type::config ln_config(const config& c) {
+    return {.channels = c.channels, .eps = c.eps};
+  }
   static constexpr typename attention<P>::config attn_config(const config& c) {
-    return {.channels = c.channels, .heads = c.heads, .kv_heads = c.kv_heads, .rope_theta = c.rope_theta,
-            .bias = c.bias, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
+    return {.channels = c.channels,
+            .heads = c.heads,
+            .kv_heads = c.kv_heads,
+            .rope_theta = c.rope_theta,
+            .bias = c.bias,
+            .init_std = c.init_std,
+            .proj_init_std = c.proj_init_std};
   }
   static constexpr typename ffn_type::config mlp_config(const config& c) {
     return {.channels = c.channels, .hidden = c.hidden, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
@@ -60,9 +67,14 @@ class transformer_block {
     layer_cost residual;
     residual.forward_flops = s.local_rows() * c.channels;
     residual.backward_flops = 2 * residual.forward_flops;
-    residual.output_bytes = residual.activation_bytes = s.local_rows() * c.channels * static_cast<std::int64_t>(sizeof(T));
+    residual.output_bytes = residual.activation_bytes =
+        s.local_rows() * c.channels * static_cast<std::int64_t>(sizeof(T));
     const layer_cost ln = norm_type::cost(ln_config(c), s);
-    return ln.then(attention<P>::cost(attn_config(c), s)).then(residual).then(ln).then(ffn_type::cost(mlp_config(c), s)).then(residual);
+    return ln.then(attention<P>::cost(attn_config(c), s))
+        .then(residual)
+        .then(ln)
+        .then(ffn_type::cost(mlp_config(c), s))
+        .then(residual);
   }
 
   transformer_block(module_scope<P> scope, const config& c)

@@ -69,10 +69,11 @@ class adamw {
       : adamw(sync.parameters(), o, sync.optimizer_segments(), sync.optimizer_elements(), sync.state_weights()) {}
   // Every parameter of a model that exposes them (a single rank; see the top of the file).
   template <class Model>
-    requires(!gradient_synchronizer<Model> && requires(Model& m) {
-      { m.parameters() } -> std::same_as<parameter_store<T>&>;
-    })
-  adamw(Model& model, adamw_options o) : adamw(model.parameters(), o) {}
+  requires(!gradient_synchronizer<Model> &&
+           requires(Model & m) {
+             { m.parameters() } -> std::same_as<parameter_store<T>&>;
+           }) adamw(Model& model, adamw_options o)
+      : adamw(model.parameters(), o) {}
 
   // One update with learning rate `lr`, as the trainer's step_state decided
   // (core/step_state.hpp): none when state->apply is 0; otherwise step state->step with its

@@ -19,8 +19,8 @@ struct warmup_cosine {
 
   void validate() const {
     STRATA_CHECK(max_lr > 0, "warmup_cosine: max_lr (", max_lr, ") must be positive");
-    STRATA_CHECK(min_lr >= 0 && min_lr <= max_lr, "warmup_cosine: min_lr (", min_lr, ") must lie in [0, max_lr = ",
-                 max_lr, "]");
+    STRATA_CHECK(min_lr >= 0 && min_lr <= max_lr, "warmup_cosine: min_lr (", min_lr,
+                 ") must lie in [0, max_lr = ", max_lr, "]");
     STRATA_CHECK(total_steps >= 1, "warmup_cosine: total_steps (", total_steps, ") must be >= 1");
     STRATA_CHECK(warmup_steps >= 0 && warmup_steps <= total_steps, "warmup_cosine: warmup_steps (", warmup_steps,
                  ") must lie in [0, total_steps = ", total_steps, "]");

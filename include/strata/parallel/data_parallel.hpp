@@ -56,7 +56,7 @@ namespace strata {
 
 struct data_parallel_options {
   static constexpr int from_policy = -1;
-  int zero_stage = from_policy;  // the policy's data<N, zero<S>> unless given here (e.g. by a flag)
+  int zero_stage = from_policy;         // the policy's data<N, zero<S>> unless given here (e.g. by a flag)
   std::int64_t bucket_elems = 1 << 20;  // elements per gradient bucket (4 MiB of fp32)
   group_ref tensor_group{};             // the tensor-parallel group, for global gradient norms
   group_ref pipeline_group{};           // the pipeline group, likewise
@@ -68,15 +68,19 @@ class data_parallel {
   using T = typename P::storage;
 
   data_parallel(parameter_store<T>& params, Comm& group, data_parallel_options o)
-      : params_(&params), group_(&group), opt_(with_stage(o)), layout_(params.entries(), group.size(), group.rank(), o.bucket_elems) {
+      : params_(&params),
+        group_(&group),
+        opt_(with_stage(o)),
+        layout_(params.entries(), group.size(), group.rank(), o.bucket_elems) {
     o = opt_;
     STRATA_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "data_parallel: ZeRO stage ", o.zero_stage,
                  " does not exist (stages 0, 1, 2 and 3 do)");
     // ZeRO-1 keeps its reduced pieces beside the full gradients (a communication buffer); under
     // ZeRO-2 they are the only gradients the rank keeps.
     if (o.zero_stage >= 1)
-      reduced_ = buffer<T>(params.ledger(), o.zero_stage >= 2 ? memory_category::gradients : memory_category::communication,
-                           static_cast<std::size_t>(layout_.owned_elements()));
+      reduced_ =
+          buffer<T>(params.ledger(), o.zero_stage >= 2 ? memory_category::gradients : memory_category::communication,
+                    static_cast<std::size_t>(layout_.owned_elements()));
     // Which bucket each parameter falls in, and each bucket's parameter count.
     const auto& buckets = layout_.buckets();
     bucket_of_.resize(params.entries().size());
@@ -103,8 +107,8 @@ class data_parallel {
     }
     if (o.zero_stage == 3) {
       // Keep this rank's pieces of the initial weights, then let the full buffer go.
-      shard_ = buffer<T>(params.ledger(), memory_category::parameters,
-                         static_cast<std::size_t>(layout_.owned_elements()));
+      shard_ =
+          buffer<T>(params.ledger(), memory_category::parameters, static_cast<std::size_t>(layout_.owned_elements()));
       const T* w = params.weights_data();
       for (const auto& seg : layout_.owned_segments())
         shard_.copy_within(w + seg.flat, static_cast<std::size_t>(seg.count), static_cast<std::size_t>(seg.state));
@@ -146,9 +150,7 @@ class data_parallel {
     if (opt_.zero_stage == 0) return whole_model_segments(*params_);
     return layout_.owned_segments();
   }
-  std::int64_t optimizer_elements() const {
-    return opt_.zero_stage == 0 ? params_->size() : layout_.owned_elements();
-  }
+  std::int64_t optimizer_elements() const { return opt_.zero_stage == 0 ? params_->size() : layout_.owned_elements(); }
 
   // At the start of a step: ZeRO 2/3 sum the micro-batches' reduced pieces from zero.
   void begin_step() {
@@ -305,14 +307,16 @@ class data_parallel {
   // *out += the weighted squares of e's gradient elements [first, first + count), held at `g`: an
   // element that several ranks of the tensor group hold alike (a shared key/value head) counts
   // 1/holders on each of them.
-  void add_weighted_squares(const param_info& e, const T* g, std::int64_t first, std::int64_t count, double* out) const {
+  void add_weighted_squares(const param_info& e, const T* g, std::int64_t first, std::int64_t count,
+                            double* out) const {
     if (!e.shard.has_shared_pieces()) {
       kernels::sum_of_squares_into(device{}, g, count, out, true, norm_weight(e));
       return;
     }
     for (const auto& run : e.shard.holder_runs()) {
       const std::int64_t begin = std::max(run.begin, first), end = std::min(run.end, first + count);
-      if (begin < end) kernels::sum_of_squares_into(device{}, g + (begin - first), end - begin, out, true, 1.0 / run.holders);
+      if (begin < end)
+        kernels::sum_of_squares_into(device{}, g + (begin - first), end - begin, out, true, 1.0 / run.holders);
     }
   }
 
@@ -328,7 +332,8 @@ class data_parallel {
 
   static data_parallel_options with_stage(data_parallel_options o) {
     if (o.zero_stage == data_parallel_options::from_policy) {
-      STRATA_CHECK(!is_dynamic(P::layout::zero_stage), "data_parallel: the policy leaves the ZeRO stage as "
+      STRATA_CHECK(!is_dynamic(P::layout::zero_stage),
+                   "data_parallel: the policy leaves the ZeRO stage as "
                    "strata::dynamic; give options.zero_stage");
       o.zero_stage = P::layout::zero_stage;
     }
@@ -351,7 +356,8 @@ class data_parallel {
     const std::size_t b = bucket_of_[static_cast<std::size_t>(h.index)];
     const auto& bucket = layout_.buckets()[b];
     if (staging_[b].empty())
-      staging_[b] = buffer<T>(params_->ledger(), memory_category::gradients, static_cast<std::size_t>(bucket.range.size()));
+      staging_[b] =
+          buffer<T>(params_->ledger(), memory_category::gradients, static_cast<std::size_t>(bucket.range.size()));
     return staging_[b].data() + (params_->info(h).offset - bucket.range.begin);
   }
 
@@ -428,7 +434,8 @@ class data_parallel {
       prefetch_[victim].wait();
       gathered_[victim] = buffer<T>();
     }
-    gathered_[b] = buffer<T>(params_->ledger(), memory_category::parameters, static_cast<std::size_t>(bucket.range.size()));
+    gathered_[b] =
+        buffer<T>(params_->ledger(), memory_category::parameters, static_cast<std::size_t>(bucket.range.size()));
     const flat_range mine = bucket.owned(layout_.rank());
     T* slot = gathered_[b].data() + (mine.begin - bucket.range.begin);
     gathered_[b].copy_within(shard_.data() + state_offset_[b], static_cast<std::size_t>(mine.size()),
@@ -468,19 +475,19 @@ class data_parallel {
   Comm* group_;
   data_parallel_options opt_;
   dp_layout layout_;
-  buffer<T> reduced_;  // ZeRO-1: this rank's reduced gradient pieces
-  std::vector<std::size_t> bucket_of_;        // per parameter
-  std::vector<int> bucket_params_, left_;     // parameters per bucket; not yet final this step
-  std::vector<std::int64_t> state_offset_;    // where each bucket's owned piece sits in reduced_
-  std::vector<buffer<T>> staging_, pieces_;   // ZeRO-2: each bucket's gradients, its reduced piece
-  std::deque<std::size_t> in_flight_;         // ZeRO-2: posted buckets, oldest first
+  buffer<T> reduced_;                        // ZeRO-1: this rank's reduced gradient pieces
+  std::vector<std::size_t> bucket_of_;       // per parameter
+  std::vector<int> bucket_params_, left_;    // parameters per bucket; not yet final this step
+  std::vector<std::int64_t> state_offset_;   // where each bucket's owned piece sits in reduced_
+  std::vector<buffer<T>> staging_, pieces_;  // ZeRO-2: each bucket's gradients, its reduced piece
+  std::deque<std::size_t> in_flight_;        // ZeRO-2: posted buckets, oldest first
   static constexpr std::size_t max_in_flight = 2;
-  buffer<T> shard_;                           // ZeRO-3: this rank's pieces of the weights
-  std::vector<buffer<T>> gathered_;           // ZeRO-3: resident gathered buckets
-  std::vector<bool> pinned_;                  // ZeRO-3: buckets kept for a whole pass (tied tables)
-  std::deque<std::size_t> resident_;          // ZeRO-3: unpinned resident buckets, least recent first
-  std::vector<comm_handle> prefetch_;         // ZeRO-3: each bucket's gather while in flight
-  bool backward_pass_ = false;                // ZeRO-3: which way the next bucket lies
+  buffer<T> shard_;                    // ZeRO-3: this rank's pieces of the weights
+  std::vector<buffer<T>> gathered_;    // ZeRO-3: resident gathered buckets
+  std::vector<bool> pinned_;           // ZeRO-3: buckets kept for a whole pass (tied tables)
+  std::deque<std::size_t> resident_;   // ZeRO-3: unpinned resident buckets, least recent first
+  std::vector<comm_handle> prefetch_;  // ZeRO-3: each bucket's gather while in flight
+  bool backward_pass_ = false;         // ZeRO-3: which way the next bucket lies
   long prefetch_hits_ = 0;
   static constexpr std::size_t max_resident = 3;
   std::vector<comm_handle> pending_;

@@ -41,9 +41,9 @@ std::vector<owned_segment> whole_model_segments(const parameter_store<T>& params
 }
 
 struct dp_bucket {
-  flat_range range;                  // in the flat buffers
-  std::vector<std::size_t> counts;   // elements each rank owns of it
-  std::int64_t piece = 0;            // s: the nominal piece size
+  flat_range range;                 // in the flat buffers
+  std::vector<std::size_t> counts;  // elements each rank owns of it
+  std::int64_t piece = 0;           // s: the nominal piece size
   flat_range owned(int rank) const {
     const std::int64_t b = std::min(range.end, range.begin + rank * piece);
     return {b, std::min(range.end, b + piece)};
@@ -52,7 +52,8 @@ struct dp_bucket {
 
 class dp_layout {
  public:
-  dp_layout(const std::vector<param_info>& params, int ranks, int rank, std::int64_t bucket_elems) : ranks_(ranks), rank_(rank) {
+  dp_layout(const std::vector<param_info>& params, int ranks, int rank, std::int64_t bucket_elems)
+      : ranks_(ranks), rank_(rank) {
     STRATA_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "dp_layout: rank ", rank, " of ", ranks, " ranks");
     STRATA_CHECK(bucket_elems >= 1, "dp_layout: bucket size ", bucket_elems, " must be >= 1 element");
     // Walk parameters last to first; close a bucket once it holds bucket_elems elements.

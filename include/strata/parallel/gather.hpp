@@ -32,7 +32,8 @@ std::vector<double> gather_full_parameter(const param_info& e, std::span<const T
     for (std::int64_t i = 0; i < kept; ++i) tensor[static_cast<std::size_t>(i)] = convert<double>(mine[i]);
     return tensor;
   }
-  std::vector<double> piece(static_cast<std::size_t>(e.numel)), pieces(piece.size() * static_cast<std::size_t>(s.parts));
+  std::vector<double> piece(static_cast<std::size_t>(e.numel)),
+      pieces(piece.size() * static_cast<std::size_t>(s.parts));
   for (std::int64_t i = 0; i < e.numel; ++i) piece[static_cast<std::size_t>(i)] = convert<double>(mine[i]);
   tp.all_gather(std::span<const double>(piece), std::span<double>(pieces));
   for (int q = 0; q < s.parts; ++q) {

@@ -56,15 +56,19 @@ concept gradient_synchronizer = has_batch_split<S> && has_step_hooks<S> && has_g
 // One static_assert per group of members, naming them.
 template <class S>
 consteval bool check_gradient_synchronizer() {
-  static_assert(has_batch_split<S>, "strata gradient synchronizer: missing `std::pair<int64_t, int64_t> "
-                                    "local_rows(int64_t batch) const` (this rank's first row and row count)");
-  static_assert(has_step_hooks<S>, "strata gradient synchronizer: missing one of begin_step(), after_forward(), "
-                                   "before_backward(bool last), after_backward(bool last), share_weights()");
-  static_assert(has_global_norm<S>, "strata gradient synchronizer: missing `void grad_sum_of_squares_into(double*)` "
-                                    "or `double mean(double)`");
-  static_assert(has_optimizer_share<S>, "strata gradient synchronizer: missing one of optimizer_segments(), "
-                                        "optimizer_elements(), state_weights(), state_gradients(), parameters(), "
-                                        "description()");
+  static_assert(has_batch_split<S>,
+                "strata gradient synchronizer: missing `std::pair<int64_t, int64_t> "
+                "local_rows(int64_t batch) const` (this rank's first row and row count)");
+  static_assert(has_step_hooks<S>,
+                "strata gradient synchronizer: missing one of begin_step(), after_forward(), "
+                "before_backward(bool last), after_backward(bool last), share_weights()");
+  static_assert(has_global_norm<S>,
+                "strata gradient synchronizer: missing `void grad_sum_of_squares_into(double*)` "
+                "or `double mean(double)`");
+  static_assert(has_optimizer_share<S>,
+                "strata gradient synchronizer: missing one of optimizer_segments(), "
+                "optimizer_elements(), state_weights(), state_gradients(), parameters(), "
+                "description()");
   return true;
 }
 

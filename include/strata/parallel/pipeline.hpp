@@ -40,7 +40,7 @@ namespace strata {
 
 struct pipeline_step_stats {
   double busy_seconds = 0, idle_seconds = 0;
-  int peak_in_flight = 0;                // chunk-micro-batches forwarded, not yet backwarded
+  int peak_in_flight = 0;                 // chunk-micro-batches forwarded, not yet backwarded
   std::size_t peak_activation_bytes = 0;  // held by the step's micro-batches after a forward, at most
   std::size_t largest_chunk_bytes = 0;    // what one chunk-micro-batch holds (its input included), at most
 };
@@ -55,10 +55,11 @@ class pipeline_executor {
       : stage_(&stage), pp_(std::move(pp)), shape_(shape), ledger_(&ledger) {
     static_assert(check_pipeline_stage<Stage>());
     shape_.validate();
-    STRATA_CHECK(pp_.size() == shape_.stages, "pipeline: the pipeline group has ", pp_.size(), " ranks but the schedule ",
-                 shape_.stages, " stages");
+    STRATA_CHECK(pp_.size() == shape_.stages, "pipeline: the pipeline group has ", pp_.size(),
+                 " ranks but the schedule ", shape_.stages, " stages");
     STRATA_CHECK(2 * shape_.microbatches * shape_.virtual_stages() <= 32767, "pipeline: ", shape_.microbatches,
-                 " micro-batches x ", shape_.virtual_stages(), " virtual stages need more message tags than MPI promises");
+                 " micro-batches x ", shape_.virtual_stages(),
+                 " virtual stages need more message tags than MPI promises");
     actions_ = pipeline_actions(shape_, pp_.rank());
   }
 
@@ -158,7 +159,8 @@ class pipeline_executor {
         grad_recv[k].wait();
         act_send[k].wait();  // the layer's output buffer goes with its activations
         auto t1 = clock::now();
-        buffer<T> input_grad = stage_->pipeline_backward(a.chunk, a.microbatch, v < last_virtual ? &out_grads[k] : nullptr);
+        buffer<T> input_grad =
+            stage_->pipeline_backward(a.chunk, a.microbatch, v < last_virtual ? &out_grads[k] : nullptr);
         auto t2 = clock::now();
         out_grads[k] = buffer<T>();
         received[k] = buffer<T>();
@@ -182,7 +184,9 @@ class pipeline_executor {
 
  private:
   using clock = std::chrono::steady_clock;
-  static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+  static double seconds(clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
   // t0: the action began, t1: its input had arrived, t2: its computation ended.
   void account(clock::time_point t0, clock::time_point t1, clock::time_point t2) {
     stats_.idle_seconds += seconds(t0, t1);

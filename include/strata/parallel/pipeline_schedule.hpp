@@ -60,9 +60,12 @@ inline pipeline_schedule_kind parse_pipeline_schedule(std::string_view s) {
 }
 inline std::string_view schedule_label(pipeline_schedule_kind k) {
   switch (k) {
-    case pipeline_schedule_kind::gpipe: return "gpipe";
-    case pipeline_schedule_kind::one_f_one_b: return "1f1b";
-    case pipeline_schedule_kind::interleaved: return "interleaved";
+    case pipeline_schedule_kind::gpipe:
+      return "gpipe";
+    case pipeline_schedule_kind::one_f_one_b:
+      return "1f1b";
+    case pipeline_schedule_kind::interleaved:
+      return "interleaved";
   }
   return "?";
 }
@@ -83,8 +86,8 @@ struct pipeline_shape {
 
   // Throws (the same words on every rank) when the schedule cannot take these numbers.
   void validate() const {
-    STRATA_CHECK(stages >= 1 && microbatches >= 1 && chunks >= 1, "pipeline: stages (", stages,
-                 "), microbatches (", microbatches, ") and virtual chunks (", chunks, ") must be >= 1");
+    STRATA_CHECK(stages >= 1 && microbatches >= 1 && chunks >= 1, "pipeline: stages (", stages, "), microbatches (",
+                 microbatches, ") and virtual chunks (", chunks, ") must be >= 1");
     if (schedule == pipeline_schedule_kind::interleaved)
       STRATA_CHECK(microbatches % stages == 0, "interleaved 1F1B needs microbatches (", microbatches,
                    ") divisible by the pipeline degree (", stages, ")");
@@ -142,10 +145,10 @@ inline std::vector<pipeline_action> pipeline_actions(const pipeline_shape& sh, i
 
 struct pipeline_simulation {
   bool deadlock = false;
-  std::string stuck;                    // when deadlocked: what each stage waits for
-  double step_time = 0;                 // until the last stage finishes
-  std::vector<double> busy, idle;       // per stage
-  std::vector<int> peak_in_flight;      // chunk-micro-batches forwarded but not yet backwarded
+  std::string stuck;                // when deadlocked: what each stage waits for
+  double step_time = 0;             // until the last stage finishes
+  std::vector<double> busy, idle;   // per stage
+  std::vector<int> peak_in_flight;  // chunk-micro-batches forwarded but not yet backwarded
   double bubble(int stage) const { return idle[std::size_t(stage)] / step_time; }
 };
 
@@ -173,8 +176,9 @@ inline pipeline_simulation simulate(const pipeline_shape& sh, double forward_cos
         double ready = 0;
         if (a.kind == pipeline_action::forward && v > 0) ready = at(0, a.microbatch, v - 1);
         if (a.kind == pipeline_action::backward) {
-          if (at(0, a.microbatch, v) < 0) fail("pipeline: stage ", s, " runs the backward of micro-batch ", a.microbatch,
-                                              " chunk ", a.chunk, " before its forward");
+          if (at(0, a.microbatch, v) < 0)
+            fail("pipeline: stage ", s, " runs the backward of micro-batch ", a.microbatch, " chunk ", a.chunk,
+                 " before its forward");
           ready = v + 1 < VS ? at(1, a.microbatch, v + 1) : at(0, a.microbatch, v);
         }
         if (ready < 0) break;  // waits for a message not yet sent
@@ -195,8 +199,8 @@ inline pipeline_simulation simulate(const pipeline_shape& sh, double forward_cos
     if (next[std::size_t(s)] < lists[std::size_t(s)].size()) {
       r.deadlock = true;
       const auto& a = lists[std::size_t(s)][next[std::size_t(s)]];
-      stuck << "stage " << s << " waits at " << (a.kind == pipeline_action::forward ? "F" : "B") << a.microbatch
-            << "." << a.chunk << "; ";
+      stuck << "stage " << s << " waits at " << (a.kind == pipeline_action::forward ? "F" : "B") << a.microbatch << "."
+            << a.chunk << "; ";
     }
   r.stuck = stuck.str();
   r.step_time = *std::max_element(clock.begin(), clock.end());

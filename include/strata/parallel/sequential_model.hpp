@@ -100,12 +100,20 @@ struct model_placement {
 
 namespace detail {
 // What a part of the declaration becomes on a rank.
-template <class Part> struct built_part;
-template <class L> struct built_part<layer_part<L>> { using type = L; };
-template <class L> struct built_part<blocks_part<L>> { using type = stack<recompute<recompute_from_context, L>>; };
+template <class Part>
+struct built_part;
+template <class L>
+struct built_part<layer_part<L>> {
+  using type = L;
+};
+template <class L>
+struct built_part<blocks_part<L>> {
+  using type = stack<recompute<recompute_from_context, L>>;
+};
 
 // One copy of the parts a virtual stage holds (the others stay empty).
-template <class Layers> struct built_replica;
+template <class Layers>
+struct built_replica;
 template <class... Parts>
 struct built_replica<sequential_layers<Parts...>> {
   using type = std::tuple<std::optional<typename built_part<Parts>::type>...>;
@@ -125,7 +133,9 @@ class sequential_model {
   using layers_type = layers_of<Model>;
 
   sequential_model(memory_ledger& ledger, const config& c, strata::seed seed, model_placement where = {})
-      : cfg_(c), layers_(Model::layers(c)), place_(std::move(where)),
+      : cfg_(c),
+        layers_(Model::layers(c)),
+        place_(std::move(where)),
         ctx_(ledger, seed, place_.tensor, place_.recompute) {
     const auto& pl = place_.pipeline;
     const bool piped = pl.pipelined();
@@ -210,11 +220,12 @@ class sequential_model {
             [&] {
               auto& part = std::get<I>(c.front());
               using L = std::remove_cvref_t<decltype(*part)>;
-              if constexpr (requires(L& l) { l.release_cache(); })
+              if constexpr (requires(L & l) { l.release_cache(); })
                 if (part) part->release_cache();
             }(),
             ...);
-      }(std::make_index_sequence<N>{});
+      }
+      (std::make_index_sequence<N>{});
     }
     last_ = buffer<T>();
   }
@@ -246,8 +257,9 @@ class sequential_model {
   }
 
   // The executor's stage interface (parallel/pipeline.hpp).
-  tensor_view<const T> pipeline_forward(int c, int m, tensor_view<const T> input, tensor_view<const std::int32_t> inputs,
-                                        tensor_view<const std::int32_t> targets, double grad_scale, double& loss) {
+  tensor_view<const T> pipeline_forward(int c, int m, tensor_view<const T> input,
+                                        tensor_view<const std::int32_t> inputs, tensor_view<const std::int32_t> targets,
+                                        double grad_scale, double& loss) {
     return run_forward(chunks_[std::size_t(c)][std::size_t(m)], input, inputs, targets, grad_scale, loss);
   }
   buffer<T> pipeline_backward(int c, int m, const buffer<T>* output_grad) {
@@ -295,9 +307,8 @@ class sequential_model {
   // Builds the parts virtual stage v holds, in declaration order (an owner before its ties).
   static void build(replica& r, model_context<policy>& ctx, const layers_type& layers, bool first, bool last,
                     std::pair<std::int64_t, std::int64_t> blocks) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (build_part<I>(r, ctx, layers, first, last, blocks), ...);
-    }(std::make_index_sequence<N>{});
+    [&]<std::size_t... I>(std::index_sequence<I...>) { (build_part<I>(r, ctx, layers, first, last, blocks), ...); }
+    (std::make_index_sequence<N>{});
   }
   template <std::size_t I>
   static void build_part(replica& r, model_context<policy>& ctx, const layers_type& layers, bool first, bool last,
@@ -313,8 +324,9 @@ class sequential_model {
   void check_tokens(tensor_view<const std::int32_t> inputs) const {
     const auto split = ctx_.tensor().split();
     STRATA_CHECK(inputs.shape.rank == 2, "model: expected token ids [B, T], got ", inputs.shape.str());
-    STRATA_CHECK(!split.sequence_parallel || inputs.shape[1] % split.degree == 0, "model: sequence parallelism over tp=",
-                 split.degree, " needs a sequence length divisible by it, got ", inputs.shape[1]);
+    STRATA_CHECK(!split.sequence_parallel || inputs.shape[1] % split.degree == 0,
+                 "model: sequence parallelism over tp=", split.degree, " needs a sequence length divisible by it, got ",
+                 inputs.shape[1]);
   }
 
   // The same checks on every rank before any stage runs (the first stage alone would see a bad
@@ -330,8 +342,8 @@ class sequential_model {
     if constexpr (requires { layers_.template part<0>().config.vocab; }) {
       const std::int64_t vocab = layers_.template part<0>().config.vocab;
       for (std::int64_t i = 0; i < tokens.numel(); ++i)
-        STRATA_CHECK(tokens.data[i] >= 0 && tokens.data[i] < vocab, "model: token id ", tokens.data[i],
-                     " at position ", step.pos + i % n, " is out of range for vocab ", vocab);
+        STRATA_CHECK(tokens.data[i] >= 0 && tokens.data[i] < vocab, "model: token id ", tokens.data[i], " at position ",
+                     step.pos + i % n, " is out of range for vocab ", vocab);
     }
   }
   // The parts one virtual stage holds, on the new positions: x is the stage's input (none on the
@@ -346,13 +358,15 @@ class sequential_model {
             using L = std::remove_cvref_t<decltype(*part)>;
             if (!part) return;
             if constexpr (I == 0) {
-              static_assert(cached_input_layer<L>, "strata generation: the model's first part needs "
-                                                   "`tensor_view<const T> forward_cached(tensor_view<const std::int32_t> "
-                                                   "tokens, const strata::decode_step&)` (tokens at their positions)");
+              static_assert(cached_input_layer<L>,
+                            "strata generation: the model's first part needs "
+                            "`tensor_view<const T> forward_cached(tensor_view<const std::int32_t> "
+                            "tokens, const strata::decode_step&)` (tokens at their positions)");
               x = part->forward_cached(tokens, step);
             } else if constexpr (I + 1 == N) {
-              static_assert(logits_layer<L>, "strata generation: the model's last part needs "
-                                             "`tensor_view<const T> logits(tensor_view<const T>)`");
+              static_assert(logits_layer<L>,
+                            "strata generation: the model's last part needs "
+                            "`tensor_view<const T> logits(tensor_view<const T>)`");
               logits = to_host(part->logits(last_positions(x)));
               x = {};
             } else {
@@ -360,7 +374,8 @@ class sequential_model {
             }
           }(),
           ...);
-    }(std::make_index_sequence<N>{});
+    }
+    (std::make_index_sequence<N>{});
     return x;
   }
   // x [B, n, C] -> its last position of each sequence, [B, 1, C].
@@ -381,8 +396,9 @@ class sequential_model {
   }
 
   replica& whole() {
-    STRATA_CHECK(!exec_, "sequential_model: the model is split over pipeline stages; the trainer runs its "
-                         "micro-batches through run_microbatches");
+    STRATA_CHECK(!exec_,
+                 "sequential_model: the model is split over pipeline stages; the trainer runs its "
+                 "micro-batches through run_microbatches");
     return chunks_.front().front();
   }
 
@@ -400,7 +416,8 @@ class sequential_model {
             } else x = part->forward(x);
           }(),
           ...);
-    }(std::make_index_sequence<N>{});
+    }
+    (std::make_index_sequence<N>{});
     return x;
   }
   // Parts in reverse; the last virtual stage starts from its loss, the others from `output_grad`.
@@ -424,7 +441,8 @@ class sequential_model {
             dy = nullptr;
           }(),
           ...);
-    }(std::make_index_sequence<N>{});
+    }
+    (std::make_index_sequence<N>{});
     return d;
   }
   // Everything before the output layer (one stage holding the whole model).
@@ -437,7 +455,8 @@ class sequential_model {
             else if constexpr (I + 1 < N) x = std::get<I>(r)->forward(x);
           }(),
           ...);
-    }(std::make_index_sequence<N>{});
+    }
+    (std::make_index_sequence<N>{});
     return x;
   }
   static void release(replica& r) {
@@ -449,7 +468,8 @@ class sequential_model {
               if (part) part->release_activations();
           }(),
           ...);
-    }(std::make_index_sequence<N>{});
+    }
+    (std::make_index_sequence<N>{});
   }
 
   // Elements per token of what the blocks pass on.
@@ -472,7 +492,8 @@ class sequential_model {
             }
           }(),
           ...);
-    }(std::make_index_sequence<N>{});
+    }
+    (std::make_index_sequence<N>{});
     return out;
   }
   // For each tie held on both the first and the last stage (owner and replica): the replica
@@ -485,8 +506,9 @@ class sequential_model {
       double holders = h.valid() ? 1.0 : 0.0;
       place_.embedding_group.all_reduce(std::span<double>(&holders, 1));
       if (h.valid() && p.info(h).replica)
-        STRATA_CHECK(holders == 2.0, "pipeline: the tied parameter '", name, "' has no owner on the first stage "
-                                     "(no part before the blocks registers it)");
+        STRATA_CHECK(holders == 2.0, "pipeline: the tied parameter '", name,
+                     "' has no owner on the first stage "
+                     "(no part before the blocks registers it)");
       if (holders != 2.0) continue;
       std::vector<T> values(std::size_t(p.info(h).numel));
       p.download_weights(h, values);

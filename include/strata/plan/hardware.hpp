@@ -16,12 +16,14 @@ struct device_spec {
   double peak_flops_16bit = 0;  // bf16/fp16 dense, FLOP/s
   double peak_flops_fp32 = 0;   // fp32 (non tensor-core), FLOP/s
   int gpus_per_node = 8;
-  double intra_node_bandwidth = 0;  // bytes/s per GPU per direction (NVLink)
-  double inter_node_bandwidth = 0;  // bytes/s per GPU per direction (InfiniBand)
-  double intra_node_latency = 5e-6;   // seconds per collective step
+  double intra_node_bandwidth = 0;   // bytes/s per GPU per direction (NVLink)
+  double inter_node_bandwidth = 0;   // bytes/s per GPU per direction (InfiniBand)
+  double intra_node_latency = 5e-6;  // seconds per collective step
   double inter_node_latency = 10e-6;
 
-  constexpr double peak_flops(int storage_bytes) const { return storage_bytes <= 2 ? peak_flops_16bit : peak_flops_fp32; }
+  constexpr double peak_flops(int storage_bytes) const {
+    return storage_bytes <= 2 ? peak_flops_16bit : peak_flops_fp32;
+  }
 };
 
 // A100 SXM: 312 TFLOP/s bf16, 19.5 fp32; NVLink 3 600 GB/s (300 each way); HDR 200 Gb/s per GPU.

@@ -7,8 +7,9 @@
 // model's wiring is written here: a user's model is planned exactly like the example GPT-2.
 // All of it is constexpr:
 //
-//   using Policy = st::policy<st::cuda, st::parallel<st::data<8, st::zero<1>>, st::tensor<2>>, st::mixed<st::bf16, float>>;
-//   static_assert(st::plan<my_model<Policy>>(config, st::batch{.micro = 4, .global = 512}).fits(st::hw::h100_80gb));
+//   using Policy = st::policy<st::cuda, st::parallel<st::data<8, st::zero<1>>, st::tensor<2>>, st::mixed<st::bf16,
+//   float>>; static_assert(st::plan<my_model<Policy>>(config, st::batch{.micro = 4, .global =
+//   512}).fits(st::hw::h100_80gb));
 //
 // A plan that does not fit fails to compile in a call to model_state_exceeds_device_memory(),
 // activations_exceed_device_memory() or total_exceeds_device_memory(): the function's name says
@@ -75,31 +76,37 @@ struct plan_result {
   std::int64_t activation_bytes = 0;                 // at the schedule's peak in flight
   int in_flight = 1;                                 // (chunk-)micro-batches at that peak
   std::int64_t microbatches = 1;                     // per step and data-parallel rank
-  double flops_per_step = 0;        // the whole model, one iteration, recomputation included
-  double model_flops_per_step = 0;  // the same without recomputation (for MFU)
-  double flops_per_rank = 0;        // the busiest stage's FLOPs per step, over its dp·t ranks
+  double flops_per_step = 0;                         // the whole model, one iteration, recomputation included
+  double model_flops_per_step = 0;                   // the same without recomputation (for MFU)
+  double flops_per_rank = 0;                         // the busiest stage's FLOPs per step, over its dp·t ranks
   comm_plan comm_bytes{};
   double bubble_fraction = 0;
 
-  constexpr std::int64_t model_state_bytes() const { return params_bytes + grads_bytes + master_bytes + optimizer_bytes; }
+  constexpr std::int64_t model_state_bytes() const {
+    return params_bytes + grads_bytes + master_bytes + optimizer_bytes;
+  }
   constexpr std::int64_t total_bytes() const { return model_state_bytes() + activation_bytes + comm_buffer_bytes; }
 
   // True when the busiest rank's bytes fit the device; see model_state_exceeds_device_memory.
   constexpr bool fits(const hw::device_spec& d) const {
     const double mem = d.memory_bytes;
-    if (double(model_state_bytes()) > mem) return std::is_constant_evaluated() ? model_state_exceeds_device_memory() : false;
-    if (double(activation_bytes) > mem) return std::is_constant_evaluated() ? activations_exceed_device_memory() : false;
+    if (double(model_state_bytes()) > mem)
+      return std::is_constant_evaluated() ? model_state_exceeds_device_memory() : false;
+    if (double(activation_bytes) > mem)
+      return std::is_constant_evaluated() ? activations_exceed_device_memory() : false;
     if (double(total_bytes()) > mem) return std::is_constant_evaluated() ? total_exceeds_device_memory() : false;
     return true;
   }
   // The start-up form: throws, naming the category and the numbers.
   void check_fits(const hw::device_spec& d) const {
     const auto gb = [](double b) { return b / 1e9; };
-    STRATA_CHECK(double(model_state_bytes()) <= d.memory_bytes, "plan: model state of ", gb(double(model_state_bytes())),
-                 " GB per rank does not fit ", d.name, " (", gb(d.memory_bytes), " GB)");
-    STRATA_CHECK(double(total_bytes()) <= d.memory_bytes, "plan: ", gb(double(total_bytes())), " GB per rank (model state ",
-                 gb(double(model_state_bytes())), " + activations ", gb(double(activation_bytes)), " + buffers ",
-                 gb(double(comm_buffer_bytes)), ") does not fit ", d.name, " (", gb(d.memory_bytes), " GB)");
+    STRATA_CHECK(double(model_state_bytes()) <= d.memory_bytes, "plan: model state of ",
+                 gb(double(model_state_bytes())), " GB per rank does not fit ", d.name, " (", gb(d.memory_bytes),
+                 " GB)");
+    STRATA_CHECK(double(total_bytes()) <= d.memory_bytes, "plan: ", gb(double(total_bytes())),
+                 " GB per rank (model state ", gb(double(model_state_bytes())), " + activations ",
+                 gb(double(activation_bytes)), " + buffers ", gb(double(comm_buffer_bytes)), ") does not fit ", d.name,
+                 " (", gb(d.memory_bytes), " GB)");
   }
 };
 
@@ -161,7 +168,8 @@ constexpr part_costs costs_of(const typename Model::config& c, const cost_scope&
           else r.after = r.after.then(L::cost(part.config, s));
         }(),
         ...);
-  }(std::make_index_sequence<list::size>{});
+  }
+  (std::make_index_sequence<list::size>{});
   return r;
 }
 
@@ -223,8 +231,8 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   const std::int64_t storage = sizeof(T);
   {
     constexpr int master = sizeof(typename Precision::master);
-    const auto state = model_state_plan(psi, {int(storage), Precision::keeps_master_copy ? master : 0, master,
-                                              setup.optimizer, dp, z});
+    const auto state = model_state_plan(
+        psi, {int(storage), Precision::keeps_master_copy ? master : 0, master, setup.optimizer, dp, z});
     r.params_bytes = state.params_bytes;
     r.grads_bytes = state.grads_bytes;
     r.master_bytes = state.master_bytes;
@@ -285,15 +293,21 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
     const int n_micro = int(M);
     switch (z) {
       case 0:
-      case 1: r.comm_bytes.dp = ring_all_reduce_bytes(psi_b, dp); break;  // RS + AG = AR
-      case 2: r.comm_bytes.dp = (n_micro + 1) * ring_gather_bytes(psi_b, dp); break;  // RS per micro-batch, AG once
-      default: r.comm_bytes.dp = 3.0 * n_micro * ring_gather_bytes(psi_b, dp); break;  // 2 AG + RS per micro-batch
+      case 1:
+        r.comm_bytes.dp = ring_all_reduce_bytes(psi_b, dp);
+        break;  // RS + AG = AR
+      case 2:
+        r.comm_bytes.dp = (n_micro + 1) * ring_gather_bytes(psi_b, dp);
+        break;  // RS per micro-batch, AG once
+      default:
+        r.comm_bytes.dp = 3.0 * n_micro * ring_gather_bytes(psi_b, dp);
+        break;  // 2 AG + RS per micro-batch
     }
     // Tensor parallel: what the layers of the busiest stage send, per micro-batch.
     const double block_tp = double(per_stage) * mine.block.tensor_bytes();
     const double first_tp = block_tp + mine.before.tensor_bytes(), last_tp = block_tp + mine.after.tensor_bytes();
-    const double per_micro = p == 1 ? block_tp + mine.before.tensor_bytes() + mine.after.tensor_bytes()
-                                    : std::max(first_tp, last_tp);
+    const double per_micro =
+        p == 1 ? block_tp + mine.before.tensor_bytes() + mine.after.tensor_bytes() : std::max(first_tp, last_tp);
     r.comm_bytes.tp = t > 1 ? per_micro * n_micro : 0.0;
     // Pipeline: each chunk-micro-batch sends its activation on and its input gradient back.
     r.comm_bytes.pp = p > 1 ? 2.0 * double(n_micro) * V * double(act_input) : 0.0;
@@ -308,8 +322,9 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
 template <class Policy>
 constexpr plan_setup static_plan_setup(recompute_mode r, optimizer_kind o) {
   using L = typename Policy::layout;
-  static_assert(L::is_fully_static, "strata::plan<Model>: the layout leaves values to the launch; call plan_model "
-                                    "with the resolved layout at start-up");
+  static_assert(L::is_fully_static,
+                "strata::plan<Model>: the layout leaves values to the launch; call plan_model "
+                "with the resolved layout at start-up");
   plan_setup setup;
   setup.layout.dp = L::dp;
   setup.layout.tp = L::tp;
@@ -322,7 +337,7 @@ constexpr plan_setup static_plan_setup(recompute_mode r, optimizer_kind o) {
   setup.optimizer = o;
   setup.schedule = std::is_base_of_v<interleaved_1f1b, typename L::schedule> ? pipeline_schedule_kind::interleaved
                    : std::is_base_of_v<one_f_one_b, typename L::schedule>    ? pipeline_schedule_kind::one_f_one_b
-                                                                              : pipeline_schedule_kind::gpipe;
+                                                                             : pipeline_schedule_kind::gpipe;
   return setup;
 }
 
@@ -335,7 +350,7 @@ constexpr plan_result plan(const typename Model::config& c, const batch& b, reco
   return plan_model<Model>(c, b, static_plan_setup<typename Model::policy>(r, o));
 }
 template <class Model>
-  requires has_static_shape<Model>
+requires has_static_shape<Model>
 constexpr plan_result plan(const batch& b, recompute_mode r = recompute_mode::none,
                            optimizer_kind o = optimizer_kind::adamw) {
   return plan<Model>(Model::shape, b, r, o);

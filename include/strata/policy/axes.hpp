@@ -24,9 +24,12 @@ struct zero {
   static constexpr int stage = Stage;
 };
 
-template <class T> struct is_zero : std::false_type {};
-template <int Stage> struct is_zero<zero<Stage>> : std::true_type {};
-template <class T> inline constexpr bool is_zero_v = is_zero<T>::value;
+template <class T>
+struct is_zero : std::false_type {};
+template <int Stage>
+struct is_zero<zero<Stage>> : std::true_type {};
+template <class T>
+inline constexpr bool is_zero_v = is_zero<T>::value;
 
 // ---- The option tags for the tensor axis ----
 // Megatron sequence parallelism: the norm/dropout regions are split along the sequence over
@@ -65,9 +68,10 @@ constexpr bool check_tensor_degree() {
 }
 template <class Option>
 constexpr bool check_tensor_option() {
-  static_assert(std::is_same_v<Option, strata::sequence_parallel> || std::is_same_v<Option, strata::dynamic_sequence_parallel>,
-                "strata::tensor: unknown option; the tensor options are strata::sequence_parallel and "
-                "strata::dynamic_sequence_parallel");
+  static_assert(
+      std::is_same_v<Option, strata::sequence_parallel> || std::is_same_v<Option, strata::dynamic_sequence_parallel>,
+      "strata::tensor: unknown option; the tensor options are strata::sequence_parallel and "
+      "strata::dynamic_sequence_parallel");
   return true;
 }
 template <int Degree>
@@ -84,8 +88,7 @@ constexpr bool check_pipeline_schedule() {
 }
 template <int Microbatches>
 constexpr bool check_pipeline_microbatches() {
-  static_assert(is_valid_extent(Microbatches),
-                "strata::pipeline: microbatches must be >= 1 or strata::dynamic");
+  static_assert(is_valid_extent(Microbatches), "strata::pipeline: microbatches must be >= 1 or strata::dynamic");
   return true;
 }
 template <int Virtual>
@@ -95,17 +98,16 @@ constexpr bool check_pipeline_virtual() {
 }
 template <class Schedule, int Virtual>
 constexpr bool check_virtual_needs_interleaving() {
-  static_assert(Virtual == 1 || is_dynamic(Virtual) || is_interleaved_v<Schedule> ||
-                    std::is_same_v<Schedule, dynamic_schedule>,
-                "strata::pipeline: virtual chunks > 1 need the strata::interleaved_1f1b schedule");
+  static_assert(
+      Virtual == 1 || is_dynamic(Virtual) || is_interleaved_v<Schedule> || std::is_same_v<Schedule, dynamic_schedule>,
+      "strata::pipeline: virtual chunks > 1 need the strata::interleaved_1f1b schedule");
   return true;
 }
 // Interleaving hands microbatches to stages in groups of Degree, so the count must divide.
 // Checked here when both numbers are static; resolve_layout checks it at start-up otherwise.
 template <class Schedule, int Microbatches, int Degree>
 constexpr bool check_interleaved_divisible() {
-  if constexpr (is_interleaved_v<Schedule> && !is_dynamic(Microbatches) && !is_dynamic(Degree) &&
-                Degree >= 1) {
+  if constexpr (is_interleaved_v<Schedule> && !is_dynamic(Microbatches) && !is_dynamic(Degree) && Degree >= 1) {
     static_assert(Microbatches % Degree == 0,
                   "strata::pipeline: interleaved 1F1B needs microbatches divisible by the pipeline degree");
   }
@@ -127,14 +129,15 @@ struct data {
 template <int Degree = 1, class... Options>
 struct tensor {
   static_assert(detail::check_tensor_degree<Degree>() && (detail::check_tensor_option<Options>() && ...));
-  static_assert((0 + ... + int(std::is_same_v<Options, strata::sequence_parallel> ||
-                               std::is_same_v<Options, strata::dynamic_sequence_parallel>)) <= 1,
+  static_assert((0 + ... +
+                 int(std::is_same_v<Options, strata::sequence_parallel> ||
+                     std::is_same_v<Options, strata::dynamic_sequence_parallel>)) <= 1,
                 "strata::tensor: sequence parallelism is given twice");
   static constexpr int degree = Degree;
-  static constexpr int sequence_parallel =
-      (false || ... || std::is_same_v<Options, strata::dynamic_sequence_parallel>) ? dynamic
-      : (false || ... || std::is_same_v<Options, strata::sequence_parallel>)       ? 1
-                                                                                   : 0;
+  static constexpr int sequence_parallel = (false || ... || std::is_same_v<Options, strata::dynamic_sequence_parallel>)
+                                               ? dynamic
+                                           : (false || ... || std::is_same_v<Options, strata::sequence_parallel>) ? 1
+                                                                                                                  : 0;
 };
 
 // ---- pipeline: split the layer stack into Degree stages, fed Microbatches per step ----
@@ -153,16 +156,25 @@ struct pipeline {
 };
 
 // ---- Recognizers, used by the parser in parallel.hpp ----
-template <class T> struct is_data_axis : std::false_type {};
-template <int D, class Z> struct is_data_axis<data<D, Z>> : std::true_type {};
-template <class T> inline constexpr bool is_data_axis_v = is_data_axis<T>::value;
+template <class T>
+struct is_data_axis : std::false_type {};
+template <int D, class Z>
+struct is_data_axis<data<D, Z>> : std::true_type {};
+template <class T>
+inline constexpr bool is_data_axis_v = is_data_axis<T>::value;
 
-template <class T> struct is_tensor_axis : std::false_type {};
-template <int D, class... O> struct is_tensor_axis<tensor<D, O...>> : std::true_type {};
-template <class T> inline constexpr bool is_tensor_axis_v = is_tensor_axis<T>::value;
+template <class T>
+struct is_tensor_axis : std::false_type {};
+template <int D, class... O>
+struct is_tensor_axis<tensor<D, O...>> : std::true_type {};
+template <class T>
+inline constexpr bool is_tensor_axis_v = is_tensor_axis<T>::value;
 
-template <class T> struct is_pipeline_axis : std::false_type {};
-template <int D, class S, int M, int V> struct is_pipeline_axis<pipeline<D, S, M, V>> : std::true_type {};
-template <class T> inline constexpr bool is_pipeline_axis_v = is_pipeline_axis<T>::value;
+template <class T>
+struct is_pipeline_axis : std::false_type {};
+template <int D, class S, int M, int V>
+struct is_pipeline_axis<pipeline<D, S, M, V>> : std::true_type {};
+template <class T>
+inline constexpr bool is_pipeline_axis_v = is_pipeline_axis<T>::value;
 
 }  // namespace strata

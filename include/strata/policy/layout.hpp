@@ -77,8 +77,8 @@ inline int resolve_one(const char* name, int declared, int given, int least = 1)
     STRATA_CHECK(given >= least, "layout ", name, "=", given, " given at launch must be >= ", least);
   }
   if (!is_dynamic(declared)) {
-    STRATA_CHECK(is_dynamic(given) || given == declared, "the layout fixes ", name, "=", declared, " but ",
-                 name, "=", given, " was given at launch");
+    STRATA_CHECK(is_dynamic(given) || given == declared, "the layout fixes ", name, "=", declared, " but ", name, "=",
+                 given, " was given at launch");
     return declared;
   }
   return given;  // may still be dynamic; the caller decides what that means
@@ -97,7 +97,7 @@ inline std::string canonical_schedule(const std::string& s) {
 // Fills in a declared layout (dynamic where open) from the world size and the launch values.
 // The non-template core, usable by tools that read a layout from text.
 [[nodiscard]] inline layout_config resolve_layout(const layout_config& declared, int world_size,
-                                    const layout_overrides& given = {}) {
+                                                  const layout_overrides& given = {}) {
   STRATA_CHECK(world_size >= 1, "the world size must be >= 1, got ", world_size);
   layout_config c = declared;
   c.tp = detail::resolve_one("tp", declared.tp, given.tp);
@@ -116,7 +116,8 @@ inline std::string canonical_schedule(const std::string& s) {
   STRATA_CHECK(!is_dynamic(c.zero_stage),
                "the layout leaves the ZeRO stage as strata::dynamic but no stage was given at launch");
   STRATA_CHECK(c.zero_stage <= 3, "layout zero=", c.zero_stage, " given at launch is not a ZeRO stage (0, 1, 2 or 3)");
-  STRATA_CHECK(!is_dynamic(c.sequence_parallel), "the layout leaves sequence parallelism as "
+  STRATA_CHECK(!is_dynamic(c.sequence_parallel),
+               "the layout leaves sequence parallelism as "
                "strata::dynamic_sequence_parallel but the launch did not say whether to use it");
   STRATA_CHECK(c.sequence_parallel <= 1, "layout sp=", c.sequence_parallel, " given at launch must be 0 or 1");
   if (!given.schedule.empty()) {
@@ -127,8 +128,9 @@ inline std::string canonical_schedule(const std::string& s) {
   }
   STRATA_CHECK(c.schedule != "dynamic",
                "the layout leaves the schedule as strata::dynamic_schedule but no schedule was given at launch");
-  STRATA_CHECK(c.virtual_chunks == 1 || c.schedule == schedule_name<interleaved_1f1b>, "layout virtual=",
-               c.virtual_chunks, " chunks per stage need the interleaved_1f1b schedule, not ", c.schedule);
+  STRATA_CHECK(c.virtual_chunks == 1 || c.schedule == schedule_name<interleaved_1f1b>,
+               "layout virtual=", c.virtual_chunks, " chunks per stage need the interleaved_1f1b schedule, not ",
+               c.schedule);
 
   if (is_dynamic(c.dp)) {
     // Data parallelism takes whatever the model-parallel groups leave.

@@ -44,8 +44,7 @@ struct parallel {
   static_assert((true && ... && detail::check_parallel_tag<Axes>()));
   static_assert((0 + ... + int(is_data_axis_v<Axes>)) <= 1, "strata::parallel: the data axis is given twice");
   static_assert((0 + ... + int(is_tensor_axis_v<Axes>)) <= 1, "strata::parallel: the tensor axis is given twice");
-  static_assert((0 + ... + int(is_pipeline_axis_v<Axes>)) <= 1,
-                "strata::parallel: the pipeline axis is given twice");
+  static_assert((0 + ... + int(is_pipeline_axis_v<Axes>)) <= 1, "strata::parallel: the pipeline axis is given twice");
 
   using data_axis = typename detail::first_or<is_data_axis, data<dynamic, zero<0>>, Axes...>::type;
   using tensor_axis = typename detail::first_or<is_tensor_axis, tensor<1>, Axes...>::type;
@@ -74,9 +73,12 @@ struct parallel {
                                           !std::is_same_v<schedule, dynamic_schedule> && !is_dynamic(virtual_chunks);
 };
 
-template <class T> struct is_parallel : std::false_type {};
-template <class... Axes> struct is_parallel<parallel<Axes...>> : std::true_type {};
-template <class T> inline constexpr bool is_parallel_v = is_parallel<T>::value;
+template <class T>
+struct is_parallel : std::false_type {};
+template <class... Axes>
+struct is_parallel<parallel<Axes...>> : std::true_type {};
+template <class T>
+inline constexpr bool is_parallel_v = is_parallel<T>::value;
 
 // A parallel layout: strata::parallel<...> (or an alias of one).
 template <class T>

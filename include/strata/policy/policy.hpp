@@ -13,8 +13,7 @@ namespace strata {
 
 template <class Device, class Layout = serial, class Precision = fp32>
 struct policy {
-  static_assert(is_device_v<Device>,
-                "strata::policy<Device, ...>: Device must be strata::host or strata::cuda");
+  static_assert(is_device_v<Device>, "strata::policy<Device, ...>: Device must be strata::host or strata::cuda");
   static_assert(is_precision_v<Precision>,
                 "strata::policy<..., Precision>: expected strata::mixed<...>, strata::fp32 or strata::fp64");
 

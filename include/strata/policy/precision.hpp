@@ -22,12 +22,13 @@ struct dynamic_loss_scaling : loss_scaling_tag {
   static constexpr int growth_interval = GrowthInterval;
 };
 
-template <class T> struct is_dynamic_loss_scaling : std::false_type {};
-template <int G> struct is_dynamic_loss_scaling<dynamic_loss_scaling<G>> : std::true_type {};
+template <class T>
+struct is_dynamic_loss_scaling : std::false_type {};
+template <int G>
+struct is_dynamic_loss_scaling<dynamic_loss_scaling<G>> : std::true_type {};
 
 template <class Storage>
-using default_loss_scaling =
-    std::conditional_t<std::is_same_v<Storage, fp16>, dynamic_loss_scaling<>, no_loss_scaling>;
+using default_loss_scaling = std::conditional_t<std::is_same_v<Storage, fp16>, dynamic_loss_scaling<>, no_loss_scaling>;
 
 struct precision_tag {};
 
@@ -42,9 +43,9 @@ struct mixed : precision_tag {
   static_assert(sizeof(Master) >= sizeof(Storage),
                 "strata::mixed: the master copy must be at least as wide as the storage type");
 
-  using storage = Storage;             // weights, gradients and activations
-  using master = Master;               // optimizer's copy of the weights and its moments
-  using accumulate = acc_t<Storage>;   // what sums and dot products accumulate in
+  using storage = Storage;            // weights, gradients and activations
+  using master = Master;              // optimizer's copy of the weights and its moments
+  using accumulate = acc_t<Storage>;  // what sums and dot products accumulate in
   using loss_scaling = LossScaling;
   // When storage and master agree, the weights are the master copy: no extra bytes.
   static constexpr bool keeps_master_copy = !std::is_same_v<Storage, Master>;
@@ -54,6 +55,7 @@ struct mixed : precision_tag {
 using fp32 = mixed<float, float, no_loss_scaling>;
 using fp64 = mixed<double, double, no_loss_scaling>;
 
-template <class T> inline constexpr bool is_precision_v = std::is_base_of_v<precision_tag, T>;
+template <class T>
+inline constexpr bool is_precision_v = std::is_base_of_v<precision_tag, T>;
 
 }  // namespace strata

@@ -26,17 +26,26 @@ inline recompute_mode parse_recompute_mode(std::string_view s) {
 }
 constexpr std::string_view recompute_label(recompute_mode m) {
   switch (m) {
-    case recompute_mode::selective: return "selective";
-    case recompute_mode::full: return "full";
-    case recompute_mode::none: break;
+    case recompute_mode::selective:
+      return "selective";
+    case recompute_mode::full:
+      return "full";
+    case recompute_mode::none:
+      break;
   }
   return "none";
 }
 
 struct recompute_tag {};
-struct no_recompute : recompute_tag { static constexpr recompute_mode mode = recompute_mode::none; };
-struct selective : recompute_tag { static constexpr recompute_mode mode = recompute_mode::selective; };
-struct full : recompute_tag { static constexpr recompute_mode mode = recompute_mode::full; };
+struct no_recompute : recompute_tag {
+  static constexpr recompute_mode mode = recompute_mode::none;
+};
+struct selective : recompute_tag {
+  static constexpr recompute_mode mode = recompute_mode::selective;
+};
+struct full : recompute_tag {
+  static constexpr recompute_mode mode = recompute_mode::full;
+};
 // The mode of the model context the layer is built in.
 struct recompute_from_context : recompute_tag {};
 

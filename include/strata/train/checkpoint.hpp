@@ -255,11 +255,12 @@ inline nlohmann::json read_manifest(const std::string& step_dir) {
   const auto bytes = read_whole_file(path);
   const std::string crc = "crc32 " + hex32(crc32_of(bytes)) + "\n";
   STRATA_CHECK(crc == expected, "checkpoint manifest '", path, "' does not match its ", complete, " marker (",
-               crc.substr(0, crc.size() - 1), " against the marker's '",
-               expected.substr(0, expected.find('\n')), "'): corrupt");
+               crc.substr(0, crc.size() - 1), " against the marker's '", expected.substr(0, expected.find('\n')),
+               "'): corrupt");
   nlohmann::json m;
   try {
-    m = parse_untrusted_json(bytes.begin(), bytes.end(), "checkpoint manifest '" + path + "'");  // depth, duplicate keys
+    m = parse_untrusted_json(bytes.begin(), bytes.end(),
+                             "checkpoint manifest '" + path + "'");  // depth, duplicate keys
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint manifest '", path, "' is not valid JSON: ", e.what());
   }
@@ -290,9 +291,7 @@ inline std::string problem(const std::string& step_dir) {
     const auto m = read_manifest(step_dir);
     for (const auto& entry : m.at("files")) read_rank_file(step_dir, entry);
     return {};
-  } catch (const error& e) {
-    return e.what();
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const error& e) { return e.what(); } catch (const nlohmann::json::exception& e) {
     return "checkpoint manifest in '" + step_dir + "' is malformed: " + e.what();
   }
 }
@@ -358,8 +357,12 @@ class checkpointer {
   // resume may change): a directory of another seed is refused too.
   checkpointer(checkpoint_options o, group_ref world, nlohmann::json layout, nlohmann::json model,
                std::optional<std::uint64_t> seed = std::nullopt)
-      : opt_(std::move(o)), world_(std::move(world)), layout_(std::move(layout)), model_(std::move(model)),
-        seed_(seed), fault_(fault_injection::from_env()) {
+      : opt_(std::move(o)),
+        world_(std::move(world)),
+        layout_(std::move(layout)),
+        model_(std::move(model)),
+        seed_(seed),
+        fault_(fault_injection::from_env()) {
     if (world_.rank() == 0) run_id_ = new_run_id();
     STRATA_CHECK(!opt_.dir.empty(), "checkpoint: no directory given");
     STRATA_CHECK(opt_.keep >= 0, "checkpoint: keep (", opt_.keep, ") must be >= 0");
@@ -385,8 +388,8 @@ class checkpointer {
                "): resume that run (gpt2_train --resume), or save under another directory";
       if (const auto all = checkpoint_files::steps(opt_.dir); !all.empty())
         return "checkpoint directory '" + opt_.dir + "' already holds checkpoints of another run (" +
-               std::filesystem::path(checkpoint_files::step_dir(opt_.dir, all.back())).filename().string() +
-               ", no " + checkpoint_files::run_file + "): resume that run (gpt2_train --resume), or save under another directory";
+               std::filesystem::path(checkpoint_files::step_dir(opt_.dir, all.back())).filename().string() + ", no " +
+               checkpoint_files::run_file + "): resume that run (gpt2_train --resume), or save under another directory";
       return {};
     });
     if (!refusal.empty()) fail(refusal);
@@ -432,7 +435,8 @@ class checkpointer {
     std::vector<double> all(3 * static_cast<std::size_t>(ranks));
     world_.all_gather(std::span<const double>(mine, 3), std::span<double>(all));
     for (int r = 0; r < ranks; ++r)
-      STRATA_CHECK(all[3 * std::size_t(r)] == 1.0, "checkpoint: rank ", r, " could not write its file in '", step_dir, "'");
+      STRATA_CHECK(all[3 * std::size_t(r)] == 1.0, "checkpoint: rank ", r, " could not write its file in '", step_dir,
+                   "'");
 
     // Every file is on disk: the manifest, then the marker that makes the checkpoint count.
     on_rank0_or_fail("cannot complete checkpoint '" + step_dir + "'", [&] {
@@ -445,14 +449,16 @@ class checkpointer {
       m["model"] = model_;
       m["precision"] = precision_json<P>();
       m["optimizer"] = {{"steps", at.optimizer_steps}};
-      m["loss_scaler"] = {{"scale", at.scaler.scale}, {"clean_steps", at.scaler.clean_steps}, {"skipped", at.scaler.skipped}};
+      m["loss_scaler"] = {
+          {"scale", at.scaler.scale}, {"clean_steps", at.scaler.clean_steps}, {"skipped", at.scaler.skipped}};
       m["data"] = {{"seed", at.seed}, {"position", at.data_position}};
       m["files"] = nlohmann::json::array();
       for (int r = 0; r < ranks; ++r)
-        m["files"].push_back({{"name", checkpoint_files::rank_file(r)},
-                              {"rank", r},
-                              {"bytes", static_cast<std::uint64_t>(all[3 * std::size_t(r) + 1])},
-                              {"crc32", checkpoint_files::hex32(static_cast<std::uint32_t>(all[3 * std::size_t(r) + 2]))}});
+        m["files"].push_back(
+            {{"name", checkpoint_files::rank_file(r)},
+             {"rank", r},
+             {"bytes", static_cast<std::uint64_t>(all[3 * std::size_t(r) + 1])},
+             {"crc32", checkpoint_files::hex32(static_cast<std::uint32_t>(all[3 * std::size_t(r) + 2]))}});
       const std::string text = m.dump(1) + "\n";
       write_file_durably((std::filesystem::path(step_dir) / checkpoint_files::manifest).string(), text);
       const auto* p = reinterpret_cast<const unsigned char*>(text.data());
@@ -527,9 +533,7 @@ class checkpointer {
   loaded_checkpoint load(const std::string& step_dir, train_state_ref<P> s) {
     try {
       return load_unchecked(step_dir, s);
-    } catch (const nlohmann::json::exception& e) {
-      fail("checkpoint '", step_dir, "' is malformed: ", e.what());
-    }
+    } catch (const nlohmann::json::exception& e) { fail("checkpoint '", step_dir, "' is malformed: ", e.what()); }
   }
 
  private:
@@ -555,7 +559,8 @@ class checkpointer {
   static json precision_json() {
     using T = typename P::storage;
     using M = typename P::master;
-    return {{"storage", safetensors_dtype<T>()}, {"master", safetensors_dtype<M>()},
+    return {{"storage", safetensors_dtype<T>()},
+            {"master", safetensors_dtype<M>()},
             {"master_copy", P::precision::keeps_master_copy}};
   }
 
@@ -616,9 +621,15 @@ class checkpointer {
       tensors.push_back(raw("exp_avg/" + key, fetch(space, m.data() + seg.state, seg.count).data(), seg.count));
       tensors.push_back(raw("exp_avg_sq/" + key, fetch(space, v.data() + seg.state, seg.count).data(), seg.count));
       const auto& sh = e.shard;
-      json piece{{"param", e.name}, {"begin", begin}, {"count", seg.count}, {"numel", e.numel},
+      json piece{{"param", e.name},
+                 {"begin", begin},
+                 {"count", seg.count},
+                 {"numel", e.numel},
                  {"full", std::vector<std::int64_t>(sh.full.dims.begin(), sh.full.dims.begin() + sh.full.rank)},
-                 {"dim", sh.dim}, {"parts", sh.parts}, {"index", sh.index}, {"blocks", sh.blocks},
+                 {"dim", sh.dim},
+                 {"parts", sh.parts},
+                 {"index", sh.index},
+                 {"blocks", sh.blocks},
                  {"real_rows", sh.real_rows}};
       // Unequal blocks (grouped-query QKV) and blocks held by several ranks, only where present.
       if (sh.block_sizes[0] > 0)
@@ -671,8 +682,8 @@ class checkpointer {
     std::string where = "checkpoint file '" + path + "': piece " + std::to_string(k);
     STRATA_CHECK(pj.is_object(), where, " is ", json_shown(pj), ", expected an object");
     for (auto f = pj.begin(); f != pj.end(); ++f) {
-      static const char* const known[] = {"param", "begin", "count", "numel", "full", "dim", "parts",
-                                          "index", "blocks", "real_rows", "block_sizes", "block_parts"};
+      static const char* const known[] = {"param", "begin", "count",  "numel",     "full",        "dim",
+                                          "parts", "index", "blocks", "real_rows", "block_sizes", "block_parts"};
       STRATA_CHECK(std::find(std::begin(known), std::end(known), f.key()) != std::end(known), where,
                    " has the unknown field '", f.key(), "'");
     }
@@ -744,8 +755,8 @@ class checkpointer {
   // A checkpoint of another model, or saved in another precision, is refused, naming the difference.
   template <class P>
   void check_same_model_and_precision(const json& manifest, const std::string& step_dir) const {
-    STRATA_CHECK(manifest.at("model") == model_, "checkpoint '", step_dir, "' is of another model: ",
-                 model_difference(manifest.at("model"), model_));
+    STRATA_CHECK(manifest.at("model") == model_, "checkpoint '", step_dir,
+                 "' is of another model: ", model_difference(manifest.at("model"), model_));
     const json precision = precision_json<P>();
     STRATA_CHECK(manifest.at("precision") == precision, "checkpoint '", step_dir, "' was saved in precision ",
                  manifest.at("precision").dump(), "; this run uses ", precision.dump());
@@ -774,11 +785,13 @@ class checkpointer {
   template <class P>
   static void read_rank_file_pieces(const json& entry, const std::string& step_dir,
                                     const std::map<std::string, const param_info*>& model_params, saved_pieces& saved) {
-    const std::string file_name = json_string_field(entry, "name", "checkpoint '" + step_dir + "': a manifest file entry");
+    const std::string file_name =
+        json_string_field(entry, "name", "checkpoint '" + step_dir + "': a manifest file entry");
     // A name, not a path: the manifest must not send the reader outside the step directory.
-    STRATA_CHECK(!file_name.empty() && file_name != "." && file_name != ".." && file_name.find('/') == std::string::npos,
-                 "checkpoint '", step_dir, "': the manifest names the rank file '", file_name,
-                 "', which is not a plain file name");
+    STRATA_CHECK(
+        !file_name.empty() && file_name != "." && file_name != ".." && file_name.find('/') == std::string::npos,
+        "checkpoint '", step_dir, "': the manifest names the rank file '", file_name,
+        "', which is not a plain file name");
     const std::string path = (std::filesystem::path(step_dir) / file_name).string();
     std::map<std::string, std::string> meta;
     saved.files.push_back(decode_safetensors(checkpoint_files::read_rank_file(step_dir, entry), path, &meta));
@@ -793,7 +806,8 @@ class checkpointer {
       const std::string key = p.param + "@" + std::to_string(p.begin);
       const auto find = [&](const std::string& kind, bool required) -> const named_tensor* {
         const auto it = named.find(kind + "/" + key);
-        STRATA_CHECK(!required || it != named.end(), "checkpoint file '", path, "' lacks tensor '", kind, "/", key, "'");
+        STRATA_CHECK(!required || it != named.end(), "checkpoint file '", path, "' lacks tensor '", kind, "/", key,
+                     "'");
         if (it == named.end()) return nullptr;
         STRATA_CHECK(it->second->numel() == p.count, "checkpoint file '", path, "': tensor '", kind, "/", key, "' has ",
                      it->second->numel(), " elements, its piece ", p.count);
@@ -831,8 +845,8 @@ class checkpointer {
         if (!whole(p.shard) && p.shard.is_padding(i)) continue;
         const auto g = std::size_t(whole(p.shard) ? i : p.shard.global_index(i));
         // read_piece made this impossible; kept so that no piece list can ever write past the tensors.
-        STRATA_CHECK(g < count, "checkpoint file '", p.file, "': element ", i, " of parameter '", e.name,
-                     "' lands at ", g, ", past its ", count, " elements");
+        STRATA_CHECK(g < count, "checkpoint file '", p.file, "': element ", i, " of parameter '", e.name, "' lands at ",
+                     g, ", past its ", count, " elements");
         const auto at = std::size_t(k);
         t.weights[g] = pw[at];
         if (p.master) t.master[g] = pmw[at];
@@ -961,7 +975,11 @@ class checkpointer {
 
   template <class P>
   json identity_json() const {
-    json r{{"format", "strata-run"}, {"version", 1}, {"run", run_id_}, {"model", model_}, {"precision", precision_json<P>()}};
+    json r{{"format", "strata-run"},
+           {"version", 1},
+           {"run", run_id_},
+           {"model", model_},
+           {"precision", precision_json<P>()}};
     if (seed_) r["seed"] = *seed_;
     return r;
   }
@@ -983,10 +1001,11 @@ class checkpointer {
                              checkpoint_files::run_file + ": run " + r.at("run").get<std::string>() + "): ";
     if (r.at("model") != model_) return head + "it is of another model: " + model_difference(r.at("model"), model_);
     if (r.at("precision") != precision_json<P>())
-      return head + "it was saved in precision " + r.at("precision").dump() + "; this run uses " + precision_json<P>().dump();
+      return head + "it was saved in precision " + r.at("precision").dump() + "; this run uses " +
+             precision_json<P>().dump();
     if (seed_ && r.contains("seed") && r.at("seed").get<std::uint64_t>() != *seed_)
-      return head + "it was trained with seed " + std::to_string(r.at("seed").get<std::uint64_t>()) + "; this run has seed " +
-             std::to_string(*seed_) + " (the data order would change)";
+      return head + "it was trained with seed " + std::to_string(r.at("seed").get<std::uint64_t>()) +
+             "; this run has seed " + std::to_string(*seed_) + " (the data order would change)";
     return {};
   }
 
@@ -1006,8 +1025,7 @@ class checkpointer {
       std::error_code ec;
       if (not_linked && !fs::exists(fs::symlink_status(path, ec)))
         fs::rename(mine, path);  // a filesystem without hard links: not atomic, but still a claim
-      else
-        fs::remove(mine);
+      else fs::remove(mine);
       detail::fsync_directory(opt_.dir);
       owner = checkpoint_files::read_run_file(opt_.dir);
       STRATA_CHECK(owner.has_value(), "cannot write '", path.string(), "'");

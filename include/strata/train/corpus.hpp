@@ -18,19 +18,18 @@ namespace strata {
 
 namespace detail {
 inline constexpr std::array<std::string_view, 16> corpus_adjectives{
-    "quiet", "small", "bright", "old", "green", "patient", "curious", "tired",
-    "brave", "slow", "clever", "gentle", "heavy", "early", "distant", "warm"};
+    "quiet", "small", "bright", "old",    "green", "patient", "curious", "tired",
+    "brave", "slow",  "clever", "gentle", "heavy", "early",   "distant", "warm"};
 inline constexpr std::array<std::string_view, 16> corpus_nouns{
-    "fox", "river", "teacher", "engine", "garden", "sailor", "window", "robot",
-    "mountain", "baker", "letter", "lantern", "student", "forest", "city", "bird"};
-inline constexpr std::array<std::string_view, 12> corpus_verbs{
-    "watches", "follows", "finds", "carries", "paints", "remembers",
-    "greets", "builds", "visits", "opens", "hears", "counts"};
+    "fox",      "river", "teacher", "engine",  "garden",  "sailor", "window", "robot",
+    "mountain", "baker", "letter",  "lantern", "student", "forest", "city",   "bird"};
+inline constexpr std::array<std::string_view, 12> corpus_verbs{"watches", "follows",   "finds",  "carries",
+                                                               "paints",  "remembers", "greets", "builds",
+                                                               "visits",  "opens",     "hears",  "counts"};
 inline constexpr std::array<std::string_view, 10> corpus_places{
-    "near the bridge", "under the old tree", "by the sea", "in the morning", "after the rain",
-    "at the market", "behind the hill", "before the storm", "along the road", "inside the station"};
-inline constexpr std::array<std::string_view, 6> corpus_openers{
-    "", "", "", "then ", "later, ", "every day "};
+    "near the bridge", "under the old tree", "by the sea",       "in the morning", "after the rain",
+    "at the market",   "behind the hill",    "before the storm", "along the road", "inside the station"};
+inline constexpr std::array<std::string_view, 6> corpus_openers{"", "", "", "then ", "later, ", "every day "};
 }  // namespace detail
 
 // Roughly `approx_bytes` of generated text.
@@ -39,9 +38,7 @@ inline std::string generate_corpus(std::size_t approx_bytes = 200000, std::uint6
   std::string text;
   text.reserve(approx_bytes + 128);
   std::uint64_t counter = 0;
-  auto pick = [&](std::size_t n) {
-    return static_cast<std::size_t>(counter_bits(seed, 0xc0de, counter++) % n);
-  };
+  auto pick = [&](std::size_t n) { return static_cast<std::size_t>(counter_bits(seed, 0xc0de, counter++) % n); };
   auto noun_phrase = [&] {
     std::string s = pick(3) == 0 ? "a " : "the ";
     if (pick(2) == 0) {

@@ -89,7 +89,8 @@ inline void write_file_durably(const std::string& path, std::span<const unsigned
   detail::fsync_directory(std::filesystem::path(path).parent_path());
 }
 inline void write_file_durably(const std::string& path, const std::string& text) {
-  write_file_durably(path, std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(text.data()), text.size()));
+  write_file_durably(path,
+                     std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(text.data()), text.size()));
 }
 
 // A file opened for reading that is a regular file, and its size when opened. Anything else is
@@ -140,8 +141,8 @@ class regular_file {
       const std::size_t chunk = std::min<std::size_t>(n - done, std::size_t(1) << 30);
       const ssize_t got = ::pread(fd_, out + done, chunk, static_cast<off_t>(offset + done));
       if (got < 0 && errno == EINTR) continue;
-      STRATA_CHECK(got >= 0, "reading ", what_, "'", path_, "' at byte ", offset + done, " failed: ",
-                   std::strerror(errno));
+      STRATA_CHECK(got >= 0, "reading ", what_, "'", path_, "' at byte ", offset + done,
+                   " failed: ", std::strerror(errno));
       STRATA_CHECK(got > 0, "reading ", what_, "'", path_, "': it ends at byte ", offset + done, ", before the ",
                    offset + n, " it had when opened (was it cut short meanwhile?)");
       done += static_cast<std::size_t>(got);

@@ -30,7 +30,9 @@ struct fault_injection {
     const auto colon = text.find(':');
     const auto at = text.find('@');
     const std::string kind = text.substr(0, colon);
-    const std::string step = colon == std::string::npos ? "" : text.substr(colon + 1, at == std::string::npos ? std::string::npos : at - colon - 1);
+    const std::string step = colon == std::string::npos
+                                 ? ""
+                                 : text.substr(colon + 1, at == std::string::npos ? std::string::npos : at - colon - 1);
     const auto number = [&](const std::string& s) {
       char* end = nullptr;
       const long v = s.empty() ? -1 : std::strtol(s.c_str(), &end, 10);

@@ -75,23 +75,24 @@ class generator {
   }
   // An assembled run (train/training.hpp): its model, over its world.
   template <class Run>
-    requires requires(Run& r) {
-      { r.model() } -> std::same_as<model_type&>;
-      r.mesh().world();
-    }
+  requires requires(Run& r) {
+    { r.model() } -> std::same_as<model_type&>;
+    r.mesh().world();
+  }
   explicit generator(Run& run) : generator(run.model(), group_ref(run.mesh().world())) {}
   ~generator() { model_->release_caches(); }
   generator(const generator&) = delete;
   generator& operator=(const generator&) = delete;
 
   // The g.new_tokens tokens that follow `prompt`, the same on every rank of the group.
-  std::vector<std::int32_t> generate(std::span<const std::int32_t> prompt, const generation& g, const observer& watch = {}) {
+  std::vector<std::int32_t> generate(std::span<const std::int32_t> prompt, const generation& g,
+                                     const observer& watch = {}) {
     STRATA_CHECK(!prompt.empty(), "generate: the prompt is empty; give at least one token");
     STRATA_CHECK(g.new_tokens >= 0, "generate: new_tokens must be >= 0, got ", g.new_tokens);
     const auto n = static_cast<std::int64_t>(prompt.size());
     const std::int64_t limit = model_->max_positions();
-    STRATA_CHECK(limit == 0 || n + g.new_tokens - 1 <= limit, "generate: a prompt of ", n, " tokens and ",
-                 g.new_tokens, " new ones need ", n + g.new_tokens - 1, " positions; the model knows ", limit,
+    STRATA_CHECK(limit == 0 || n + g.new_tokens - 1 <= limit, "generate: a prompt of ", n, " tokens and ", g.new_tokens,
+                 " new ones need ", n + g.new_tokens - 1, " positions; the model knows ", limit,
                  " (its position table): ask for at most ", limit - n + 1, " new tokens");
     std::vector<std::int32_t> window(prompt.begin(), prompt.end()), out;
     std::vector<double> logits;
@@ -114,8 +115,9 @@ class generator {
   // logits of its last position (empty on ranks without the head).
   std::vector<double> prefill(std::span<const std::int32_t> prompt, std::int64_t capacity) {
     constexpr bool on_host = std::is_base_of_v<host, typename Model::policy::device>;
-    STRATA_CHECK(on_host, "generate: the key/value cache has no CUDA kernel yet (kernels/cached_attention.hpp); "
-                          "under a cuda policy generate with generation::cache = false");
+    STRATA_CHECK(on_host,
+                 "generate: the key/value cache has no CUDA kernel yet (kernels/cached_attention.hpp); "
+                 "under a cuda policy generate with generation::cache = false");
     const auto n = static_cast<std::int64_t>(prompt.size());
     capacity_ = capacity;
     pos_ = n;
@@ -123,16 +125,19 @@ class generator {
   }
   // `token` at the next position; its logits (empty on ranks without the head).
   std::vector<double> decode(std::int32_t token) {
-    STRATA_CHECK(pos_ > 0 && pos_ < capacity_, "generate: decode at position ", pos_, " needs a prefill with room "
-                 "for it (capacity ", capacity_, ")");
+    STRATA_CHECK(pos_ > 0 && pos_ < capacity_, "generate: decode at position ", pos_,
+                 " needs a prefill with room "
+                 "for it (capacity ",
+                 capacity_, ")");
     auto logits = model_->forward_cached({&token, {1, 1}}, {.pos = pos_, .capacity = capacity_});
     ++pos_;
     return logits;
   }
   // The reference without a cache: a whole forward over `window`; its last position's logits.
   std::vector<double> window_logits(std::span<const std::int32_t> window) {
-    STRATA_CHECK(!model_->pipelined(), "generate: the reference without a cache runs the whole model on each rank; "
-                                       "this one is split over pipeline stages (generate with the cache)");
+    STRATA_CHECK(!model_->pipelined(),
+                 "generate: the reference without a cache runs the whole model on each rank; "
+                 "this one is split over pipeline stages (generate with the cache)");
     const auto len = static_cast<std::int64_t>(window.size());
     // Sequence parallelism splits the window: pad it at the end (attention is causal, so the
     // padding changes no logit before it).

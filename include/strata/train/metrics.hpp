@@ -29,9 +29,9 @@ struct step_extras {
   // The job's peak FLOP/s: ranks x device_spec::peak_flops(storage bytes). 0: no device known,
   // "mfu" null (a CPU run has no meaningful peak).
   double peak_flops = 0;
-  long skipped_steps = 0;      // loss_scaler::skipped_steps(): fp16 overflows so far
-  std::string_view comm{};     // JSON object of bytes per group (process_mesh::counters_json())
-  std::string_view pipeline{}; // JSON object of the stages' busy and idle time
+  long skipped_steps = 0;       // loss_scaler::skipped_steps(): fp16 overflows so far
+  std::string_view comm{};      // JSON object of bytes per group (process_mesh::counters_json())
+  std::string_view pipeline{};  // JSON object of the stages' busy and idle time
 };
 
 namespace detail {

@@ -103,10 +103,16 @@ class progress {
     if (first_ < 0) first_ = step - 1;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     const int done = std::max(1, step - first_);
-    const progress_step p{.step = step, .total = total_, .loss = r.loss,
-                          .tokens_per_s = r.seconds > 0 ? double(r.tokens) / r.seconds : 0.0, .lr = r.lr,
-                          .grad_norm = r.grad_norm, .elapsed = elapsed,
-                          .eta = elapsed / done * std::max(0, total_ - step), .applied = r.applied, .extra = extra};
+    const progress_step p{.step = step,
+                          .total = total_,
+                          .loss = r.loss,
+                          .tokens_per_s = r.seconds > 0 ? double(r.tokens) / r.seconds : 0.0,
+                          .lr = r.lr,
+                          .grad_norm = r.grad_norm,
+                          .elapsed = elapsed,
+                          .eta = elapsed / done * std::max(0, total_ - step),
+                          .applied = r.applied,
+                          .extra = extra};
     if (!bar_) {
       std::fprintf(out_, "%s\n", progress_line(p).c_str());
     } else {

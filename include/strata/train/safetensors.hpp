@@ -37,7 +37,7 @@ namespace strata {
 
 struct named_tensor {
   std::string name;
-  std::string dtype;                // "F32", "BF16", "F16", "F64"
+  std::string dtype;  // "F32", "BF16", "F16", "F64"
   std::vector<std::int64_t> shape;
   std::vector<unsigned char> bytes;  // row-major, little-endian
 
@@ -53,7 +53,8 @@ struct named_tensor {
     if (dtype == "F32") return element<float>(i);
     if (dtype == "F64") return element<double>(i);
     if (dtype == "BF16") return convert<double>(element<bf16>(i));
-    STRATA_CHECK(dtype == "F16", "safetensors: tensor '", name, "' has dtype ", dtype, " (F32, F64, BF16 or F16 expected)");
+    STRATA_CHECK(dtype == "F16", "safetensors: tensor '", name, "' has dtype ", dtype,
+                 " (F32, F64, BF16 or F16 expected)");
     return convert<double>(element<fp16>(i));
   }
   // Every element as double, the dtype looked at once.
@@ -190,7 +191,8 @@ namespace detail {
 // not a safetensors header, and its DOM (several times the text) is not built.
 inline constexpr std::uint64_t safetensors_max_header_bytes = std::uint64_t(64) << 20;
 
-inline std::uint64_t safetensors_header_length(const unsigned char* first8, std::uint64_t file_size, const std::string& path) {
+inline std::uint64_t safetensors_header_length(const unsigned char* first8, std::uint64_t file_size,
+                                               const std::string& path) {
   STRATA_CHECK(file_size >= 8, "safetensors: '", path, "' is ", file_size, " bytes, too short for a header length");
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= std::uint64_t(first8[i]) << (8 * i);
@@ -239,14 +241,12 @@ inline std::vector<safetensors_entry> parse_safetensors_header(const unsigned ch
     t.name = it.key();
     t.dtype = json_string_field(e, "dtype", where);
     const std::size_t bits = strict ? 8 * safetensors_dtype_bytes(t.dtype) : safetensors_dtype_bits(t.dtype);
-    if (strict)
-      STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, " (F32, F64, BF16 or F16 expected)");
-    else
-      STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, ", which is not a safetensors dtype");
+    if (strict) STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, " (F32, F64, BF16 or F16 expected)");
+    else STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, ", which is not a safetensors dtype");
     t.shape = json_integer_array_field(e, "shape", 0, INT64_MAX, 8, where);
     const auto& off_json = e.at("data_offsets");
-    STRATA_CHECK(off_json.is_array() && off_json.size() == 2, where, ": field 'data_offsets' is ",
-                 json_shown(off_json), ", expected [begin, end]");
+    STRATA_CHECK(off_json.is_array() && off_json.size() == 2, where, ": field 'data_offsets' is ", json_shown(off_json),
+                 ", expected [begin, end]");
     const auto begin = json_integer(off_json[0], 0, INT64_MAX, where, "data_offsets[0]");
     const auto end = json_integer(off_json[1], 0, INT64_MAX, where, "data_offsets[1]");
     STRATA_CHECK(begin <= end && std::uint64_t(end) <= data_size, where, " has data_offsets [", begin, ", ", end,
@@ -266,7 +266,8 @@ inline std::vector<safetensors_entry> parse_safetensors_header(const unsigned ch
     }
     if (empty) count = 0;
     const std::uint64_t need = (count * bits + 7) / 8;
-    STRATA_CHECK(count * bits % 8 == 0, where, " has ", count, " elements of ", bits, " bits, not a whole number of bytes");
+    STRATA_CHECK(count * bits % 8 == 0, where, " has ", count, " elements of ", bits,
+                 " bits, not a whole number of bytes");
     STRATA_CHECK(std::uint64_t(end - begin) == need, where, " spans ", end - begin, " bytes at file offset ",
                  data_begin + std::uint64_t(begin), ", its dtype and shape need ", need);
     t.offset = data_begin + std::uint64_t(begin);
@@ -295,7 +296,8 @@ inline std::vector<safetensors_entry> parse_safetensors_header(const unsigned ch
     before = t;
   }
   STRATA_CHECK(at == file_size, "safetensors: '", path, "': the data bytes [", at - data_begin, ", ", data_size,
-               ") (file offset ", at, " on) belong to no tensor", before ? " (after tensor '" + before->name + "')" : "");
+               ") (file offset ", at, " on) belong to no tensor",
+               before ? " (after tensor '" + before->name + "')" : "");
   return out;
 }
 
@@ -320,9 +322,7 @@ inline std::vector<named_tensor> read_safetensors(const std::string& path,
   std::vector<unsigned char> all;
   try {
     all = read_whole_file(path);
-  } catch (const error& e) {
-    fail("safetensors: ", e.what());
-  }
+  } catch (const error& e) { fail("safetensors: ", e.what()); }
   return decode_safetensors(all, path, metadata);
 }
 

@@ -30,13 +30,16 @@ struct sampling {
 
 inline std::int32_t choose_token(std::span<const double> logits, const sampling& s, std::uint64_t draw) {
   STRATA_CHECK(!logits.empty(), "choose_token: no logits");
-  STRATA_CHECK(std::isfinite(s.temperature) && s.temperature >= 0, "choose_token: the temperature must be finite "
-               "and >= 0 (0: greedy), got ", s.temperature);
+  STRATA_CHECK(std::isfinite(s.temperature) && s.temperature >= 0,
+               "choose_token: the temperature must be finite "
+               "and >= 0 (0: greedy), got ",
+               s.temperature);
   STRATA_CHECK(s.top_k >= 0, "choose_token: top_k must be >= 0 (0: every token), got ", s.top_k);
   for (std::size_t i = 0; i < logits.size(); ++i)
     STRATA_CHECK(!std::isnan(logits[i]), "choose_token: the logit of token ", i, " is NaN");
   const auto higher = [&](std::int32_t a, std::int32_t b) {
-    return logits[std::size_t(a)] > logits[std::size_t(b)] || (logits[std::size_t(a)] == logits[std::size_t(b)] && a < b);
+    return logits[std::size_t(a)] > logits[std::size_t(b)] ||
+           (logits[std::size_t(a)] == logits[std::size_t(b)] && a < b);
   };
   if (s.temperature == 0) {
     std::int32_t best = 0;
@@ -55,7 +58,8 @@ inline std::int32_t choose_token(std::span<const double> logits, const sampling&
   for (const std::int32_t t : kept) max_logit = std::max(max_logit, logits[std::size_t(t)]);
   std::vector<double> weight(kept.size());
   double sum = 0;
-  for (std::size_t i = 0; i < kept.size(); ++i) sum += weight[i] = std::exp((logits[std::size_t(kept[i])] - max_logit) / s.temperature);
+  for (std::size_t i = 0; i < kept.size(); ++i)
+    sum += weight[i] = std::exp((logits[std::size_t(kept[i])] - max_logit) / s.temperature);
   double u = counter_uniform(s.seed, 0x7e9a11e5, draw) * sum;
   for (std::size_t i = 0; i < kept.size(); ++i)
     if ((u -= weight[i]) <= 0) return kept[i];

@@ -45,8 +45,8 @@ inline std::vector<std::uint16_t> read_token_shard(const std::string& path, std:
   // The magic with less than a header after it is an llm.c shard cut short, not 2-byte tokens
   // (which, under a large vocabulary, would all pass).
   STRATA_CHECK(file_bytes >= llmc_header_bytes || file_bytes < 4 || header[0] != llmc_shard_magic, "token shard '",
-               path, "': starts with the llm.c magic ", llmc_shard_magic, " but has ", file_bytes, " bytes, less than the ",
-               llmc_header_bytes, "-byte header (truncated)");
+               path, "': starts with the llm.c magic ", llmc_shard_magic, " but has ", file_bytes,
+               " bytes, less than the ", llmc_header_bytes, "-byte header (truncated)");
   if (file_bytes >= llmc_header_bytes && header[0] == llmc_shard_magic) {
     STRATA_CHECK(header[1] == llmc_shard_version, "token shard '", path, "': header version ", header[1],
                  " at offset 4, expected ", llmc_shard_version);
@@ -54,8 +54,8 @@ inline std::vector<std::uint16_t> read_token_shard(const std::string& path, std:
     count = static_cast<std::size_t>(header[2]);
     offset = llmc_header_bytes;
     const std::size_t expected = offset + count * 2;
-    STRATA_CHECK(file_bytes == expected, "token shard '", path, "': header promises ", count, " tokens (",
-                 expected, " bytes) but the file has ", file_bytes, " bytes (truncated or padded)");
+    STRATA_CHECK(file_bytes == expected, "token shard '", path, "': header promises ", count, " tokens (", expected,
+                 " bytes) but the file has ", file_bytes, " bytes (truncated or padded)");
   } else {
     STRATA_CHECK(file_bytes % 2 == 0, "token shard '", path, "': ", file_bytes,
                  " bytes is not a whole number of uint16 tokens (no llm.c header either)");
@@ -65,8 +65,8 @@ inline std::vector<std::uint16_t> read_token_shard(const std::string& path, std:
   std::vector<std::uint16_t> tokens(count);
   in.read_at(offset, reinterpret_cast<unsigned char*>(tokens.data()), count * 2);
   for (std::size_t i = 0; i < count; ++i)
-    STRATA_CHECK(tokens[i] < vocab, "token shard '", path, "': token ", tokens[i], " at byte offset ",
-                 offset + 2 * i, " is out of range for vocab ", vocab);
+    STRATA_CHECK(tokens[i] < vocab, "token shard '", path, "': token ", tokens[i], " at byte offset ", offset + 2 * i,
+                 " is out of range for vocab ", vocab);
   return tokens;
 }
 
@@ -154,9 +154,10 @@ class token_stream {
     const auto starts = static_cast<std::uint64_t>(tokens_.size()) - static_cast<std::uint64_t>(seq);
     for (std::int64_t r = 0; r < batch; ++r) {
       const auto row = static_cast<std::uint64_t>(r);
-      const auto start = order_ == data_order::sequential
-                             ? ((position_ * static_cast<std::uint64_t>(batch) + row) * static_cast<std::uint64_t>(seq)) % starts
-                             : counter_bits(seed_, 0xba7c4, position_ * 65536 + row) % starts;
+      const auto start =
+          order_ == data_order::sequential
+              ? ((position_ * static_cast<std::uint64_t>(batch) + row) * static_cast<std::uint64_t>(seq)) % starts
+              : counter_bits(seed_, 0xba7c4, position_ * 65536 + row) % starts;
       for (std::int64_t t = 0; t < seq; ++t) {
         b.inputs[static_cast<std::size_t>(r * seq + t)] = tokens_[start + static_cast<std::uint64_t>(t)];
         b.targets[static_cast<std::size_t>(r * seq + t)] = tokens_[start + static_cast<std::uint64_t>(t) + 1];

@@ -49,7 +49,7 @@ namespace strata {
 struct trainer_options {
   std::int64_t micro_batch = 0;  // sequences per forward/backward; 0: the whole batch at once
   warmup_cosine schedule{};
-  double grad_clip = 1.0;        // max global norm; <= 0 turns clipping off
+  double grad_clip = 1.0;  // max global norm; <= 0 turns clipping off
   double initial_loss_scale = 65536.0;
   int loss_scale_growth_interval = 2000;
   int nonfinite_step_limit = 10;  // such steps in a row before the run stops; 0: never stops
@@ -71,7 +71,7 @@ struct default_sync {
   using type = struct model_without_policy {};
 };
 template <class Model>
-  requires requires { typename Model::policy; }
+requires requires { typename Model::policy; }
 struct default_sync<Model> {
   using type = no_sync<typename Model::policy>;
 };
@@ -95,8 +95,7 @@ class trainer {
 
  public:
   // A single rank: the whole batch, every parameter.
-  trainer(Model& model, Optimizer& opt, trainer_options o)
-    requires std::is_same_v<Sync, own_sync_type>
+  trainer(Model& model, Optimizer& opt, trainer_options o) requires std::is_same_v<Sync, own_sync_type>
       : trainer(model, opt, o, nullptr) {}
   trainer(Model& model, Optimizer& opt, trainer_options o, Sync& sync) : trainer(model, opt, o, &sync) {}
 
@@ -131,8 +130,9 @@ class trainer {
       // Every forward and backward of the step happens inside; no gradient is reported ready
       // while the schedule runs, so the synchronizer reduces them all once it is done.
       if constexpr (pipelined_model<Model>)
-        loss_sum = model_->run_microbatches(batch.input_view(first_row, rows), batch.target_view(first_row, rows), micro,
-                                            static_cast<int>(n_micro), r.loss_scale / static_cast<double>(n_micro));
+        loss_sum =
+            model_->run_microbatches(batch.input_view(first_row, rows), batch.target_view(first_row, rows), micro,
+                                     static_cast<int>(n_micro), r.loss_scale / static_cast<double>(n_micro));
       sync_->before_backward(true);
       sync_->after_backward(true);
     } else {
@@ -168,9 +168,10 @@ class trainer {
     scaler_.restore({after.scale, after.clean_steps, static_cast<long>(after.skipped)});
     opt_->restore_steps_taken(after.step);
     nonfinite_in_a_row_ = unsavable ? nonfinite_in_a_row_ + 1 : 0;
-    STRATA_CHECK(opt_s_.nonfinite_step_limit <= 0 || nonfinite_in_a_row_ < opt_s_.nonfinite_step_limit, "trainer: ",
-                 nonfinite_in_a_row_, " steps in a row (the last: step ", step_ + 1, " of the run) had a non-finite gradient norm (",
-                 r.grad_norm, ")", scaler_.enabled() ? " at the minimum loss scale" : "",
+    STRATA_CHECK(opt_s_.nonfinite_step_limit <= 0 || nonfinite_in_a_row_ < opt_s_.nonfinite_step_limit,
+                 "trainer: ", nonfinite_in_a_row_, " steps in a row (the last: step ", step_ + 1,
+                 " of the run) had a non-finite gradient norm (", r.grad_norm, ")",
+                 scaler_.enabled() ? " at the minimum loss scale" : "",
                  " and were skipped; the weights or the data are broken (trainer_options::nonfinite_step_limit)");
     ++step_;
     r.tokens = batch.batch * batch.seq;
@@ -195,23 +196,31 @@ class trainer {
  private:
   // `given` null: the trainer's own synchronizer of a single rank.
   trainer(Model& model, Optimizer& opt, trainer_options o, Sync* given)
-      : model_(&model), opt_(&opt), opt_s_(o), scaler_(scaler_options(o)), rules_(step_rules_of(o, opt)),
+      : model_(&model),
+        opt_(&opt),
+        opt_s_(o),
+        scaler_(scaler_options(o)),
+        rules_(step_rules_of(o, opt)),
         state_(model.parameters().ledger(), memory_category::workspace, 1),
-        own_sync_(own_sync(model, given == nullptr)), sync_(pick(given, own_sync_)) {
+        own_sync_(own_sync(model, given == nullptr)),
+        sync_(pick(given, own_sync_)) {
     const bool own = given == nullptr;
     o.schedule.validate();
     STRATA_CHECK(o.micro_batch >= 0, "trainer: micro_batch (", o.micro_batch, ") must be >= 0");
-    STRATA_CHECK(o.nonfinite_step_limit >= 0, "trainer: nonfinite_step_limit (", o.nonfinite_step_limit, ") must be >= 0");
+    STRATA_CHECK(o.nonfinite_step_limit >= 0, "trainer: nonfinite_step_limit (", o.nonfinite_step_limit,
+                 ") must be >= 0");
     STRATA_CHECK(!scaler_.enabled() || (std::isfinite(o.initial_loss_scale) && o.initial_loss_scale > 0),
                  "trainer: initial_loss_scale (", o.initial_loss_scale, ") must be positive and finite");
     check_wiring();
     upload_state();
     if (is_pipelined()) {
       if constexpr (requires { sync_->zero_stage(); })
-        STRATA_CHECK(sync_->zero_stage() <= 1, "trainer: pipeline parallelism works with ZeRO 0 or 1, not ", sync_->zero_stage(),
+        STRATA_CHECK(sync_->zero_stage() <= 1, "trainer: pipeline parallelism works with ZeRO 0 or 1, not ",
+                     sync_->zero_stage(),
                      " (ZeRO-2/3 would reduce gradients or gather weights for every micro-batch of every stage)");
-      STRATA_CHECK(!own, "trainer: a model split over pipeline stages needs a synchronizer that knows the pipeline "
-                         "group (data_parallel with options.pipeline_group) for its global gradient norm");
+      STRATA_CHECK(!own,
+                   "trainer: a model split over pipeline stages needs a synchronizer that knows the pipeline "
+                   "group (data_parallel with options.pipeline_group) for its global gradient norm");
     }
     if (own) {
       // A rank of a tensor-parallel model holds pieces: its own squares are not the global
@@ -236,9 +245,9 @@ class trainer {
                  ") was built for another model's parameters");
     const auto expected = sync_->optimizer_segments();
     const bool same = opt_->segments() == expected && opt_->state_weights() == sync_->state_weights();
-    STRATA_CHECK(same, "trainer: the optimizer updates ", opt_->state_elements(), " elements in ", opt_->segments().size(),
-                 " segments, but the synchronizer, ", sync_->description(), ", gives this rank ",
-                 sync_->optimizer_elements(), " elements in ", expected.size(),
+    STRATA_CHECK(same, "trainer: the optimizer updates ", opt_->state_elements(), " elements in ",
+                 opt_->segments().size(), " segments, but the synchronizer, ", sync_->description(),
+                 ", gives this rank ", sync_->optimizer_elements(), " elements in ", expected.size(),
                  " segments; build the optimizer from the synchronizer: st::adamw<P> opt(sync, {...})");
   }
   static std::optional<own_sync_type> own_sync(Model& model, bool own) {

@@ -51,7 +51,7 @@
 namespace strata {
 
 struct training_options {
-  layout_overrides layout{};                            // what the policy leaves to the launch
+  layout_overrides layout{};                             // what the policy leaves to the launch
   std::vector<std::int64_t> blocks_per_virtual_stage{};  // empty: the blocks split evenly
   recompute_mode recompute = recompute_mode::none;       // for the blocks
   strata::seed seed{};
@@ -84,8 +84,7 @@ class training {
   using trainer_type = strata::trainer<model_type, optimizer_type, sync_type>;
 
   training(world& w, const config& c, training_options o = {}) : training(w.comm(), c, std::move(o)) {}
-  training(world& w, training_options o = {})
-    requires has_static_shape<Model>
+  training(world& w, training_options o = {}) requires has_static_shape<Model>
       : training(w.comm(), Model::shape, std::move(o)) {}
   // Collective over `world_comm`, which must outlive the run.
   training(mpi_communicator& world_comm, const config& c, training_options o = {})
@@ -95,8 +94,10 @@ class training {
         groups_(mesh_),
         model_(ledger_, checked(c, mesh_.layout()), options_.seed, placement()),
         sync_(with_initial_weights(model_), groups_.dp(),
-              {.zero_stage = mesh_.layout().zero_stage, .bucket_elems = options_.bucket_elems,
-               .tensor_group = groups_.tp(), .pipeline_group = groups_.pp()}),
+              {.zero_stage = mesh_.layout().zero_stage,
+               .bucket_elems = options_.bucket_elems,
+               .tensor_group = groups_.tp(),
+               .pipeline_group = groups_.pp()}),
         optimizer_(sync_, options_.optimizer),
         trainer_(model_, optimizer_, options_.trainer, sync_) {}
   training(const training&) = delete;
@@ -147,13 +148,16 @@ class training {
     return checkpointer(std::move(o), group_ref(mesh_.world()), layout_json(), model_json(), options_.seed.value);
   }
   train_state_ref<policy> state() {
-    return {model_.parameters(), optimizer_,
+    return {model_.parameters(),
+            optimizer_,
             {.dp_rank = mesh_.dp().rank(), .tp_rank = mesh_.tp().rank(), .zero_stage = sync_.zero_stage()}};
   }
   // Saves the state after steps() steps; returns the checkpoint's directory.
   std::string save(checkpointer& c, std::uint64_t data_position = 0) {
-    return c.save(train_progress{.step = trainer_.steps(), .optimizer_steps = optimizer_.steps_taken(),
-                                 .scaler = trainer_.scaler().snapshot(), .seed = options_.seed.value,
+    return c.save(train_progress{.step = trainer_.steps(),
+                                 .optimizer_steps = optimizer_.steps_taken(),
+                                 .scaler = trainer_.scaler().snapshot(),
+                                 .seed = options_.seed.value,
                                  .data_position = data_position},
                   state());
   }
@@ -173,8 +177,14 @@ class training {
 
   nlohmann::json layout_json() const {
     const auto& l = mesh_.layout();
-    return {{"world", l.ranks()}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero_stage},
-            {"sp", l.sequence_parallel == 1}, {"schedule", l.schedule}, {"virtual", l.virtual_chunks}};
+    return {{"world", l.ranks()},
+            {"dp", l.dp},
+            {"tp", l.tp},
+            {"pp", l.pp},
+            {"zero", l.zero_stage},
+            {"sp", l.sequence_parallel == 1},
+            {"schedule", l.schedule},
+            {"virtual", l.virtual_chunks}};
   }
   // The model's own description when it gives one (Model::describe(config): anything JSON can
   // hold, e.g. a std::map of its shape's numbers); otherwise its serial parameter count and

@@ -56,7 +56,7 @@ class untrusted_json_checker {
   struct level {
     bool object = false;
     std::set<std::string> keys;
-    std::string key;  // the latest key of an object
+    std::string key;        // the latest key of an object
     std::size_t items = 0;  // of an array
   };
   bool value() {
@@ -111,9 +111,7 @@ nlohmann::json parse_untrusted_json(It first, It last, const std::string& what,
   try {
     nlohmann::json::sax_parse(first, last, &check);
     return nlohmann::json::parse(first, last);
-  } catch (const nlohmann::json::exception& e) {
-    fail(what, " is not valid JSON: ", e.what());
-  }
+  } catch (const nlohmann::json::exception& e) { fail(what, " is not valid JSON: ", e.what()); }
 }
 inline nlohmann::json parse_untrusted_json(const std::string& text, const std::string& what,
                                            int max_depth = untrusted_json_max_depth) {
@@ -141,8 +139,8 @@ inline std::int64_t json_integer(const nlohmann::json& v, std::int64_t lo, std::
     x = v.get<std::int64_t>();
     ok = true;
   }
-  STRATA_CHECK(ok && x >= lo && x <= hi, where, ": field '", field, "' is ", json_shown(v), ", expected an integer in [",
-               lo, ", ", hi, "]");
+  STRATA_CHECK(ok && x >= lo && x <= hi, where, ": field '", field, "' is ", json_shown(v),
+               ", expected an integer in [", lo, ", ", hi, "]");
   return x;
 }
 

@@ -24,8 +24,7 @@ int failures = 0;
 
 void expect_near(const char* what, std::int64_t i, double got, double want, double tol = 1e-5) {
   if (!(std::fabs(got - want) <= tol)) {
-    std::fprintf(stderr, "MISMATCH %s[%lld]: got %.9g, want %.9g\n", what, static_cast<long long>(i), got,
-                 want);
+    std::fprintf(stderr, "MISMATCH %s[%lld]: got %.9g, want %.9g\n", what, static_cast<long long>(i), got, want);
     ++failures;
   }
 }
@@ -47,9 +46,9 @@ int run() {
   st::linear<P> fc(root / "fc", {.in = 3, .out = 2, .bias = true, .init_std = 0.02});
   auto& params = ctx.params();
   expect(params.size() == 3 * 2 + 2, "parameter count is in*out + out");
-  expect(params.entries().size() == 2 && params.entries()[0].name == "fc.weight" &&
-             params.entries()[1].name == "fc.bias",
-         "parameters are named fc.weight and fc.bias");
+  expect(
+      params.entries().size() == 2 && params.entries()[0].name == "fc.weight" && params.entries()[1].name == "fc.bias",
+      "parameters are named fc.weight and fc.bias");
 
   // The initializer is a pure function of (seed, name, index): check the materialized weights.
   float* w = params.weights(fc.weight());
@@ -61,8 +60,7 @@ int run() {
                                                      static_cast<std::uint64_t>(i))),
                 0.0);
   for (std::int64_t i = 0; i < 2; ++i) expect_near("initial bias", i, b[i], 0.0, 0.0);
-  expect(ledger.current(st::memory_category::parameters) == 8 * sizeof(float),
-         "ledger holds 8 fp32 parameters");
+  expect(ledger.current(st::memory_category::parameters) == 8 * sizeof(float), "ledger holds 8 fp32 parameters");
 
   // Known weights, then a forward pass.
   const float W[6] = {1, 2, 3, 4, 5, 6};
@@ -84,7 +82,8 @@ int run() {
   const float dx_want[6] = {5, 7, 9, 5, 7, 9};
   const float dw_want[6] = {3, 1, -0.5f, 3, 1, -0.5f};
   expect(dx.size() == 6, "backward returns [2, 3] input gradients");
-  for (std::int64_t i = 0; i < 6 && dx.size() == 6; ++i) expect_near("dx", i, dx[static_cast<std::size_t>(i)], dx_want[i]);
+  for (std::int64_t i = 0; i < 6 && dx.size() == 6; ++i)
+    expect_near("dx", i, dx[static_cast<std::size_t>(i)], dx_want[i]);
   for (std::int64_t i = 0; i < 6; ++i) expect_near("dW", i, params.grads(fc.weight())[i], dw_want[i]);
   for (std::int64_t i = 0; i < 2; ++i) expect_near("db", i, params.grads(fc.bias())[i], 2.0);
 
@@ -92,9 +91,7 @@ int run() {
   bool threw = false;
   try {
     fc.forward(st::tensor_view<const float>(x, st::shape{3, 2}));
-  } catch (const st::error& e) {
-    threw = std::string(e.what()).find("fc") != std::string::npos;
-  }
+  } catch (const st::error& e) { threw = std::string(e.what()).find("fc") != std::string::npos; }
   expect(threw, "a [3, 2] input to a 3 -> 2 linear layer throws strata::error naming fc");
 
   return failures;

@@ -108,8 +108,8 @@ void adamw_update(cuda, M* master, T* weights, const T* grad, M* m, M* v, std::i
   STRATA_CHECK(step >= 1, "adamw_update: step is 1-based, got ", step);
   const double bc1 = 1.0 - std::pow(h.beta1, step), bc2 = 1.0 - std::pow(h.beta2, step);
   const auto s = gpu::make_adamw_scalars<M>(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bc1, bc2, grad_scale);
-  cuda_detail::adamw_launch<T, M>(master, weights, grad, m, v, n, s, {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, grad_scale},
-                                  nullptr);
+  cuda_detail::adamw_launch<T, M>(master, weights, grad, m, v, n, s,
+                                  {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, grad_scale}, nullptr);
 }
 
 // The device-driven step: skipped when amp->apply == 0; step count, bias corrections and the

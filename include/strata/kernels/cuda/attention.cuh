@@ -53,9 +53,16 @@ namespace strata::kernels {
 
 namespace cuda_detail {
 
-template <class T> struct wmma_elem;
-template <> struct wmma_elem<bf16> { using type = __nv_bfloat16; };
-template <> struct wmma_elem<fp16> { using type = __half; };
+template <class T>
+struct wmma_elem;
+template <>
+struct wmma_elem<bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct wmma_elem<fp16> {
+  using type = __half;
+};
 
 // Everything a kernel needs to know about the tiling (a plain copy of the plan's numbers).
 struct attention_geometry {
@@ -125,8 +132,8 @@ __device__ __forceinline__ void block_mm(float* C, int ldc, const EA* A, int lda
 // dst[r, 0..hs) = src[(row0 + r) * stride + 0..hs) for rows < T_, zeros beyond. `vec`: 16-byte
 // copies (src, stride, hs and ld all allow it; decided by the launcher).
 template <class T>
-__device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, std::int64_t stride, int row0, int rows,
-                                          int T_, int hs, bool vec) {
+__device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, std::int64_t stride, int row0, int rows, int T_,
+                                          int hs, bool vec) {
   if (vec) {
     constexpr int E = 16 / int(sizeof(T));
     const int per_row = hs / E;
@@ -146,11 +153,11 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, std::int
 
 // The attention geometry as the kernels use it (int where the launcher checked it fits).
 struct attention_dims {
-  int T;           // sequence length
-  int heads;       // query heads
-  int kv_heads;    // key/value heads
-  int group;       // heads / kv_heads: query heads per key/value head
-  int hd;          // head size
+  int T;                 // sequence length
+  int heads;             // query heads
+  int kv_heads;          // key/value heads
+  int group;             // heads / kv_heads: query heads per key/value head
+  int hd;                // head size
   std::int64_t row;      // row_width(): elements per token of qkv and dqkv
   std::int64_t q_width;  // heads * hd: elements per token of out and dout; the key heads' offset in a qkv row
   std::int64_t v_off;    // q_width + kv_width: the value heads' offset in a qkv row
@@ -316,7 +323,7 @@ __global__ void attention_backward_kv_kernel(T* dqkv, const T* dout, const T* qk
         else sP[r * g.ld_p + c] = p;
       }
       __syncthreads();
-      block_mm<mm_kind::tn, TC>(sdV, g.ld_o, sP, g.ld_p, sdO, g.ld_t, bc, hs, br, true);    // dV += P^T dO
+      block_mm<mm_kind::tn, TC>(sdV, g.ld_o, sP, g.ld_p, sdO, g.ld_t, bc, hs, br, true);   // dV += P^T dO
       block_mm<mm_kind::nt, TC>(sdP, g.ld_s, sdO, g.ld_t, sV, g.ld_t, br, bc, hs, false);  // dP = dO V^T
       __syncthreads();
       for (int idx = int(threadIdx.x); idx < br * bc; idx += int(blockDim.x)) {
@@ -446,7 +453,12 @@ inline attention_dims attention_dims_for(const attention_shape& s) {
 template <class T>
 attention_geometry attention_geometry_for(const gpu::attention_plan& p, gpu::attention_pass pass) {
   const std::size_t pb = p.tensor_cores ? sizeof(T) : sizeof(float);
-  return {p.br, p.bc, p.ld_t, p.ld_s, p.ld_p, p.ld_o,
+  return {p.br,
+          p.bc,
+          p.ld_t,
+          p.ld_s,
+          p.ld_p,
+          p.ld_o,
           gpu::attention_layout(pass, p.br, p.bc, p.ld_t, p.ld_s, p.ld_p, p.ld_o, sizeof(T), pb)};
 }
 
@@ -536,8 +548,8 @@ void attention_backward(cuda, T* dqkv, const T* dout, const T* qkv, const acc_t<
     STRATA_CUDA_CHECK_LAUNCH("attention_backward (dk, dv)");
     auto* q = &cuda_detail::attention_backward_q_kernel<T, TC>;
     gpu::allow_dynamic_smem(q, plan.smem_backward_q);
-    q<<<dim3(unsigned(gpu::ceil_div(s.seq, plan.br)), unsigned(s.batch * s.heads)), plan.threads,
-        plan.smem_backward_q, stream>>>(dqkv, dout, qkv, lse, D.get(), a, gq, vec_qkv, vec_dout);
+    q<<<dim3(unsigned(gpu::ceil_div(s.seq, plan.br)), unsigned(s.batch * s.heads)), plan.threads, plan.smem_backward_q,
+        stream>>>(dqkv, dout, qkv, lse, D.get(), a, gq, vec_qkv, vec_dout);
     STRATA_CUDA_CHECK_LAUNCH("attention_backward (dq)");
   });
 }

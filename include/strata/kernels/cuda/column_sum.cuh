@@ -79,11 +79,12 @@ void column_sums(const char* who, T* out_a, T* out_b, const T* dout, const T* in
   float* part_b = WithNorm ? part.get() + p.chunks * C : nullptr;
   const dim3 grid(unsigned(p.col_strips), unsigned(p.chunks));
   const dim3 block(gpu::column_plan::column_strip, gpu::column_plan::row_lanes);
-  column_partial_kernel<T, WithNorm><<<grid, block, 0, stream>>>(part_a, part_b, dout, inp, mean, rstd, N, C,
-                                                                 p.rows_per_chunk);
+  column_partial_kernel<T, WithNorm>
+      <<<grid, block, 0, stream>>>(part_a, part_b, dout, inp, mean, rstd, N, C, p.rows_per_chunk);
   STRATA_CUDA_CHECK_LAUNCH(who);
   const auto d = gpu::elementwise_launch(C, 1);
-  column_finish_kernel<T><<<d.grid, d.block, 0, stream>>>(out_a, WithNorm ? out_b : nullptr, part_a, part_b, p.chunks, C);
+  column_finish_kernel<T>
+      <<<d.grid, d.block, 0, stream>>>(out_a, WithNorm ? out_b : nullptr, part_a, part_b, p.chunks, C);
   STRATA_CUDA_CHECK_LAUNCH(who);
 }
 

@@ -110,9 +110,7 @@ inline void with_pack(bool vectorized, F&& f) {
 }
 
 // Grid-stride index over packs: for (k = first; k < packs; k += stride).
-__device__ __forceinline__ std::int64_t thread_index() {
-  return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-}
+__device__ __forceinline__ std::int64_t thread_index() { return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ std::int64_t grid_stride() { return std::int64_t(gridDim.x) * blockDim.x; }
 
 template <class T>

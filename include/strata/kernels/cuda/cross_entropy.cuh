@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(Block)
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       if (v + j >= V || x[j] == -INFINITY) continue;  // padding; exp(-inf) adds nothing
-      if (x[j] > part.m) {  // a new running max: rescale the sum (one exp either way)
+      if (x[j] > part.m) {                            // a new running max: rescale the sum (one exp either way)
         part.s = part.s * expf(part.m - x[j]) + 1.0f;
         part.m = x[j];
       } else {
@@ -123,7 +123,7 @@ void cross_entropy_launch(const char* who, float* losses, T* logits, const std::
   with_pack<T>(gpu::cross_entropy_vectorized<T>(logits, Vp), [&](auto w) {
     constexpr int P = decltype(w)::value;
     cross_entropy_kernel<T, P, block><<<unsigned(N), block, 0, ctx.stream()>>>(losses, logits, targets, N, V, Vp, dloss,
-                                                                              amp, backward, ctx.errors());
+                                                                               amp, backward, ctx.errors());
   });
   STRATA_CUDA_CHECK_LAUNCH(who);
 }
@@ -193,7 +193,7 @@ __device__ __forceinline__ float vocab_parallel_loss(const float* row_max, const
 
 // Losses only (no logits): one thread per row.
 static __global__ void vocab_parallel_loss_kernel(float* losses, const float* row_max, const float* sums,
-                                           const std::int32_t* targets, std::int64_t N, std::int64_t V) {
+                                                  const std::int32_t* targets, std::int64_t N, std::int64_t V) {
   for (std::int64_t i = thread_index(); i < N; i += grid_stride())
     losses[i] = vocab_parallel_loss(row_max, sums, targets[i], i, V);
 }
@@ -240,8 +240,8 @@ template <class T>
 void cross_entropy_forward(cuda, acc_t<T>* losses, const T* logits, const std::int32_t* targets, std::int64_t N,
                            std::int64_t V, std::int64_t Vp) {
   // The kernel only writes the row in its backward pass, which is off here.
-  cuda_detail::cross_entropy_launch<T>("cross_entropy_forward", losses, const_cast<T*>(logits), targets, N, V, Vp,
-                                       0.0f, nullptr, false);
+  cuda_detail::cross_entropy_launch<T>("cross_entropy_forward", losses, const_cast<T*>(logits), targets, N, V, Vp, 0.0f,
+                                       nullptr, false);
 }
 
 template <class T>
@@ -312,8 +312,8 @@ void vocab_parallel_finish(cuda, acc_t<T>* losses, T* logits /*nullable*/, const
     constexpr int block = gpu::cross_entropy_block;
     cuda_detail::with_pack<T>(gpu::cross_entropy_vectorized<T>(logits, Vl), [&](auto w) {
       constexpr int P = decltype(w)::value;
-      cuda_detail::vocab_parallel_finish_kernel<T, P, block><<<unsigned(N), block, 0, stream>>>(
-          losses, logits, row_max, sums, targets, N, Vl, v_begin, real, V, dloss);
+      cuda_detail::vocab_parallel_finish_kernel<T, P, block>
+          <<<unsigned(N), block, 0, stream>>>(losses, logits, row_max, sums, targets, N, Vl, v_begin, real, V, dloss);
     });
   }
   STRATA_CUDA_CHECK_LAUNCH("vocab_parallel_finish");

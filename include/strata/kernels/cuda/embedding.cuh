@@ -77,8 +77,8 @@ __device__ __forceinline__ void copy_pack(T* dst, const T* src, std::int64_t i, 
 
 template <class T, int P>
 __global__ void embedding_lookup_range_kernel(T* out, const std::int32_t* tokens, const T* wte_local,
-                                              std::int64_t count, std::int64_t C, std::int64_t v_begin,
-                                              std::int64_t Vl, std::int64_t V, gpu::device_error_record* errors) {
+                                              std::int64_t count, std::int64_t C, std::int64_t v_begin, std::int64_t Vl,
+                                              std::int64_t V, gpu::device_error_record* errors) {
   const std::int64_t packs_per_row = (C + P - 1) / P;
   for (std::int64_t k = thread_index(); k < count * packs_per_row; k += grid_stride()) {
     const std::int64_t i = k / packs_per_row, c = (k % packs_per_row) * P;
@@ -119,9 +119,8 @@ static __global__ void iota_kernel(std::int32_t* x, std::int64_t n) {
 // grid: one block per sorted index j. keys: sorted token ids, pos: their positions. Only tokens
 // in [v_begin, v_begin + Vl) are summed, into dwte row (token - v_begin).
 template <class T>
-__global__ void embedding_backward_wte_kernel(T* dwte, const T* dout, const std::int32_t* keys,
-                                              const std::int32_t* pos, std::int64_t count, std::int64_t C,
-                                              std::int64_t v_begin, std::int64_t Vl,
+__global__ void embedding_backward_wte_kernel(T* dwte, const T* dout, const std::int32_t* keys, const std::int32_t* pos,
+                                              std::int64_t count, std::int64_t C, std::int64_t v_begin, std::int64_t Vl,
                                               gpu::device_error_record* errors) {
   const std::int64_t j = blockIdx.x;
   if (j >= count) return;
@@ -168,8 +167,8 @@ void embedding_forward(cuda, T* out, const std::int32_t* tokens, const T* wte, c
   cuda_detail::with_pack<T>(gpu::rows_vectorized<T>(C, {out, wte, wpe}), [&](auto w) {
     constexpr int P = decltype(w)::value;
     const auto d = gpu::elementwise_launch(count * gpu::ceil_div(C, P), 1);
-    cuda_detail::embedding_forward_kernel<T, P><<<d.grid, d.block, 0, stream>>>(out, tokens, wte, wpe, count, T_, C, V,
-                                                                               ctx.errors());
+    cuda_detail::embedding_forward_kernel<T, P>
+        <<<d.grid, d.block, 0, stream>>>(out, tokens, wte, wpe, count, T_, C, V, ctx.errors());
   });
   STRATA_CUDA_CHECK_LAUNCH("embedding_forward");
 }
@@ -200,8 +199,8 @@ template <class T>
 void position_embedding_add(cuda, T* out, const T* wpe, std::int64_t count, std::int64_t T_, std::int64_t first_token,
                             std::int64_t C) {
   static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
-  STRATA_CHECK(count >= 0 && T_ > 0 && C >= 0 && first_token >= 0, "position_embedding_add: bad sizes count = ",
-               count, ", T = ", T_, ", C = ", C);
+  STRATA_CHECK(count >= 0 && T_ > 0 && C >= 0 && first_token >= 0, "position_embedding_add: bad sizes count = ", count,
+               ", T = ", T_, ", C = ", C);
   if (count == 0 || C == 0) return;
   const cudaStream_t stream = gpu::current_stream();
   cuda_detail::with_pack<T>(gpu::rows_vectorized<T>(C, {out, wpe}), [&](auto w) {
@@ -235,15 +234,15 @@ void token_embedding_backward(cuda, T* dwte, const T* dout, const std::int32_t* 
     STRATA_CUDA_CHECK_LAUNCH("token_embedding_backward (iota)");
   }
   std::size_t temp_bytes = 0;
-  STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, tokens, keys_out, pos_in, pos_out,
-                                                     count, 0, 32, stream));
+  STRATA_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, tokens, keys_out, pos_in, pos_out, count, 0, 32, stream));
   {
     gpu::scratch<unsigned char> temp(temp_bytes);
-    STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, tokens, keys_out, pos_in, pos_out,
-                                                       count, 0, 32, stream));
+    STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, tokens, keys_out, pos_in, pos_out, count,
+                                                      0, 32, stream));
   }
-  cuda_detail::embedding_backward_wte_kernel<T><<<unsigned(count), 256, 0, stream>>>(
-      dwte, dout, keys_out, pos_out, count, C, v_begin, Vl, ctx.errors());
+  cuda_detail::embedding_backward_wte_kernel<T>
+      <<<unsigned(count), 256, 0, stream>>>(dwte, dout, keys_out, pos_out, count, C, v_begin, Vl, ctx.errors());
   STRATA_CUDA_CHECK_LAUNCH("token_embedding_backward (dwte)");
 }
 

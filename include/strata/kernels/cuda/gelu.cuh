@@ -89,7 +89,9 @@ void bias_gelu_backward(cuda, T* dpre, std::type_identity_t<T>* dbias /*nullable
                         std::int64_t N, std::int64_t OC) {
   STRATA_CHECK(N >= 0 && OC > 0, "bias_gelu_backward: need N >= 0 and OC > 0, got N = ", N, ", OC = ", OC);
   gelu_backward(cuda{}, dpre, pre, dact, N * OC);
-  if (dbias) cuda_detail::column_sums<false, T>("bias_gelu_backward (dbias)", dbias, nullptr, dpre, nullptr, nullptr, nullptr, N, OC);
+  if (dbias)
+    cuda_detail::column_sums<false, T>("bias_gelu_backward (dbias)", dbias, nullptr, dpre, nullptr, nullptr, nullptr, N,
+                                       OC);
 }
 
 }  // namespace strata::kernels

@@ -28,18 +28,25 @@ namespace cuda_detail {
 
 inline cudaDataType_t lt_type(gpu::scalar_kind k) {
   switch (k) {
-    case gpu::scalar_kind::f32: return CUDA_R_32F;
-    case gpu::scalar_kind::f64: return CUDA_R_64F;
-    case gpu::scalar_kind::bf16: return CUDA_R_16BF;
-    case gpu::scalar_kind::f16: return CUDA_R_16F;
+    case gpu::scalar_kind::f32:
+      return CUDA_R_32F;
+    case gpu::scalar_kind::f64:
+      return CUDA_R_64F;
+    case gpu::scalar_kind::bf16:
+      return CUDA_R_16BF;
+    case gpu::scalar_kind::f16:
+      return CUDA_R_16F;
   }
   return CUDA_R_32F;
 }
 inline cublasComputeType_t lt_compute(gpu::compute_kind k) {
   switch (k) {
-    case gpu::compute_kind::f32: return CUBLAS_COMPUTE_32F;
-    case gpu::compute_kind::f32_fast_tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
-    case gpu::compute_kind::f64: return CUBLAS_COMPUTE_64F;
+    case gpu::compute_kind::f32:
+      return CUBLAS_COMPUTE_32F;
+    case gpu::compute_kind::f32_fast_tf32:
+      return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case gpu::compute_kind::f64:
+      return CUBLAS_COMPUTE_64F;
   }
   return CUBLAS_COMPUTE_32F;
 }
@@ -70,8 +77,8 @@ struct lt_descriptors {
   }
 };
 
-inline void check_gemm_args(const char* who, std::int64_t M, std::int64_t N, std::int64_t K, bool trans_a,
-                            bool trans_b, std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
+inline void check_gemm_args(const char* who, std::int64_t M, std::int64_t N, std::int64_t K, bool trans_a, bool trans_b,
+                            std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
   STRATA_CHECK(M >= 0 && N >= 0 && K >= 0, who, ": negative size M = ", M, ", N = ", N, ", K = ", K);
   const std::int64_t a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
   STRATA_CHECK(lda >= (a_cols > 1 ? a_cols : 1), who, ": lda = ", lda, " is less than A's ", a_cols, " columns");
@@ -105,8 +112,8 @@ void lt_matmul(const char* who, bool trans_a, bool trans_b, std::int64_t M, std:
     } else {
       STRATA_CHECK(ep.kind != gpu::epilogue_kind::gelu_aux_bias, who, ": K = 0 with the GELU epilogue");
       const auto d = gpu::elementwise_launch(M * N, 1);
-      gemm_k0_kernel<T><<<d.grid, d.block, 0, stream>>>(C, M, N, ldc, float(beta),
-                                                        static_cast<const T*>(ep.kind == gpu::epilogue_kind::bias ? ep.bias : nullptr));
+      gemm_k0_kernel<T><<<d.grid, d.block, 0, stream>>>(
+          C, M, N, ldc, float(beta), static_cast<const T*>(ep.kind == gpu::epilogue_kind::bias ? ep.bias : nullptr));
       STRATA_CUDA_CHECK_LAUNCH(who);
       return;
     }
@@ -125,7 +132,8 @@ void lt_matmul(const char* who, bool trans_a, bool trans_b, std::int64_t M, std:
     const cublasLtEpilogue_t e =
         ep.kind == gpu::epilogue_kind::bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof ep.bias));
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof ep.bias));
     if (ep.kind == gpu::epilogue_kind::gelu_aux_bias) {
       STRATA_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof ep.aux));
@@ -146,8 +154,8 @@ void lt_matmul(const char* who, bool trans_a, bool trans_b, std::int64_t M, std:
   const std::uint32_t align_a = gpu::pointer_alignment(B), align_b = gpu::pointer_alignment(A),
                       align_c = gpu::pointer_alignment(C);
   const gpu::gemm_key key{{std::int64_t(gpu::scalar_kind_of<T>()), std::int64_t(types.compute), g.trans_a, g.trans_b,
-                           g.m, g.n, g.k, g.lda, g.ldb, g.ldc, std::int64_t(ep.kind), ep.ld_aux,
-                           std::int64_t(align_a), std::int64_t(align_b), std::int64_t(align_c),
+                           g.m, g.n, g.k, g.lda, g.ldb, g.ldc, std::int64_t(ep.kind), ep.ld_aux, std::int64_t(align_a),
+                           std::int64_t(align_b), std::int64_t(align_c),
                            std::int64_t(gpu::pointer_alignment(ep.bias)) * 1024 + gpu::pointer_alignment(ep.aux)}};
   const cublasLtMatmulAlgo_t* algo = ctx.find_gemm_algo(key);
   if (algo == nullptr) {
@@ -155,21 +163,24 @@ void lt_matmul(const char* who, bool trans_a, bool trans_b, std::int64_t M, std:
     STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &ws_bytes, sizeof ws_bytes));
     const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> aligns[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
     for (const auto& [attr, value] : aligns)
       STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, attr, &value, sizeof value));
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt(), d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found));
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulAlgoGetHeuristic(ctx.lt(), d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found));
     STRATA_CHECK(found > 0, who, ": cuBLASLt has no algorithm for ", dtype_name<T>(), " M = ", M, ", N = ", N,
                  ", K = ", K, " (trans_a = ", trans_a, ", trans_b = ", trans_b, ", lda = ", lda, ", ldb = ", ldb,
                  ", ldc = ", ldc, ", operand alignment ", align_b, "/", align_a, "/", align_c, " bytes)");
     algo = ctx.add_gemm_algo(key, heuristic.algo);
   }
   // cuBLASLt's A is strata's B and its B is strata's A (see gpu::to_colmajor).
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, algo, ws, ws_bytes,
-                                     stream));
+  STRATA_CUBLAS_CHECK(
+      cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, algo, ws, ws_bytes, stream));
 }
 
 }  // namespace cuda_detail

@@ -198,8 +198,8 @@ inline std::size_t gemm_workspace_bytes(int cc_major) {
 // cuBLASLt performs: C^T[N,M] = op(B)^T op(A)^T, i.e. cuBLASLt's "A" is strata's B and its "B"
 // is strata's A. A row-major r x c matrix with leading dimension ld is a column-major c x r one.
 struct colmajor_gemm {
-  bool trans_a, trans_b;   // cuBLASLt's op(A), op(B)
-  std::int64_t m, n, k;    // D is m x n (column-major), op(A) m x k, op(B) k x n
+  bool trans_a, trans_b;  // cuBLASLt's op(A), op(B)
+  std::int64_t m, n, k;   // D is m x n (column-major), op(A) m x k, op(B) k x n
   // Stored (column-major) shapes and leading dimensions of cuBLASLt's A (= strata's B), B
   // (= strata's A) and C/D.
   std::int64_t a_rows, a_cols, lda;
@@ -271,8 +271,8 @@ constexpr std::size_t align_up(std::size_t x, std::size_t a = smem_align) { retu
 struct attention_smem_layout {
   // forward: q, k, v, s, p, o, m, l          backward_kv: q, do, k, v, s, dp, p, ds, dk, dv, lse, d
   // backward_q: q, do, k, v, s, dp, ds, dq, lse, d   (unused offsets are 0)
-  std::size_t q = 0, dout = 0, k = 0, v = 0, s = 0, dp = 0, p = 0, ds = 0, acc0 = 0, acc1 = 0, row0 = 0,
-              row1 = 0, total = 0;
+  std::size_t q = 0, dout = 0, k = 0, v = 0, s = 0, dp = 0, p = 0, ds = 0, acc0 = 0, acc1 = 0, row0 = 0, row1 = 0,
+              total = 0;
 };
 
 enum class attention_pass { forward, backward_kv, backward_q };
@@ -359,12 +359,12 @@ inline attention_plan plan_attention(std::int64_t head_dim, std::size_t elem_byt
       p.ld_o = hs + 1;
     }
     const std::size_t pb = p.tensor_cores ? elem_bytes : sizeof(float);
-    p.smem_forward = attention_layout(attention_pass::forward, p.br, p.bc, p.ld_t, p.ld_s, p.ld_p, p.ld_o,
-                                      elem_bytes, pb).total;
-    p.smem_backward_kv = attention_layout(attention_pass::backward_kv, p.br, p.bc, p.ld_t, p.ld_s, p.ld_p,
-                                          p.ld_o, elem_bytes, pb).total;
-    p.smem_backward_q = attention_layout(attention_pass::backward_q, p.br, p.bc, p.ld_t, p.ld_s, p.ld_p, p.ld_o,
-                                         elem_bytes, pb).total;
+    p.smem_forward =
+        attention_layout(attention_pass::forward, p.br, p.bc, p.ld_t, p.ld_s, p.ld_p, p.ld_o, elem_bytes, pb).total;
+    p.smem_backward_kv =
+        attention_layout(attention_pass::backward_kv, p.br, p.bc, p.ld_t, p.ld_s, p.ld_p, p.ld_o, elem_bytes, pb).total;
+    p.smem_backward_q =
+        attention_layout(attention_pass::backward_q, p.br, p.bc, p.ld_t, p.ld_s, p.ld_p, p.ld_o, elem_bytes, pb).total;
     // The scalar path keeps tiles small: its cost is arithmetic, not tile reuse.
     if (!p.tensor_cores && tile > 32) continue;
     if (p.smem_max() <= smem_limit) return p;

@@ -63,8 +63,8 @@ __device__ __forceinline__ void layernorm_row(T* y, float* mean, float* rstd, co
 
 // one warp per row; rows [N]
 template <class T, int P>
-__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
-                                         const T* bias, std::int64_t N, std::int64_t C, float eps) {
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
+                                         std::int64_t N, std::int64_t C, float eps) {
   const std::int64_t row = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= N) return;
   layernorm_row<T, P>(out + row * C, mean, rstd, inp + row * C, weight, bias, row, C, eps, int(threadIdx.x % 32));
@@ -86,8 +86,8 @@ __global__ void residual_layernorm_forward_kernel(T* resid, T* out, float* mean,
 // dinp = rstd * (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm)), dnorm = dout * weight; dinp
 // is written, not read
 template <class T, int P>
-__global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
-                                               const float* mean, const float* rstd, std::int64_t N, std::int64_t C) {
+__global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* weight, const float* mean,
+                                               const float* rstd, std::int64_t N, std::int64_t C) {
   const std::int64_t row = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= N) return;
   const int lane = int(threadIdx.x % 32);
@@ -136,8 +136,8 @@ void layernorm_forward(cuda, T* out, acc_t<T>* mean /*nullable*/, acc_t<T>* rstd
   const auto d = gpu::rows_launch(N);
   cuda_detail::with_pack<T>(gpu::rows_vectorized<T>(C, {out, inp, weight, bias}), [&](auto w) {
     constexpr int P = decltype(w)::value;
-    cuda_detail::layernorm_forward_kernel<T, P><<<d.grid, d.block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N,
-                                                                               C, eps);
+    cuda_detail::layernorm_forward_kernel<T, P>
+        <<<d.grid, d.block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
   });
   STRATA_CUDA_CHECK_LAUNCH("layernorm_forward");
 }
@@ -155,8 +155,8 @@ void residual_layernorm_forward(cuda, T* resid, T* out, acc_t<T>* mean /*nullabl
   const auto d = gpu::rows_launch(N);
   cuda_detail::with_pack<T>(gpu::rows_vectorized<T>(C, {resid, out, a, b, weight, bias}), [&](auto w) {
     constexpr int P = decltype(w)::value;
-    cuda_detail::residual_layernorm_forward_kernel<T, P><<<d.grid, d.block, 0, stream>>>(resid, out, mean, rstd, a, b,
-                                                                                        weight, bias, N, C, eps);
+    cuda_detail::residual_layernorm_forward_kernel<T, P>
+        <<<d.grid, d.block, 0, stream>>>(resid, out, mean, rstd, a, b, weight, bias, N, C, eps);
   });
   STRATA_CUDA_CHECK_LAUNCH("residual_layernorm_forward");
 }
@@ -168,14 +168,15 @@ void layernorm_backward(cuda, T* dinp, T* dweight, T* dbias, const T* dout, cons
                         const acc_t<T>* mean, const acc_t<T>* rstd, std::int64_t N, std::int64_t C) {
   static_assert(cuda_detail::supported_v<T>, "strata CUDA kernels take float, bf16 or fp16");
   STRATA_CHECK(N >= 0 && C > 0, "layernorm_backward: need N >= 0 and C > 0, got N = ", N, ", C = ", C);
-  STRATA_CHECK(mean != nullptr && rstd != nullptr, "layernorm_backward: mean and rstd from the forward pass are required");
+  STRATA_CHECK(mean != nullptr && rstd != nullptr,
+               "layernorm_backward: mean and rstd from the forward pass are required");
   if (N == 0) return;
   const cudaStream_t stream = gpu::current_stream();
   const auto d = gpu::rows_launch(N);
   cuda_detail::with_pack<T>(gpu::rows_vectorized<T>(C, {dinp, dout, inp, weight}), [&](auto w) {
     constexpr int P = decltype(w)::value;
-    cuda_detail::layernorm_backward_dinp_kernel<T, P><<<d.grid, d.block, 0, stream>>>(dinp, dout, inp, weight, mean,
-                                                                                     rstd, N, C);
+    cuda_detail::layernorm_backward_dinp_kernel<T, P>
+        <<<d.grid, d.block, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   });
   STRATA_CUDA_CHECK_LAUNCH("layernorm_backward");
   cuda_detail::column_sums<true, T>("layernorm_backward", dbias, dweight, dout, inp, mean, rstd, N, C);

@@ -77,9 +77,9 @@ void linear_gelu_forward(cuda, workspace& ws, T* out, T* pre, const T* inp, cons
 //   dweight[OC, C] += dout[N, OC]^T . inp[N, C]
 //   dbias[OC]      += column sums of dout              (skipped when dbias is null)
 template <class T>
-void linear_backward(cuda, workspace& /*ws: unused on the GPU*/, std::type_identity_t<T>* dinp /*nullable*/,
-                     T* dweight, std::type_identity_t<T>* dbias /*nullable*/, const T* dout, const T* inp,
-                     const T* weight, std::int64_t N, std::int64_t C, std::int64_t OC) {
+void linear_backward(cuda, workspace& /*ws: unused on the GPU*/, std::type_identity_t<T>* dinp /*nullable*/, T* dweight,
+                     std::type_identity_t<T>* dbias /*nullable*/, const T* dout, const T* inp, const T* weight,
+                     std::int64_t N, std::int64_t C, std::int64_t OC) {
   STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_backward: negative size N = ", N, ", C = ", C, ", OC = ", OC);
   STRATA_CHECK(dweight != nullptr, "linear_backward: dweight must not be null");
   if (dinp)
@@ -89,7 +89,9 @@ void linear_backward(cuda, workspace& /*ws: unused on the GPU*/, std::type_ident
                             acc_t<T>(1), dweight, C);
   if (dbias) {
     if constexpr (std::is_same_v<T, double>) fail("linear_backward: no fp64 bias gradient on the GPU");
-    else cuda_detail::column_sums<false, T>("linear_backward (dbias)", dbias, nullptr, dout, nullptr, nullptr, nullptr, N, OC);
+    else
+      cuda_detail::column_sums<false, T>("linear_backward (dbias)", dbias, nullptr, dout, nullptr, nullptr, nullptr, N,
+                                         OC);
   }
 }
 

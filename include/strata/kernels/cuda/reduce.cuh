@@ -101,13 +101,13 @@ void sum_of_squares_into(cuda, const T* x, std::int64_t n, double* out_device, b
   if (partials > 0) {
     cuda_detail::with_pack<T>(gpu::aligned16(x), [&](auto w) {
       constexpr int P = decltype(w)::value;
-      cuda_detail::sum_of_squares_partial_kernel<T, P><<<unsigned(partials), gpu::reduce_block, 0, stream>>>(
-          part.get(), x, n);
+      cuda_detail::sum_of_squares_partial_kernel<T, P>
+          <<<unsigned(partials), gpu::reduce_block, 0, stream>>>(part.get(), x, n);
     });
     STRATA_CUDA_CHECK_LAUNCH("sum_of_squares");
   }
   cuda_detail::sum_partials_kernel<<<1, gpu::reduce_final_block, 0, stream>>>(out_device, part.get(), partials,
-                                                                             accumulate, weight);
+                                                                              accumulate, weight);
   STRATA_CUDA_CHECK_LAUNCH("sum_of_squares (partials)");
 }
 

@@ -119,7 +119,8 @@ __global__ void rmsnorm_dweight_partial_kernel(float* part, const T* dout, const
   const std::int64_t hi = lo + rows_per_chunk < N ? lo + rows_per_chunk : N;
   float acc = 0.0f;
   if (c < C)
-    for (std::int64_t r = lo + ty; r < hi; r += lanes) acc += widen(dout[r * C + c]) * (widen(inp[r * C + c]) * rstd[r]);
+    for (std::int64_t r = lo + ty; r < hi; r += lanes)
+      acc += widen(dout[r * C + c]) * (widen(inp[r * C + c]) * rstd[r]);
   sh[ty][tx] = acc;
   __syncthreads();
   if (ty == 0 && c < C) {
@@ -159,8 +160,8 @@ void residual_rmsnorm_forward(cuda, T* resid, T* out, acc_t<T>* rstd /*nullable*
   const auto d = gpu::rows_launch(N);
   cuda_detail::with_pack<T>(gpu::rows_vectorized<T>(C, {resid, out, a, b, weight}), [&](auto w) {
     constexpr int P = decltype(w)::value;
-    cuda_detail::residual_rmsnorm_forward_kernel<T, P><<<d.grid, d.block, 0, stream>>>(resid, out, rstd, a, b, weight,
-                                                                                      N, C, eps);
+    cuda_detail::residual_rmsnorm_forward_kernel<T, P>
+        <<<d.grid, d.block, 0, stream>>>(resid, out, rstd, a, b, weight, N, C, eps);
   });
   STRATA_CUDA_CHECK_LAUNCH("residual_rmsnorm_forward");
 }
@@ -178,8 +179,8 @@ void rmsnorm_backward(cuda, T* dinp, T* dweight, const T* dout, const T* inp, co
   const auto d = gpu::rows_launch(N);
   cuda_detail::with_pack<T>(gpu::rows_vectorized<T>(C, {dinp, dout, inp, weight}), [&](auto w) {
     constexpr int P = decltype(w)::value;
-    cuda_detail::rmsnorm_backward_dinp_kernel<T, P><<<d.grid, d.block, 0, stream>>>(dinp, dout, inp, weight, rstd, N,
-                                                                                   C);
+    cuda_detail::rmsnorm_backward_dinp_kernel<T, P>
+        <<<d.grid, d.block, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
   });
   STRATA_CUDA_CHECK_LAUNCH("rmsnorm_backward");
 
@@ -188,12 +189,12 @@ void rmsnorm_backward(cuda, T* dinp, T* dweight, const T* dout, const T* inp, co
   gpu::scratch<float> part(std::size_t(p.chunks * C));
   const dim3 grid(unsigned(p.col_strips), unsigned(p.chunks));
   const dim3 block(gpu::column_plan::column_strip, gpu::column_plan::row_lanes);
-  cuda_detail::rmsnorm_dweight_partial_kernel<T><<<grid, block, 0, stream>>>(part.get(), dout, inp, rstd, N, C,
-                                                                            p.rows_per_chunk);
+  cuda_detail::rmsnorm_dweight_partial_kernel<T>
+      <<<grid, block, 0, stream>>>(part.get(), dout, inp, rstd, N, C, p.rows_per_chunk);
   STRATA_CUDA_CHECK_LAUNCH("rmsnorm_backward (dweight)");
   const auto f = gpu::elementwise_launch(C, 1);
-  cuda_detail::column_finish_kernel<T><<<f.grid, f.block, 0, stream>>>(dweight, nullptr, part.get(), nullptr, p.chunks,
-                                                                       C);
+  cuda_detail::column_finish_kernel<T>
+      <<<f.grid, f.block, 0, stream>>>(dweight, nullptr, part.get(), nullptr, p.chunks, C);
   STRATA_CUDA_CHECK_LAUNCH("rmsnorm_backward (dweight)");
 }
 

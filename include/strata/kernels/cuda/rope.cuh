@@ -67,7 +67,7 @@ void rope_launch(const char* who, T* qkv, const attention_shape& s, double theta
   if (rows == 0) return;
   const auto d = gpu::elementwise_launch(rows * (s.head_dim / 2), 1);
   rope_kernel<T><<<d.grid, d.block, 0, gpu::current_stream()>>>(qkv, rows, s.seq, int(s.heads + s.kv_heads),
-                                                               int(s.head_dim), s.row_width(), theta, pos0, sign);
+                                                                int(s.head_dim), s.row_width(), theta, pos0, sign);
   STRATA_CUDA_CHECK_LAUNCH(who);
 }
 

@@ -34,11 +34,11 @@
 #include "strata/kernels/cuda/launch_config.hpp"
 
 // Same for cuBLAS / cuBLASLt status codes.
-#define STRATA_CUBLAS_CHECK(call)                                                                   \
-  do {                                                                                              \
-    const cublasStatus_t strata_cublas_st_ = (call);                                                \
-    if (strata_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                                 \
-      ::strata::gpu::detail::cublas_fail(strata_cublas_st_, #call, __FILE__, __LINE__);             \
+#define STRATA_CUBLAS_CHECK(call)                                                       \
+  do {                                                                                  \
+    const cublasStatus_t strata_cublas_st_ = (call);                                    \
+    if (strata_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                     \
+      ::strata::gpu::detail::cublas_fail(strata_cublas_st_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After every <<<...>>>: the launch error (bad configuration, missing kernel image), and with
@@ -196,7 +196,8 @@ inline void check_device_errors() {
     case device_error_code::target_out_of_range:
       fail("cross_entropy: target ", rec.value, " at position ", rec.position, " is out of range for vocab ",
            rec.limit);
-    default: fail("CUDA kernel reported error code ", rec.code);
+    default:
+      fail("CUDA kernel reported error code ", rec.code);
   }
 }
 
@@ -294,7 +295,8 @@ class device_buffer {
 // host source may go as soon as the call returns).
 inline const memory_space& device_memory() {
   static const memory_space space{
-      "cuda", false,
+      "cuda",
+      false,
       [](std::size_t bytes) -> void* {
         void* p = nullptr;
         const cudaStream_t s = current_stream();

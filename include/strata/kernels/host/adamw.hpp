@@ -88,18 +88,20 @@ void update(M* master, T* weights, const T* grad, M* m, M* v, std::int64_t n, co
 
   bool separate = true;  // weights that are the master copy itself are stored once
   if constexpr (std::is_same_v<T, M>) separate = weights != master;
-  if (from_start) separate ? sweep<true, true>(master, weights, grad, m, v, n, s)
-                           : sweep<true, false>(master, weights, grad, m, v, n, s);
-  else separate ? sweep<false, true>(master, weights, grad, m, v, n, s)
-                : sweep<false, false>(master, weights, grad, m, v, n, s);
+  if (from_start)
+    separate ? sweep<true, true>(master, weights, grad, m, v, n, s)
+             : sweep<true, false>(master, weights, grad, m, v, n, s);
+  else
+    separate ? sweep<false, true>(master, weights, grad, m, v, n, s)
+             : sweep<false, false>(master, weights, grad, m, v, n, s);
 }
 }  // namespace adamw_detail
 
 // Step t = `step` (1-based), every gradient multiplied by grad_scale. weights may alias master
 // when T == M (the weights are their own master copy).
 template <class T, class M>
-void adamw_update(host, M* master, T* weights, const T* grad, M* m, M* v, std::int64_t n,
-                  const adamw_hyper& h, int step, double grad_scale) {
+void adamw_update(host, M* master, T* weights, const T* grad, M* m, M* v, std::int64_t n, const adamw_hyper& h,
+                  int step, double grad_scale) {
   STRATA_CHECK(step >= 1, "adamw_update: step is 1-based, got ", step);
   adamw_detail::update(master, weights, grad, m, v, n, h, 1.0 - std::pow(h.beta1, step), 1.0 - std::pow(h.beta2, step),
                        grad_scale);
@@ -109,8 +111,8 @@ void adamw_update(host, M* master, T* weights, const T* grad, M* m, M* v, std::i
 // is 0; otherwise its bias corrections and its multiplier (clip / loss scale, times grad_scale).
 // h.beta1/beta2 must equal the step_rules'. The GPU overload reads the state on the device.
 template <class T, class M>
-void adamw_update(host, M* master, T* weights, const T* grad, M* m, M* v, std::int64_t n,
-                  const adamw_hyper& h, const step_state* state, double grad_scale = 1.0) {
+void adamw_update(host, M* master, T* weights, const T* grad, M* m, M* v, std::int64_t n, const adamw_hyper& h,
+                  const step_state* state, double grad_scale = 1.0) {
   STRATA_CHECK(state != nullptr, "adamw_update: the state-driven overload needs a step_state");
   if (!state->apply) return;
   adamw_detail::update(master, weights, grad, m, v, n, h, state->bias_correction1, state->bias_correction2,
@@ -119,13 +121,12 @@ void adamw_update(host, M* master, T* weights, const T* grad, M* m, M* v, std::i
 
 // Compiled once where a program asks (kernels/host/instantiation.hpp): each storage type with
 // the master type its precisions keep (fp32 and fp64 are their own master; bf16 and fp16 keep fp32).
-#define STRATA_HOST_ADAMW(type, master)                                                                        \
-  STRATA_HOST_KERNEL_AS(type, void adamw_update<type, master>(host, master*, type*, const type*, master*,      \
-                                                               master*, std::int64_t, const adamw_hyper&, int, \
-                                                               double))                                        \
-  STRATA_HOST_KERNEL_AS(type, void adamw_update<type, master>(host, master*, type*, const type*, master*,      \
-                                                               master*, std::int64_t, const adamw_hyper&,      \
-                                                               const step_state*, double))
+#define STRATA_HOST_ADAMW(type, master)                                                                            \
+  STRATA_HOST_KERNEL_AS(type, void adamw_update<type, master>(host, master*, type*, const type*, master*, master*, \
+                                                              std::int64_t, const adamw_hyper&, int, double))      \
+  STRATA_HOST_KERNEL_AS(                                                                                           \
+      type, void adamw_update<type, master>(host, master*, type*, const type*, master*, master*, std::int64_t,     \
+                                            const adamw_hyper&, const step_state*, double))
 STRATA_HOST_ADAMW(float, float)
 STRATA_HOST_ADAMW(double, double)
 STRATA_HOST_ADAMW(bf16, float)

@@ -64,17 +64,18 @@ inline A dot(const X* x, const Y* y, std::int64_t n) {
 }
 
 inline void check_shape(const char* who, const attention_shape& s) {
-  STRATA_CHECK(s.valid(), who, ": need batch, seq >= 0, heads, kv_heads, head_dim > 0 and kv_heads dividing heads, got batch = ",
-               s.batch, ", seq = ", s.seq, ", heads = ", s.heads, ", kv_heads = ", s.kv_heads, ", head_dim = ",
-               s.head_dim);
+  STRATA_CHECK(
+      s.valid(), who,
+      ": need batch, seq >= 0, heads, kv_heads, head_dim > 0 and kv_heads dividing heads, got batch = ", s.batch,
+      ", seq = ", s.seq, ", heads = ", s.heads, ", kv_heads = ", s.kv_heads, ", head_dim = ", s.head_dim);
   STRATA_CHECK(std::isfinite(s.scale), who, ": the softmax scale must be finite (0: 1/sqrt(head_dim)), got ", s.scale);
 }
 
 // The GPT-2 overloads' shape: C channels in NH heads.
 inline attention_shape multi_head_shape(const char* who, std::int64_t B, std::int64_t T, std::int64_t C,
                                         std::int64_t NH) {
-  STRATA_CHECK(B >= 0 && T >= 0 && C > 0 && NH > 0, who, ": need B, T >= 0 and C, NH > 0, got B = ", B,
-               ", T = ", T, ", C = ", C, ", NH = ", NH);
+  STRATA_CHECK(B >= 0 && T >= 0 && C > 0 && NH > 0, who, ": need B, T >= 0 and C, NH > 0, got B = ", B, ", T = ", T,
+               ", C = ", C, ", NH = ", NH);
   STRATA_CHECK(C % NH == 0, who, ": heads = ", NH, " does not divide channels C = ", C);
   return attention_shape::multi_head(B, T, C, NH);
 }
@@ -117,8 +118,8 @@ inline void store(A* p, const vec<A>& v) {
 // c[r, :NV vecs] = (Accumulate ? c : 0) + sum_{k < K} a[r·a_r + k·a_k] · b[k·ldb + :], then
 // times alpha unless accumulating. Each element is one multiply-add chain in k order.
 template <int NV, bool Accumulate, class A>
-inline void tile(A* c, std::int64_t ldc, const A* a, std::int64_t a_r, std::int64_t a_k, const A* b,
-                 std::int64_t ldb, std::int64_t K, A alpha) {
+inline void tile(A* c, std::int64_t ldc, const A* a, std::int64_t a_r, std::int64_t a_k, const A* b, std::int64_t ldb,
+                 std::int64_t K, A alpha) {
   constexpr std::int64_t L = width<A>;
   vec<A> acc[tile_rows][NV];
   for (int r = 0; r < tile_rows; ++r)
@@ -149,10 +150,18 @@ inline void row_tile(A* c, std::int64_t ldc, const A* a, std::int64_t a_r, std::
   for (std::int64_t j = 0; j < n; j += max_vecs * L) {
     const std::int64_t nv = std::min<std::int64_t>(max_vecs, (n - j) / L);
     switch (nv) {
-      case 4: tile<4, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
-      case 3: tile<3, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
-      case 2: tile<2, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
-      default: tile<1, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
+      case 4:
+        tile<4, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha);
+        break;
+      case 3:
+        tile<3, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha);
+        break;
+      case 2:
+        tile<2, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha);
+        break;
+      default:
+        tile<1, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha);
+        break;
     }
   }
 }
@@ -319,7 +328,7 @@ void forward_rows(forward_block_scratch<A>& f, std::int64_t t0, std::int64_t m, 
     for (std::int64_t r = 0; r < mp; ++r) {
       A* s = f.s + r * block;
       const A mx = f.mx[r];
-      const std::int64_t e = round_up(seen(t0 + r, kb, nk), L);  // whole vectors; P = 0 beyond
+      const std::int64_t e = round_up(seen(t0 + r, kb, nk), L);         // whole vectors; P = 0 beyond
       for (std::int64_t j = 0; j < e; ++j) s[j] = exp_fast(s[j] - mx);  // 0 for -inf
       for (std::int64_t j = e; j < block; ++j) s[j] = 0;
       vec<A> sum{}, x;
@@ -539,11 +548,11 @@ void attention_backward(host, T* dqkv, const T* dout, const T* qkv, const acc_t<
 
 // Compiled once where a program asks (kernels/host/instantiation.hpp); the shape overloads,
 // which the (B, T, C, NH) ones call.
-#define STRATA_HOST_ATTENTION(type)                                                                           \
-  STRATA_HOST_KERNEL_AS(type, void attention_forward<type>(host, type*, acc_t<type>*, const type*,            \
-                                                            const attention_shape&))                          \
-  STRATA_HOST_KERNEL_AS(type, void attention_backward<type>(host, type*, const type*, const type*,            \
-                                                             const acc_t<type>*, const type*, const attention_shape&))
+#define STRATA_HOST_ATTENTION(type)                                                                                    \
+  STRATA_HOST_KERNEL_AS(type,                                                                                          \
+                        void attention_forward<type>(host, type*, acc_t<type>*, const type*, const attention_shape&))  \
+  STRATA_HOST_KERNEL_AS(type, void attention_backward<type>(host, type*, const type*, const type*, const acc_t<type>*, \
+                                                            const type*, const attention_shape&))
 STRATA_HOST_ATTENTION(float)
 STRATA_HOST_ATTENTION(double)
 STRATA_HOST_ATTENTION(bf16)

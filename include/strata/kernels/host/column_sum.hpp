@@ -18,7 +18,8 @@ namespace strata::kernels::column_sum {
 
 struct row_chunks {
   std::int64_t n, rows, count;
-  explicit row_chunks(std::int64_t N) : n(N), rows(std::max<std::int64_t>(64, (N + 63) / 64)), count((N + rows - 1) / rows) {}
+  explicit row_chunks(std::int64_t N)
+      : n(N), rows(std::max<std::int64_t>(64, (N + 63) / 64)), count((N + rows - 1) / rows) {}
   std::int64_t begin(std::int64_t k) const { return k * rows; }
   std::int64_t end(std::int64_t k) const { return std::min(n, (k + 1) * rows); }
 };

@@ -22,8 +22,7 @@
 namespace strata::kernels {
 
 namespace cross_entropy_detail {
-inline void check_args(const char* who, const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                       std::int64_t Vp) {
+inline void check_args(const char* who, const std::int32_t* targets, std::int64_t N, std::int64_t V, std::int64_t Vp) {
   STRATA_CHECK(N >= 0 && V > 0, who, ": need N >= 0 and V > 0, got N = ", N, ", V = ", V);
   STRATA_CHECK(Vp >= V, who, ": padded row length Vp = ", Vp, " is less than the vocab V = ", V);
   for (std::int64_t i = 0; i < N; ++i)
@@ -92,8 +91,8 @@ A loss_of(A m, sum_t s, A target_logit) {
 }  // namespace cross_entropy_detail
 
 template <class T>
-void cross_entropy_forward(host, acc_t<T>* losses, const T* logits, const std::int32_t* targets,
-                           std::int64_t N, std::int64_t V, std::int64_t Vp) {
+void cross_entropy_forward(host, acc_t<T>* losses, const T* logits, const std::int32_t* targets, std::int64_t N,
+                           std::int64_t V, std::int64_t Vp) {
   using A = acc_t<T>;
   cross_entropy_detail::check_args("cross_entropy_forward", targets, N, V, Vp);
 #pragma omp parallel for schedule(static) if (N * V > 32768)
@@ -106,8 +105,8 @@ void cross_entropy_forward(host, acc_t<T>* losses, const T* logits, const std::i
 }
 
 template <class T>
-void cross_entropy_forward_backward(host, acc_t<T>* losses, T* logits, const std::int32_t* targets,
-                                    std::int64_t N, std::int64_t V, std::int64_t Vp, acc_t<T> dloss) {
+void cross_entropy_forward_backward(host, acc_t<T>* losses, T* logits, const std::int32_t* targets, std::int64_t N,
+                                    std::int64_t V, std::int64_t Vp, acc_t<T> dloss) {
   using A = acc_t<T>;
   cross_entropy_detail::check_args("cross_entropy_forward_backward", targets, N, V, Vp);
 #pragma omp parallel for schedule(static) if (N * V > 32768)

@@ -22,11 +22,11 @@
 namespace strata::kernels {
 
 template <class T>
-void embedding_forward(host, T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
-                       std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t V) {
+void embedding_forward(host, T* out, const std::int32_t* tokens, const T* wte, const T* wpe, std::int64_t B,
+                       std::int64_t T_, std::int64_t C, std::int64_t V) {
   using A = acc_t<T>;
-  STRATA_CHECK(B >= 0 && T_ >= 0 && C >= 0 && V > 0, "embedding_forward: need B, T, C >= 0 and V > 0, got B = ",
-               B, ", T = ", T_, ", C = ", C, ", V = ", V);
+  STRATA_CHECK(B >= 0 && T_ >= 0 && C >= 0 && V > 0, "embedding_forward: need B, T, C >= 0 and V > 0, got B = ", B,
+               ", T = ", T_, ", C = ", C, ", V = ", V);
   const std::int64_t count = B * T_;
   for (std::int64_t i = 0; i < count; ++i)
     if (tokens[i] < 0 || tokens[i] >= V)
@@ -69,11 +69,11 @@ void embedding_lookup_range(host, T* out, const std::int32_t* tokens, const T* w
 // out[i] += wpe[(first_token + i) mod T] for `count` tokens of [B, T] flattened: the position
 // embedding of a contiguous piece of the tokens (the whole batch when first_token = 0).
 template <class T>
-void position_embedding_add(host, T* out, const T* wpe, std::int64_t count, std::int64_t T_,
-                            std::int64_t first_token, std::int64_t C) {
+void position_embedding_add(host, T* out, const T* wpe, std::int64_t count, std::int64_t T_, std::int64_t first_token,
+                            std::int64_t C) {
   using A = acc_t<T>;
-  STRATA_CHECK(count >= 0 && T_ > 0 && C >= 0 && first_token >= 0, "position_embedding_add: bad sizes count = ",
-               count, ", T = ", T_, ", C = ", C);
+  STRATA_CHECK(count >= 0 && T_ > 0 && C >= 0 && first_token >= 0, "position_embedding_add: bad sizes count = ", count,
+               ", T = ", T_, ", C = ", C);
 #pragma omp parallel for schedule(static) if (count * C > 32768)
   for (std::int64_t i = 0; i < count; ++i) {
     const T* pos_row = wpe + ((first_token + i) % T_) * C;
@@ -150,10 +150,9 @@ void position_embedding_backward(host, T* dwpe, const T* dout, std::int64_t B, s
 // To stay deterministic without atomics the token rows are summed per distinct token: a stable
 // sort groups positions by id (each group in position order) and one thread owns each group.
 template <class T>
-void embedding_backward(host, T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
-                        std::int64_t B, std::int64_t T_, std::int64_t C) {
-  STRATA_CHECK(B >= 0 && T_ >= 0 && C >= 0, "embedding_backward: negative size B = ", B, ", T = ", T_,
-               ", C = ", C);
+void embedding_backward(host, T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, std::int64_t B,
+                        std::int64_t T_, std::int64_t C) {
+  STRATA_CHECK(B >= 0 && T_ >= 0 && C >= 0, "embedding_backward: negative size B = ", B, ", T = ", T_, ", C = ", C);
   token_embedding_backward(host{}, dwte, dout, tokens, B * T_, C, 0, std::numeric_limits<std::int64_t>::max());
   position_embedding_backward(host{}, dwpe, dout, B, T_, C);
 }

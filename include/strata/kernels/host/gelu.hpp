@@ -25,8 +25,10 @@
 namespace strata::kernels {
 
 namespace gelu_detail {
-template <class A> inline constexpr A sqrt_2_over_pi = A(0.7978845608028654);
-template <class A> inline constexpr A cubic = A(0.044715);
+template <class A>
+inline constexpr A sqrt_2_over_pi = A(0.7978845608028654);
+template <class A>
+inline constexpr A cubic = A(0.044715);
 
 // s = sigmoid(2u) = (1 + tanh u) / 2, for the GELU argument u of x.
 template <class A>
@@ -49,8 +51,8 @@ template <class A>
 // restrict: the caller's arrays never overlap, and with four streams the compiler would
 // otherwise not vectorise.
 template <class T, class A>
-inline void backward_row_with_bias(T* __restrict dx, A* __restrict db, const T* __restrict x,
-                                   const T* __restrict dy, std::int64_t n) {
+inline void backward_row_with_bias(T* __restrict dx, A* __restrict db, const T* __restrict x, const T* __restrict dy,
+                                   std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     dx[i] = convert<T>(derivative(convert<A>(x[i])) * convert<A>(dy[i]));
     db[i] += convert<A>(dx[i]);

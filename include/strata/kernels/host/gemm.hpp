@@ -65,8 +65,8 @@ void narrow_block(T* dst, std::int64_t ld, const float* src, std::int64_t rows, 
     for (std::int64_t c = 0; c < cols; ++c) dst[r * ld + c] = convert<T>(src[r * cols + c]);
 }
 
-inline void check_gemm_args(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N,
-                            std::int64_t K, std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
+inline void check_gemm_args(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                            std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
   STRATA_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M = ", M, ", N = ", N, ", K = ", K);
   const std::int64_t a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
   STRATA_CHECK(lda >= (a_cols > 1 ? a_cols : 1), "gemm: lda = ", lda, " is less than A's ", a_cols, " columns");
@@ -100,10 +100,8 @@ void blas_panels(std::int64_t M, std::int64_t N, Call&& call) {
 #pragma omp for schedule(static)
     for (std::int64_t p = 0; p < panels; ++p) {
       const std::int64_t start = p * width, size = std::min(width, extent - start);
-      if (by_rows)
-        call(start, size, std::int64_t(0), N);
-      else
-        call(std::int64_t(0), M, start, size);
+      if (by_rows) call(start, size, std::int64_t(0), N);
+      else call(std::int64_t(0), M, start, size);
     }
   }
 }
@@ -131,8 +129,7 @@ void pack(Acc* dst, const T* src, std::int64_t ld, bool trans, std::int64_t r0, 
 // (bf16/fp16 are widened while packing). kernels::gemm runs it when STRATA_HOST_BLAS is 0.
 template <class T>
 void reference_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, acc_t<T> alpha,
-                    const T* A, std::int64_t lda, const T* B, std::int64_t ldb, acc_t<T> beta, T* C,
-                    std::int64_t ldc) {
+                    const T* A, std::int64_t lda, const T* B, std::int64_t ldb, acc_t<T> beta, T* C, std::int64_t ldc) {
   static_assert(is_scalar_v<T>, "strata::kernels::gemm: T must be float, double, bf16 or fp16");
   using Acc = acc_t<T>;
   check_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc);
@@ -190,8 +187,8 @@ void reference_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, 
 
 template <class T>
 void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N,
-          std::int64_t K, acc_t<T> alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb,
-          acc_t<T> beta, T* C, std::int64_t ldc) {
+          std::int64_t K, acc_t<T> alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, acc_t<T> beta,
+          T* C, std::int64_t ldc) {
   static_assert(is_scalar_v<T>, "strata::kernels::gemm: T must be float, double, bf16 or fp16");
 #if STRATA_HOST_BLAS
   gemm_detail::check_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc);

@@ -43,7 +43,7 @@
 
 namespace strata::kernels::gemm_bf16 {
 
-inline constexpr std::int64_t TK = 32;                        // k per tile
+inline constexpr std::int64_t TK = 32;                       // k per tile
 inline constexpr std::int64_t KC = 384, MC = 192, NC = 256;  // multiples of 32
 
 // Whether this process may use the tile registers (asked of the kernel once).
@@ -130,12 +130,13 @@ inline void pack_transposed_b_tile(std::uint16_t* tile, const bf16* B, std::int6
 // 16 columns from col0 (even, odd, even, odd, ...): one permutation of the two rows per row.
 inline void pack_interleaved_tile(std::uint16_t* tile, const bf16* B, std::int64_t ldb, std::int64_t row0,
                                   std::int64_t col0) {
-  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                         5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (std::int64_t p = 0; p < TK / 2; ++p) {
     const auto* even = reinterpret_cast<const __m256i*>(B + (row0 + 2 * p) * ldb + col0);
     const auto* odd = reinterpret_cast<const __m256i*>(B + (row0 + 2 * p + 1) * ldb + col0);
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(even)), _mm256_loadu_si256(odd), 1);
+    const __m512i both =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(even)), _mm256_loadu_si256(odd), 1);
     _mm512_storeu_si512(tile + p * TK, _mm512_permutexvar_epi16(order, both));
   }
 }
@@ -317,7 +318,7 @@ inline void product(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, 
   const std::int64_t blocks_m = (M + MC - 1) / MC, blocks_n = (N + NC - 1) / NC, tasks = blocks_m * blocks_n;
   const int threads = openmp::max_threads();
   enum class share { rows, columns, blocks };
-  const share split = blocks_m >= blocks_n && blocks_m >= threads   ? share::rows
+  const share split = blocks_m >= blocks_n && blocks_m >= threads  ? share::rows
                       : blocks_n > blocks_m && blocks_n >= threads ? share::columns
                                                                    : share::blocks;
 #pragma omp parallel num_threads(threads) if (tasks > 1 && M * N * K > 262144)

@@ -54,7 +54,7 @@
 // A kernel template<class T> over the storage type, for each of the four. The kernel is named
 // before any other device's overload is declared (each host header ends with these lines), so
 // the name picks one template.
-#define STRATA_HOST_KERNEL(kernel)                                   \
+#define STRATA_HOST_KERNEL(kernel)                                       \
   STRATA_HOST_KERNEL_AS(float, decltype(kernel<float>) kernel<float>)    \
   STRATA_HOST_KERNEL_AS(double, decltype(kernel<double>) kernel<double>) \
   STRATA_HOST_KERNEL_AS(bf16, decltype(kernel<bf16>) kernel<bf16>)       \

@@ -56,9 +56,8 @@ inline void backward_row(T* __restrict dx, A* __restrict dw, A* __restrict db, c
 
 // mean and rstd may be null when no backward pass follows (inference).
 template <class T>
-void layernorm_forward(host, T* out, acc_t<T>* mean /*nullable*/, acc_t<T>* rstd /*nullable*/,
-                       const T* inp, const T* weight, const T* bias, std::int64_t N, std::int64_t C,
-                       acc_t<T> eps) {
+void layernorm_forward(host, T* out, acc_t<T>* mean /*nullable*/, acc_t<T>* rstd /*nullable*/, const T* inp,
+                       const T* weight, const T* bias, std::int64_t N, std::int64_t C, acc_t<T> eps) {
   using A = acc_t<T>;
   STRATA_CHECK(N >= 0 && C > 0, "layernorm_forward: need N >= 0 and C > 0, got N = ", N, ", C = ", C);
 #pragma omp parallel for schedule(static) if (N * C > 16384)
@@ -87,9 +86,8 @@ void layernorm_forward(host, T* out, acc_t<T>* mean /*nullable*/, acc_t<T>* rstd
 // while the row is in cache, and the chunks' sums are then added in chunk order, an order fixed
 // by N whatever the thread count.
 template <class T>
-void layernorm_backward(host, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const acc_t<T>* mean, const acc_t<T>* rstd, std::int64_t N,
-                        std::int64_t C) {
+void layernorm_backward(host, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const acc_t<T>* mean, const acc_t<T>* rstd, std::int64_t N, std::int64_t C) {
   using A = acc_t<T>;
   STRATA_CHECK(N >= 0 && C > 0, "layernorm_backward: need N >= 0 and C > 0, got N = ", N, ", C = ", C);
   STRATA_CHECK(mean != nullptr && rstd != nullptr,
@@ -107,9 +105,8 @@ void layernorm_backward(host, T* dinp, T* dweight, T* dbias, const T* dout, cons
       const A m = mean[n], s = rstd[n];
       const A dnorm_sum = layernorm_detail::sum_in_lanes<A>(
           C, [dy, weight](std::int64_t c) { return convert<A>(dy[c]) * convert<A>(weight[c]); });
-      const A dnorm_norm_sum = layernorm_detail::sum_in_lanes<A>(C, [=](std::int64_t c) {
-        return convert<A>(dy[c]) * convert<A>(weight[c]) * ((convert<A>(x[c]) - m) * s);
-      });
+      const A dnorm_norm_sum = layernorm_detail::sum_in_lanes<A>(
+          C, [=](std::int64_t c) { return convert<A>(dy[c]) * convert<A>(weight[c]) * ((convert<A>(x[c]) - m) * s); });
       layernorm_detail::backward_row(dinp + n * C, dw, db, x, dy, weight, C, m, s, dnorm_sum / A(C),
                                      dnorm_norm_sum / A(C));
     }

@@ -25,10 +25,8 @@ namespace strata::kernels {
 // out[N, OC] = inp[N, C] . weight[OC, C]^T + bias[OC]
 template <class T>
 void linear_forward(host, workspace& ws, T* out, const T* inp, const T* weight,
-                    const std::type_identity_t<T>* bias /*nullable*/, std::int64_t N, std::int64_t C,
-                    std::int64_t OC) {
-  STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_forward: negative size N = ", N, ", C = ", C,
-               ", OC = ", OC);
+                    const std::type_identity_t<T>* bias /*nullable*/, std::int64_t N, std::int64_t C, std::int64_t OC) {
+  STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_forward: negative size N = ", N, ", C = ", C, ", OC = ", OC);
   if (bias) {
     // Start from the bias and let the GEMM add into it (beta = 1): one rounding per output
     // even for bf16/fp16, and no separate pass over out afterwards.
@@ -36,8 +34,7 @@ void linear_forward(host, workspace& ws, T* out, const T* inp, const T* weight,
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t o = 0; o < OC; ++o) out[n * OC + o] = bias[o];
   }
-  gemm<T>(host{}, ws, false, true, N, OC, C, acc_t<T>(1), inp, C, weight, C,
-          acc_t<T>(bias ? 1 : 0), out, OC);
+  gemm<T>(host{}, ws, false, true, N, OC, C, acc_t<T>(1), inp, C, weight, C, acc_t<T>(bias ? 1 : 0), out, OC);
 }
 
 namespace linear_detail {
@@ -60,8 +57,7 @@ template <class T>
 void linear_gelu_forward(host, workspace& ws, T* out, T* pre, const T* inp, const T* weight,
                          const std::type_identity_t<T>* bias /*nullable*/, std::int64_t N, std::int64_t C,
                          std::int64_t OC) {
-  STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_gelu_forward: negative size N = ", N, ", C = ", C,
-               ", OC = ", OC);
+  STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_gelu_forward: negative size N = ", N, ", C = ", C, ", OC = ", OC);
   if constexpr (std::is_same_v<T, acc_t<T>>) {
     gemm<T>(host{}, ws, false, true, N, OC, C, T(1), inp, C, weight, C, T(0), pre, OC);
 #pragma omp parallel for schedule(static) if (N * OC > 32768)
@@ -78,10 +74,9 @@ void linear_gelu_forward(host, workspace& ws, T* out, T* pre, const T* inp, cons
 //   dbias[OC]     += sum over rows of dout             (skipped when dbias is null)
 template <class T>
 void linear_backward(host, workspace& ws, std::type_identity_t<T>* dinp /*nullable*/, T* dweight,
-                     std::type_identity_t<T>* dbias /*nullable*/, const T* dout, const T* inp,
-                     const T* weight, std::int64_t N, std::int64_t C, std::int64_t OC) {
-  STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_backward: negative size N = ", N, ", C = ", C,
-               ", OC = ", OC);
+                     std::type_identity_t<T>* dbias /*nullable*/, const T* dout, const T* inp, const T* weight,
+                     std::int64_t N, std::int64_t C, std::int64_t OC) {
+  STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_backward: negative size N = ", N, ", C = ", C, ", OC = ", OC);
   STRATA_CHECK(dweight != nullptr, "linear_backward: dweight must not be null");
   if (dinp) gemm<T>(host{}, ws, false, false, N, C, OC, acc_t<T>(1), dout, OC, weight, C, acc_t<T>(0), dinp, C);
   gemm<T>(host{}, ws, true, false, OC, C, N, acc_t<T>(1), dout, OC, inp, C, acc_t<T>(1), dweight, C);
@@ -98,8 +93,7 @@ void linear_backward(host, workspace& ws, std::type_identity_t<T>* dinp /*nullab
         const T* row = dout + n * OC;
         for (std::int64_t o = lo; o < hi; ++o) sum[o - lo] += convert<acc_t<T>>(row[o]);
       }
-      for (std::int64_t o = lo; o < hi; ++o)
-        dbias[o] = convert<T>(convert<acc_t<T>>(dbias[o]) + sum[o - lo]);
+      for (std::int64_t o = lo; o < hi; ++o) dbias[o] = convert<T>(convert<acc_t<T>>(dbias[o]) + sum[o - lo]);
     }
   }
 }

@@ -70,8 +70,8 @@ void residual_rmsnorm_forward(host, T* resid, T* out, acc_t<T>* rstd /*nullable*
 //   dweight += sum_n dout · norm
 // (layernorm's gradient without the mean terms: d rstd / d inp_c = -rstd³ inp_c / C.)
 template <class T>
-void rmsnorm_backward(host, T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
-                      const acc_t<T>* rstd, std::int64_t N, std::int64_t C) {
+void rmsnorm_backward(host, T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const acc_t<T>* rstd,
+                      std::int64_t N, std::int64_t C) {
   using A = acc_t<T>;
   STRATA_CHECK(N >= 0 && C > 0, "rmsnorm_backward: need N >= 0 and C > 0, got N = ", N, ", C = ", C);
   STRATA_CHECK(rstd != nullptr, "rmsnorm_backward: rstd from the forward pass is required");
@@ -82,10 +82,10 @@ void rmsnorm_backward(host, T* dinp, T* dweight, const T* dout, const T* inp, co
     const T* dy = dout + n * C;
     T* dx = dinp + n * C;
     const A s = rstd[n];
-    const A dnorm_norm_mean = layernorm_detail::sum_in_lanes<A>(C, [=](std::int64_t c) {
-                                return convert<A>(dy[c]) * convert<A>(weight[c]) * (convert<A>(x[c]) * s);
-                              }) /
-                              A(C);
+    const A dnorm_norm_mean =
+        layernorm_detail::sum_in_lanes<A>(
+            C, [=](std::int64_t c) { return convert<A>(dy[c]) * convert<A>(weight[c]) * (convert<A>(x[c]) * s); }) /
+        A(C);
     for (std::int64_t c = 0; c < C; ++c) {
       const A norm = convert<A>(x[c]) * s;
       const A dnorm = convert<A>(dy[c]) * convert<A>(weight[c]);

@@ -28,9 +28,10 @@ namespace strata::kernels {
 
 namespace rope_detail {
 inline void check(const char* who, const attention_shape& s, double theta, std::int64_t pos0) {
-  STRATA_CHECK(s.valid(), who, ": need batch, seq >= 0, heads, kv_heads, head_dim > 0 and kv_heads dividing heads, got batch = ",
-               s.batch, ", seq = ", s.seq, ", heads = ", s.heads, ", kv_heads = ", s.kv_heads, ", head_dim = ",
-               s.head_dim);
+  STRATA_CHECK(
+      s.valid(), who,
+      ": need batch, seq >= 0, heads, kv_heads, head_dim > 0 and kv_heads dividing heads, got batch = ", s.batch,
+      ", seq = ", s.seq, ", heads = ", s.heads, ", kv_heads = ", s.kv_heads, ", head_dim = ", s.head_dim);
   STRATA_CHECK(s.head_dim % 2 == 0, who, ": head_dim = ", s.head_dim, " is odd; rotary pairs need an even one");
   STRATA_CHECK(std::isfinite(theta) && theta > 0, who, ": theta must be positive and finite, got ", theta);
   STRATA_CHECK(pos0 >= 0, who, ": negative starting position pos0 = ", pos0);

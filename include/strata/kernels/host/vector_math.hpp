@@ -29,7 +29,7 @@ inline float bits_to_float(std::uint32_t u) {
 [[gnu::always_inline]] inline float exp_fast(float x) {
   constexpr float log2e = 1.44269504088896341f;
   constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;  // ln 2 = hi + lo, hi exact in 9 bits
-  constexpr float max_x = 88.7228390f, min_x = -87.3365448f;      // e^max_x = FLT_MAX, e^min_x = FLT_MIN
+  constexpr float max_x = 88.7228390f, min_x = -87.3365448f;        // e^max_x = FLT_MAX, e^min_x = FLT_MIN
   const float xc = x > max_x ? max_x : (x < min_x ? min_x : x);
   // round to nearest by the 1.5·2^23 trick: exact for |t| < 2^22, branch-free.
   constexpr float shifter = 12582912.0f;
