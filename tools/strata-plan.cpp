@@ -226,12 +226,9 @@ bool tensor_degree_fits(const typename F::dims& m, int tp) {
 
 std::string schedule_tag(st::pipeline_schedule_kind k) {
   switch (k) {
-    case st::pipeline_schedule_kind::gpipe:
-      return "gpipe";
-    case st::pipeline_schedule_kind::interleaved:
-      return "interleaved_1f1b";
-    default:
-      return "one_f_one_b";
+    case st::pipeline_schedule_kind::gpipe: return "gpipe";
+    case st::pipeline_schedule_kind::interleaved: return "interleaved_1f1b";
+    default: return "one_f_one_b";
   }
 }
 
@@ -573,12 +570,9 @@ struct candidate {
 
 const char* recompute_name(st::recompute_mode r) {
   switch (r) {
-    case st::recompute_mode::selective:
-      return "selective";
-    case st::recompute_mode::full:
-      return "full";
-    default:
-      return "none";
+    case st::recompute_mode::selective: return "selective";
+    case st::recompute_mode::full: return "full";
+    default: return "none";
   }
 }
 

@@ -161,9 +161,7 @@ bool edit_pieces(fz::input& in, fz::rng& r) {
   if (p.contains(field) && p[field].is_number_integer() && r.chance(30))  // a neighbour (wrapping, defined)
     v = static_cast<long long>(p[field].get<std::uint64_t>() + (r.chance(50) ? 1 : ~std::uint64_t(0)));
   switch (r.below(6)) {
-    case 0:
-      p.erase(field);
-      break;
+    case 0: p.erase(field); break;
     case 1: {  // an array of 0-6 interesting values
       json a = json::array();
       for (std::size_t k = 0, n = r.below(7); k < n; ++k) a.push_back(r.pick(values));
@@ -187,9 +185,7 @@ bool edit_pieces(fz::input& in, fz::rng& r) {
         }
       }
       break;
-    default:
-      p[field] = field == "param" ? json("h.0.ln_1.weight") : json(v);
-      break;
+    default: p[field] = field == "param" ? json("h.0.ln_1.weight") : json(v); break;
   }
   meta["pieces"] = pieces.dump();
   try {

@@ -52,8 +52,8 @@ class collectives {
   void reset_counters() { counters_.reset(); }
 
   // ---- all_reduce: in place ------------------------------------------------------------------
-  template <comm_output_range R>
-  requires std::ranges::borrowed_range<R> comm_handle all_reduce_async(R&& data, reduce_op op = reduce_op::sum) {
+  template <comm_async_output_range R>
+  comm_handle all_reduce_async(R&& data, reduce_op op = reduce_op::sum) {
     check_member("all_reduce");
     using T = comm_value_t<R>;
     const std::size_t count = std::ranges::size(data);
@@ -66,10 +66,8 @@ class collectives {
   }
 
   // ---- reduce_scatter: out = this rank's part of the reduction of every rank's in -----------
-  template <comm_range In, comm_output_range Out>
-  requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
-      std::ranges::borrowed_range<Out>
-          comm_handle reduce_scatter_async(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+  template <comm_async_range In, comm_async_output_for<In> Out>
+  comm_handle reduce_scatter_async(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
     check_member("reduce_scatter");
     using T = comm_value_t<In>;
     const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out);
@@ -79,17 +77,13 @@ class collectives {
     counters_.record(op_kind::reduce_scatter, volume::reduce_scatter(in_n * sizeof(T), out_n * sizeof(T), n()));
     return engine().post_reduce_scatter(std::ranges::data(in), std::ranges::data(out), out_n, {}, comm_dtype_of<T>, op);
   }
-  template <comm_range In, comm_output_range Out>
-  requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
-      std::ranges::borrowed_range<Out>
-          comm_handle reduce_scatter_async(In&& in, Out&& out, std::span<const std::size_t> counts,
-                                           reduce_op op = reduce_op::sum) {
+  template <comm_async_range In, comm_async_output_for<In> Out>
+  comm_handle reduce_scatter_async(In&& in, Out&& out, std::span<const std::size_t> counts,
+                                   reduce_op op = reduce_op::sum) {
     check_member("reduce_scatter");
     using T = comm_value_t<In>;
     const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out);
-    const std::size_t total = check_counts("reduce_scatter", counts, out_n, "output");
-    STRATA_CHECK(in_n == total, "reduce_scatter on group ", name(), ": the input has ", in_n,
-                 " elements but the counts add up to ", total);
+    check_counts("reduce_scatter", counts, out_n, "output", in_n, "input");
     check_apart("reduce_scatter", std::ranges::data(in), in_n * sizeof(T), std::ranges::data(out), out_n * sizeof(T));
     counters_.record(op_kind::reduce_scatter, volume::reduce_scatter(in_n * sizeof(T), out_n * sizeof(T), n()));
     return engine().post_reduce_scatter(std::ranges::data(in), std::ranges::data(out), out_n, counts, comm_dtype_of<T>,
@@ -106,10 +100,8 @@ class collectives {
 
   // ---- all_gather: out = every rank's in, in rank order ---------------------------------------
   // `in` may be this rank's own slot of `out` (in place); otherwise they must not overlap.
-  template <comm_range In, comm_output_range Out>
-  requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
-      std::ranges::borrowed_range<Out>
-          comm_handle all_gather_async(In&& in, Out&& out) {
+  template <comm_async_range In, comm_async_output_for<In> Out>
+  comm_handle all_gather_async(In&& in, Out&& out) {
     check_member("all_gather");
     using T = comm_value_t<In>;
     const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out);
@@ -119,16 +111,12 @@ class collectives {
     counters_.record(op_kind::all_gather, volume::all_gather(out_n * sizeof(T), in_n * sizeof(T), n()));
     return engine().post_all_gather(std::ranges::data(in), std::ranges::data(out), in_n, {}, comm_dtype_of<T>);
   }
-  template <comm_range In, comm_output_range Out>
-  requires std::same_as<comm_value_t<In>, comm_value_t<Out>> && std::ranges::borrowed_range<In> &&
-      std::ranges::borrowed_range<Out>
-          comm_handle all_gather_async(In&& in, Out&& out, std::span<const std::size_t> counts) {
+  template <comm_async_range In, comm_async_output_for<In> Out>
+  comm_handle all_gather_async(In&& in, Out&& out, std::span<const std::size_t> counts) {
     check_member("all_gather");
     using T = comm_value_t<In>;
     const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out);
-    const std::size_t total = check_counts("all_gather", counts, in_n, "input");
-    STRATA_CHECK(out_n == total, "all_gather on group ", name(), ": the output has ", out_n,
-                 " elements but the counts add up to ", total);
+    check_counts("all_gather", counts, in_n, "input", out_n, "output");
     const std::size_t offset = std::accumulate(counts.begin(), counts.begin() + me(), std::size_t{0});
     check_gather_aliasing(std::ranges::data(in), in_n, std::ranges::data(out), out_n, offset);
     counters_.record(op_kind::all_gather, volume::all_gather(out_n * sizeof(T), in_n * sizeof(T), n()));
@@ -144,8 +132,8 @@ class collectives {
   }
 
   // ---- broadcast: every rank's data = root's data ---------------------------------------------
-  template <comm_output_range R>
-  requires std::ranges::borrowed_range<R> comm_handle broadcast_async(R&& data, int root) {
+  template <comm_async_output_range R>
+  comm_handle broadcast_async(R&& data, int root) {
     check_member("broadcast");
     using T = comm_value_t<R>;
     STRATA_CHECK(root >= 0 && root < n(), "broadcast on group ", name(), ": root ", root, " is not a rank of ", n());
@@ -179,13 +167,13 @@ class collectives {
   void p2p(std::span<const p2p_op> ops) { p2p_async(ops).wait(); }
   void p2p(std::initializer_list<p2p_op> ops) { p2p_async(ops).wait(); }
 
-  template <comm_range R>
-  requires std::ranges::borrowed_range<R> comm_handle send_async(R&& data, int peer, int tag = 0) {
+  template <comm_async_range R>
+  comm_handle send_async(R&& data, int peer, int tag = 0) {
     const p2p_op op = send_to(peer, data, tag);
     return p2p_async(std::span<const p2p_op>(&op, 1));
   }
-  template <comm_output_range R>
-  requires std::ranges::borrowed_range<R> comm_handle recv_async(R&& data, int peer, int tag = 0) {
+  template <comm_async_output_range R>
+  comm_handle recv_async(R&& data, int peer, int tag = 0) {
     const p2p_op op = recv_from(peer, data, tag);
     return p2p_async(std::span<const p2p_op>(&op, 1));
   }
@@ -226,14 +214,17 @@ class collectives {
     STRATA_CHECK(n() > 0, op, " on group '", name(), "': this rank is not a member (empty communicator)");
   }
 
-  // counts must have one entry per rank, this rank's equal to `mine`; returns their sum.
-  std::size_t check_counts(const char* op, std::span<const std::size_t> counts, std::size_t mine,
-                           const char* what) const {
+  // counts must have one entry per rank, this rank's equal to the size of its part (`mine`, the
+  // `part` side), and add up to the size of the `whole` side (`all`).
+  void check_counts(const char* op, std::span<const std::size_t> counts, std::size_t mine, const char* part,
+                    std::size_t all, const char* whole) const {
     STRATA_CHECK(counts.size() == std::size_t(n()), op, " on group ", name(), ": ", counts.size(), " counts given for ",
                  n(), " ranks");
     STRATA_CHECK(counts[std::size_t(me())] == mine, op, " on group ", name(), ": rank ", me(), "'s count is ",
-                 counts[std::size_t(me())], " but its ", what, " has ", mine, " elements");
-    return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+                 counts[std::size_t(me())], " but its ", part, " has ", mine, " elements");
+    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    STRATA_CHECK(all == total, op, " on group ", name(), ": the ", whole, " has ", all,
+                 " elements but the counts add up to ", total);
   }
 
   void check_apart(const char* op, const void* in, std::size_t in_bytes, const void* out, std::size_t out_bytes) const {

@@ -46,12 +46,9 @@ enum class reduce_op { sum, avg, max };
 
 constexpr std::string_view reduce_op_name(reduce_op op) {
   switch (op) {
-    case reduce_op::sum:
-      return "sum";
-    case reduce_op::avg:
-      return "avg";
-    case reduce_op::max:
-      return "max";
+    case reduce_op::sum: return "sum";
+    case reduce_op::avg: return "avg";
+    case reduce_op::max: return "max";
   }
   return "unknown";
 }
@@ -71,28 +68,20 @@ inline constexpr comm_dtype comm_dtype_of = std::is_same_v<T, float>    ? comm_d
 
 constexpr std::size_t dtype_bytes(comm_dtype d) {
   switch (d) {
-    case comm_dtype::f32:
-      return 4;
-    case comm_dtype::f64:
-      return 8;
-    case comm_dtype::bf16:
-      return 2;
-    case comm_dtype::fp16:
-      return 2;
+    case comm_dtype::f32: return 4;
+    case comm_dtype::f64: return 8;
+    case comm_dtype::bf16: return 2;
+    case comm_dtype::fp16: return 2;
   }
   return 0;
 }
 
 constexpr std::string_view comm_dtype_name(comm_dtype d) {
   switch (d) {
-    case comm_dtype::f32:
-      return "fp32";
-    case comm_dtype::f64:
-      return "fp64";
-    case comm_dtype::bf16:
-      return "bf16";
-    case comm_dtype::fp16:
-      return "fp16";
+    case comm_dtype::f32: return "fp32";
+    case comm_dtype::f64: return "fp64";
+    case comm_dtype::bf16: return "bf16";
+    case comm_dtype::fp16: return "fp16";
   }
   return "unknown";
 }
@@ -101,14 +90,10 @@ constexpr std::string_view comm_dtype_name(comm_dtype d) {
 template <class F>
 decltype(auto) visit_dtype(comm_dtype d, F&& f) {
   switch (d) {
-    case comm_dtype::f64:
-      return std::forward<F>(f)(std::type_identity<double>{});
-    case comm_dtype::bf16:
-      return std::forward<F>(f)(std::type_identity<bf16>{});
-    case comm_dtype::fp16:
-      return std::forward<F>(f)(std::type_identity<fp16>{});
-    case comm_dtype::f32:
-      break;
+    case comm_dtype::f64: return std::forward<F>(f)(std::type_identity<double>{});
+    case comm_dtype::bf16: return std::forward<F>(f)(std::type_identity<bf16>{});
+    case comm_dtype::fp16: return std::forward<F>(f)(std::type_identity<fp16>{});
+    case comm_dtype::f32: break;
   }
   return std::forward<F>(f)(std::type_identity<float>{});
 }
@@ -123,6 +108,16 @@ concept comm_range = std::ranges::contiguous_range<R> && std::ranges::sized_rang
 template <class R>
 concept comm_output_range =
     comm_range<R> && !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
+
+// What an asynchronous collective may keep using after it returns, until its handle is waited
+// on: ranges that do not own their elements (a span, a pointer range, an lvalue container).
+template <class R>
+concept comm_async_range = comm_range<R> && std::ranges::borrowed_range<R>;
+template <class R>
+concept comm_async_output_range = comm_output_range<R> && std::ranges::borrowed_range<R>;
+// The output of an asynchronous collective whose input is `In`: the same scalar.
+template <class Out, class In>
+concept comm_async_output_for = comm_async_output_range<Out> && std::same_as<comm_value_t<In>, comm_value_t<Out>>;
 
 // No neighbour: a p2p operation with this peer is skipped, so the first and last pipeline stages
 // can post the same list as the others.

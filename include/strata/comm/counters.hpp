@@ -45,20 +45,13 @@ inline constexpr int op_kind_count = 7;
 
 constexpr std::string_view op_name(op_kind k) {
   switch (k) {
-    case op_kind::all_reduce:
-      return "all_reduce";
-    case op_kind::reduce_scatter:
-      return "reduce_scatter";
-    case op_kind::all_gather:
-      return "all_gather";
-    case op_kind::broadcast:
-      return "broadcast";
-    case op_kind::send:
-      return "send";
-    case op_kind::recv:
-      return "recv";
-    case op_kind::barrier:
-      return "barrier";
+    case op_kind::all_reduce: return "all_reduce";
+    case op_kind::reduce_scatter: return "reduce_scatter";
+    case op_kind::all_gather: return "all_gather";
+    case op_kind::broadcast: return "broadcast";
+    case op_kind::send: return "send";
+    case op_kind::recv: return "recv";
+    case op_kind::barrier: return "barrier";
   }
   return "unknown";
 }

@@ -39,12 +39,7 @@ class group_ref {
   // out = every rank's `in` (equal sizes), in rank order.
   template <comm_scalar T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    STRATA_CHECK(out.size() == in.size() * static_cast<std::size_t>(size()), "group_ref::all_gather on ", name(),
-                 ": output holds ", out.size(), " elements, expected ", in.size(), " x ", size());
-    if (!impl_ || size() == 1) {
-      if (out.data() != in.data()) std::copy(in.begin(), in.end(), out.begin());
-      return;
-    }
+    if (sized_and_alone("all_gather", "output", in, out, out.size(), in.size())) return;
     impl_->all_gather(in.data(), out.data(), in.size(), comm_dtype_of<T>);
   }
   // From `root` to every rank, in place.
@@ -66,16 +61,23 @@ class group_ref {
   // out = the sum over ranks of this rank's part of `in` (size() equal parts).
   template <comm_scalar T>
   void reduce_scatter(std::span<const T> in, std::span<T> out) {
-    STRATA_CHECK(in.size() == out.size() * static_cast<std::size_t>(size()), "group_ref::reduce_scatter on ", name(),
-                 ": input holds ", in.size(), " elements, expected ", out.size(), " x ", size());
-    if (!impl_ || size() == 1) {
-      if (out.data() != in.data()) std::copy(in.begin(), in.end(), out.begin());
-      return;
-    }
+    if (sized_and_alone("reduce_scatter", "input", in, out, in.size(), out.size())) return;
     impl_->reduce_scatter(in.data(), out.data(), out.size(), comm_dtype_of<T>);
   }
 
  private:
+  // A gather or scatter's sizes: its `whole` side holds size() parts of `part` elements. A group of
+  // one has only its own part, so `out` is `in` (copied unless in place) and the call is done.
+  template <comm_scalar T>
+  bool sized_and_alone(const char* op, const char* whole_side, std::span<const T> in, std::span<T> out,
+                       std::size_t whole, std::size_t part) const {
+    STRATA_CHECK(whole == part * static_cast<std::size_t>(size()), "group_ref::", op, " on ", name(), ": the ",
+                 whole_side, " holds ", whole, " elements, expected ", part, " x ", size());
+    if (impl_ && size() > 1) return false;
+    if (out.data() != in.data()) std::copy(in.begin(), in.end(), out.begin());
+    return true;
+  }
+
   struct erased {
     virtual ~erased() = default;
     virtual int size() const = 0;

@@ -83,13 +83,10 @@ inline std::string mpi_error_string(int rc) {
 // The MPI type that carries d without arithmetic.
 inline MPI_Datatype mpi_move_type(comm_dtype d) {
   switch (d) {
-    case comm_dtype::f64:
-      return MPI_DOUBLE;
+    case comm_dtype::f64: return MPI_DOUBLE;
     case comm_dtype::bf16:
-    case comm_dtype::fp16:
-      return MPI_UINT16_T;
-    case comm_dtype::f32:
-      break;
+    case comm_dtype::fp16: return MPI_UINT16_T;
+    case comm_dtype::f32: break;
   }
   return MPI_FLOAT;
 }

@@ -51,14 +51,10 @@ namespace detail {
 
 inline ncclDataType_t nccl_type(comm_dtype d) {
   switch (d) {
-    case comm_dtype::f64:
-      return ncclFloat64;
-    case comm_dtype::bf16:
-      return ncclBfloat16;
-    case comm_dtype::fp16:
-      return ncclFloat16;
-    case comm_dtype::f32:
-      break;
+    case comm_dtype::f64: return ncclFloat64;
+    case comm_dtype::bf16: return ncclBfloat16;
+    case comm_dtype::fp16: return ncclFloat16;
+    case comm_dtype::f32: break;
   }
   return ncclFloat32;
 }

@@ -28,14 +28,17 @@
 
 #include "strata/core/error.hpp"
 
+// Runs `call`, a CUDA library call returning a status, and hands any status but `ok` to
+// `on_failure(status, text, file, line)`, which throws; `text` is the call as written.
+#define STRATA_GPU_STATUS_CHECK(call, text, ok, on_failure)                                   \
+  do {                                                                                        \
+    const auto strata_gpu_status_ = (call);                                                   \
+    if (strata_gpu_status_ != (ok)) on_failure(strata_gpu_status_, text, __FILE__, __LINE__); \
+  } while (0)
+
 // Throws strata::error when a CUDA runtime call fails: "CUDA error cudaErrorX (text) in
 // `call` at file:line".
-#define STRATA_CUDA_CHECK(call)                                                      \
-  do {                                                                               \
-    const cudaError_t strata_cuda_err_ = (call);                                     \
-    if (strata_cuda_err_ != cudaSuccess)                                             \
-      ::strata::gpu::detail::cuda_fail(strata_cuda_err_, #call, __FILE__, __LINE__); \
-  } while (0)
+#define STRATA_CUDA_CHECK(call) STRATA_GPU_STATUS_CHECK(call, #call, cudaSuccess, ::strata::gpu::detail::cuda_fail)
 
 namespace strata::gpu {
 

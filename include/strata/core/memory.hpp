@@ -34,20 +34,13 @@ inline constexpr int memory_category_count = 7;
 
 constexpr std::string_view category_name(memory_category c) {
   switch (c) {
-    case memory_category::parameters:
-      return "parameters";
-    case memory_category::gradients:
-      return "gradients";
-    case memory_category::master_weights:
-      return "master_weights";
-    case memory_category::optimizer_state:
-      return "optimizer_state";
-    case memory_category::activations:
-      return "activations";
-    case memory_category::workspace:
-      return "workspace";
-    case memory_category::communication:
-      return "communication";
+    case memory_category::parameters: return "parameters";
+    case memory_category::gradients: return "gradients";
+    case memory_category::master_weights: return "master_weights";
+    case memory_category::optimizer_state: return "optimizer_state";
+    case memory_category::activations: return "activations";
+    case memory_category::workspace: return "workspace";
+    case memory_category::communication: return "communication";
   }
   return "unknown";
 }

@@ -83,8 +83,7 @@ class recompute {
         r.backward_flops += r.core_flops;
         r.core_bytes = r.core_flops = 0;
         break;
-      case recompute_mode::none:
-        break;
+      case recompute_mode::none: break;
     }
     return r;
   }

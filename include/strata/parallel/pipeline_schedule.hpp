@@ -60,12 +60,9 @@ inline pipeline_schedule_kind parse_pipeline_schedule(std::string_view s) {
 }
 inline std::string_view schedule_label(pipeline_schedule_kind k) {
   switch (k) {
-    case pipeline_schedule_kind::gpipe:
-      return "gpipe";
-    case pipeline_schedule_kind::one_f_one_b:
-      return "1f1b";
-    case pipeline_schedule_kind::interleaved:
-      return "interleaved";
+    case pipeline_schedule_kind::gpipe: return "gpipe";
+    case pipeline_schedule_kind::one_f_one_b: return "1f1b";
+    case pipeline_schedule_kind::interleaved: return "interleaved";
   }
   return "?";
 }

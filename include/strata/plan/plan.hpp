@@ -293,15 +293,9 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
     const int n_micro = int(M);
     switch (z) {
       case 0:
-      case 1:
-        r.comm_bytes.dp = ring_all_reduce_bytes(psi_b, dp);
-        break;  // RS + AG = AR
-      case 2:
-        r.comm_bytes.dp = (n_micro + 1) * ring_gather_bytes(psi_b, dp);
-        break;  // RS per micro-batch, AG once
-      default:
-        r.comm_bytes.dp = 3.0 * n_micro * ring_gather_bytes(psi_b, dp);
-        break;  // 2 AG + RS per micro-batch
+      case 1: r.comm_bytes.dp = ring_all_reduce_bytes(psi_b, dp); break;               // RS + AG = AR
+      case 2: r.comm_bytes.dp = (n_micro + 1) * ring_gather_bytes(psi_b, dp); break;   // RS per micro-batch, AG once
+      default: r.comm_bytes.dp = 3.0 * n_micro * ring_gather_bytes(psi_b, dp); break;  // 2 AG + RS per micro-batch
     }
     // Tensor parallel: what the layers of the busiest stage send, per micro-batch.
     const double block_tp = double(per_stage) * mine.block.tensor_bytes();

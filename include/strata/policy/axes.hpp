@@ -25,11 +25,9 @@ struct zero {
 };
 
 template <class T>
-struct is_zero : std::false_type {};
+inline constexpr bool is_zero_v = false;
 template <int Stage>
-struct is_zero<zero<Stage>> : std::true_type {};
-template <class T>
-inline constexpr bool is_zero_v = is_zero<T>::value;
+inline constexpr bool is_zero_v<zero<Stage>> = true;
 
 // ---- The option tags for the tensor axis ----
 // Megatron sequence parallelism: the norm/dropout regions are split along the sequence over

@@ -26,12 +26,9 @@ inline recompute_mode parse_recompute_mode(std::string_view s) {
 }
 constexpr std::string_view recompute_label(recompute_mode m) {
   switch (m) {
-    case recompute_mode::selective:
-      return "selective";
-    case recompute_mode::full:
-      return "full";
-    case recompute_mode::none:
-      break;
+    case recompute_mode::selective: return "selective";
+    case recompute_mode::full: return "full";
+    case recompute_mode::none: break;
   }
   return "none";
 }

@@ -69,15 +69,13 @@ struct training_options {
 
 template <class Model>
 class training {
-  static_assert(check_model_declaration<Model>());
-  static_assert(check_static_layout<Model>());
-
  public:
-  using declaration = Model;
-  using policy = typename Model::policy;
-  using T = typename policy::storage;
-  using config = typename Model::config;
+  // The model checks the declaration and its layout first: a mistake in either stops here.
   using model_type = sequential_model<Model>;
+  using declaration = typename model_type::declaration;
+  using policy = typename model_type::policy;
+  using T = typename model_type::T;
+  using config = typename model_type::config;
   using groups_type = run_groups<typename policy::device>;
   using sync_type = data_parallel<policy, typename groups_type::dp_comm>;
   using optimizer_type = adamw<policy>;

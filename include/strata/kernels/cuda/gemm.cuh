@@ -28,25 +28,18 @@ namespace cuda_detail {
 
 inline cudaDataType_t lt_type(gpu::scalar_kind k) {
   switch (k) {
-    case gpu::scalar_kind::f32:
-      return CUDA_R_32F;
-    case gpu::scalar_kind::f64:
-      return CUDA_R_64F;
-    case gpu::scalar_kind::bf16:
-      return CUDA_R_16BF;
-    case gpu::scalar_kind::f16:
-      return CUDA_R_16F;
+    case gpu::scalar_kind::f32: return CUDA_R_32F;
+    case gpu::scalar_kind::f64: return CUDA_R_64F;
+    case gpu::scalar_kind::bf16: return CUDA_R_16BF;
+    case gpu::scalar_kind::f16: return CUDA_R_16F;
   }
   return CUDA_R_32F;
 }
 inline cublasComputeType_t lt_compute(gpu::compute_kind k) {
   switch (k) {
-    case gpu::compute_kind::f32:
-      return CUBLAS_COMPUTE_32F;
-    case gpu::compute_kind::f32_fast_tf32:
-      return CUBLAS_COMPUTE_32F_FAST_TF32;
-    case gpu::compute_kind::f64:
-      return CUBLAS_COMPUTE_64F;
+    case gpu::compute_kind::f32: return CUBLAS_COMPUTE_32F;
+    case gpu::compute_kind::f32_fast_tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case gpu::compute_kind::f64: return CUBLAS_COMPUTE_64F;
   }
   return CUBLAS_COMPUTE_32F;
 }

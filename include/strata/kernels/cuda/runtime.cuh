@@ -34,12 +34,8 @@
 #include "strata/kernels/cuda/launch_config.hpp"
 
 // Same for cuBLAS / cuBLASLt status codes.
-#define STRATA_CUBLAS_CHECK(call)                                                       \
-  do {                                                                                  \
-    const cublasStatus_t strata_cublas_st_ = (call);                                    \
-    if (strata_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                     \
-      ::strata::gpu::detail::cublas_fail(strata_cublas_st_, #call, __FILE__, __LINE__); \
-  } while (0)
+#define STRATA_CUBLAS_CHECK(call) \
+  STRATA_GPU_STATUS_CHECK(call, #call, CUBLAS_STATUS_SUCCESS, ::strata::gpu::detail::cublas_fail)
 
 // After every <<<...>>>: the launch error (bad configuration, missing kernel image), and with
 // STRATA_CUDA_SYNC=1 the kernel's own execution error.
@@ -196,8 +192,7 @@ inline void check_device_errors() {
     case device_error_code::target_out_of_range:
       fail("cross_entropy: target ", rec.value, " at position ", rec.position, " is out of range for vocab ",
            rec.limit);
-    default:
-      fail("CUDA kernel reported error code ", rec.code);
+    default: fail("CUDA kernel reported error code ", rec.code);
   }
 }
 

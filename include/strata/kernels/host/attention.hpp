@@ -150,18 +150,10 @@ inline void row_tile(A* c, std::int64_t ldc, const A* a, std::int64_t a_r, std::
   for (std::int64_t j = 0; j < n; j += max_vecs * L) {
     const std::int64_t nv = std::min<std::int64_t>(max_vecs, (n - j) / L);
     switch (nv) {
-      case 4:
-        tile<4, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha);
-        break;
-      case 3:
-        tile<3, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha);
-        break;
-      case 2:
-        tile<2, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha);
-        break;
-      default:
-        tile<1, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha);
-        break;
+      case 4: tile<4, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
+      case 3: tile<3, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
+      case 2: tile<2, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
+      default: tile<1, Accumulate>(c + j, ldc, a, a_r, a_k, b + j, ldb, K, alpha); break;
     }
   }
 }
