@@ -80,9 +80,11 @@ inline void check_gemm_args(bool trans_a, bool trans_b, std::int64_t M, std::int
 
 // blas_panels' split of C: along its longer side (rows M or columns N), into panels of at least
 // panel_min and at most max_panels of them, a multiple of panel_align wide. Both depend on the
-// shape alone. The smallest panel keeps the BLAS's repacking of the other operand, once per
-// panel, near 1% of the multiply-adds; 32 panels keep 2 to 16 threads busy.
-inline constexpr std::int64_t panel_min = 256, max_panels = 32, panel_align = 16;
+// shape alone. The BLAS repacks the other operand once per panel; panels of 128 split the
+// GPT-2-small shapes evenly over 2 or 3 threads, and on 2 cores the whole costs 5-8% of the
+// throughput of OpenBLAS's own threading (docs/architecture.md, "Determinism"). 32 panels keep
+// 2 to 16 threads busy.
+inline constexpr std::int64_t panel_min = 128, max_panels = 32, panel_align = 16;
 
 // Runs call(row0, rows, col0, cols) for each panel of an M x N result: the panels of one call
 // on one thread each, and the BLAS inside on that thread alone.
