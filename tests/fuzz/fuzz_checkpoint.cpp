@@ -325,7 +325,7 @@ int main(int argc, char** argv) {
   t.write_corpus = write_corpus;
   t.structured = edit_pieces;
   t.fixup = fixup;
-  const int rc = fz::main(argc, argv, t, STRATA_FUZZ_CORPUS "/checkpoint");
+  const int rc = fz::main(argc, argv, t, (strata_test::program_dir() / "corpus" / "checkpoint").string());
   fz::fs::remove_all(shared_runs().ck);
   return rc;
 }

@@ -119,5 +119,5 @@ int main(int argc, char** argv) {
   t.name = "hf_import";
   t.run = run;
   t.write_corpus = write_corpus;
-  return fz::main(argc, argv, t, STRATA_FUZZ_CORPUS "/hf_import");
+  return fz::main(argc, argv, t, (strata_test::program_dir() / "corpus" / "hf_import").string());
 }

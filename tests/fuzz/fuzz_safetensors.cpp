@@ -98,5 +98,5 @@ int main(int argc, char** argv) {
   t.name = "safetensors";
   t.run = run;
   t.write_corpus = write_corpus;
-  return fz::main(argc, argv, t, STRATA_FUZZ_CORPUS "/safetensors");
+  return fz::main(argc, argv, t, (strata_test::program_dir() / "corpus" / "safetensors").string());
 }

@@ -74,5 +74,5 @@ int main(int argc, char** argv) {
   t.name = "token_shards";
   t.run = run;
   t.write_corpus = write_corpus;
-  return fz::main(argc, argv, t, STRATA_FUZZ_CORPUS "/token_shards");
+  return fz::main(argc, argv, t, (strata_test::program_dir() / "corpus" / "token_shards").string());
 }

@@ -43,6 +43,8 @@
 
 #include <strata/core/error.hpp>
 
+#include "../support/program_dir.hpp"
+
 // Present only when a sanitizer runtime is linked in: it then reports the crash itself, and this
 // callback saves the input afterwards.
 extern "C" void __sanitizer_set_death_callback(void (*)(void)) __attribute__((weak));
@@ -578,7 +580,8 @@ inline void usage(const std::string& name) {
       "  --inputs N        mutated inputs to run (default 2000)\n"
       "  --seed S          PRNG seed (default 1); input i of seed S is the same everywhere\n"
       "  --seconds T       stop after T seconds, whichever of N and T comes first (default: none)\n"
-      "  --corpus DIR      seed corpus (default: the source tree's tests/fuzz/corpus/%s)\n"
+      "  --corpus DIR      seed corpus (default: corpus/%s next to this program, a link to the\n"
+      "                    source tree's tests/fuzz/corpus)\n"
       "  --replay PATH     run one saved input (file, bundle or directory) and say what happened\n"
       "  --out DIR         where failing inputs are saved (default: .)\n"
       "  --timeout S       per-input time limit in seconds (default 10)\n"

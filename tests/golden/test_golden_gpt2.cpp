@@ -30,6 +30,7 @@
 #include <strata/strata.hpp>
 
 #include "../mpi/layout_equivalence.hpp"
+#include "../support/program_dir.hpp"
 #include "../unit/max_error.hpp"
 #include "gpt2/gpt2.hpp"
 #include "gpt2/gpt2_hf.hpp"
@@ -38,7 +39,8 @@ namespace st = strata;
 
 namespace {
 
-const std::string fixtures = STRATA_FIXTURE_DIR;
+// tests/fixtures, linked next to this program (tests/support/program_dir.hpp).
+const std::string fixtures = (strata_test::program_dir() / "fixtures").string();
 
 bool lead() { return strata_test::world().rank() == 0; }
 

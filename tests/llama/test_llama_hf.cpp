@@ -16,6 +16,7 @@
 
 #include <strata/strata.hpp>
 
+#include "../support/program_dir.hpp"
 #include "../unit/max_error.hpp"
 #include "llama/llama.hpp"
 #include "llama/llama_hf.hpp"
@@ -24,7 +25,8 @@ namespace st = strata;
 
 namespace {
 
-const std::string fixtures = STRATA_FIXTURE_DIR;
+// tests/fixtures, linked next to this program (tests/support/program_dir.hpp).
+const std::string fixtures = (strata_test::program_dir() / "fixtures").string();
 
 struct fixture {
   llama::dims dims;
