@@ -377,6 +377,8 @@ TEST_CASE("wrong sizes are a strata::error naming the group and the numbers, bef
   CHECK_THROWS_WITH_AS(c.all_gather(out, big, bad_counts), doctest::Contains("counts given for"), strata::error);
   CHECK_THROWS_WITH_AS(c.reduce_scatter(in, out, std::vector<std::size_t>(std::size_t(n), 5)),
                        doctest::Contains("the counts add up to"), strata::error);
+  CHECK_THROWS_WITH_AS(c.all_gather(out, gather_out, std::vector<std::size_t>(std::size_t(n), 5)),
+                       doctest::Contains("the output has"), strata::error);
   CHECK_THROWS_WITH_AS(c.broadcast(out, n), doctest::Contains("root"), strata::error);
   CHECK_THROWS_WITH_AS(c.send(out, n + 3), doctest::Contains("peer"), strata::error);
   // Overlapping input and output of a reduce_scatter.
