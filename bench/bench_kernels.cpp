@@ -34,6 +34,10 @@ using strata::host;
 constexpr std::int64_t B = 4, T = 256, N = B * T, C = 768, NH = 12;
 constexpr std::int64_t V = 50257, Vp = 50304, CE_rows = 128;  // GPT-2 vocab, padded to 128
 constexpr double min_time = 0.2;
+// Every benchmark here: a short minimum time, per wall-clock second (the kernels run on several
+// threads), in milliseconds or microseconds.
+void timed_ms(benchmark::internal::Benchmark* b) { b->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond); }
+void timed_us(benchmark::internal::Benchmark* b) { b->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond); }
 
 template <class T_>
 std::vector<T_> random_array(std::int64_t n, std::uint64_t stream, double scale = 1.0) {
@@ -428,30 +432,10 @@ void BM_convert_array(benchmark::State& state) {
 using strata::bf16;
 
 // linear at the attention projection (OC = C) and the MLP up-projection (OC = 4C).
-BENCHMARK_TEMPLATE(BM_linear_forward, float)
-    ->Arg(C)
-    ->Arg(4 * C)
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_linear_forward, bf16)
-    ->Arg(C)
-    ->Arg(4 * C)
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_linear_backward, float)
-    ->Arg(C)
-    ->Arg(4 * C)
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_linear_backward, bf16)
-    ->Arg(C)
-    ->Arg(4 * C)
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_linear_forward, float)->Arg(C)->Arg(4 * C)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_linear_forward, bf16)->Arg(C)->Arg(4 * C)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_linear_backward, float)->Arg(C)->Arg(4 * C)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_linear_backward, bf16)->Arg(C)->Arg(4 * C)->Apply(timed_ms);
 // The GEMMs above, raw: forward {N, OC, C, no, trans, beta 1}; backward dinp {N, C, OC, no, no, 1}
 // and dweight {OC, C, N, trans, no, 1}.
 BENCHMARK(BM_cblas_sgemm)
@@ -462,19 +446,17 @@ BENCHMARK(BM_cblas_sgemm)
     ->Args({N, 4 * C, C, 0, 1, 1})
     ->Args({N, C, 4 * C, 0, 0, 1})
     ->Args({4 * C, C, N, 1, 0, 1})
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+    ->Apply(timed_ms);
 
-BENCHMARK_TEMPLATE(BM_attention_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_attention_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_attention_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_attention_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_attention_forward, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_attention_forward, bf16)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_attention_backward, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_attention_backward, bf16)->Apply(timed_ms);
 
-BENCHMARK_TEMPLATE(BM_gqa_attention_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_gqa_attention_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_gqa_attention_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_gqa_attention_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_gqa_attention_forward, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_gqa_attention_forward, bf16)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_gqa_attention_backward, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_gqa_attention_backward, bf16)->Apply(timed_ms);
 
 BENCHMARK_TEMPLATE(BM_attention_step, float)
     ->ArgNames({"B", "T", "H", "d", "bwd"})
@@ -482,71 +464,55 @@ BENCHMARK_TEMPLATE(BM_attention_step, float)
     ->Args({8, 256, 6, 64, 1})
     ->Args({8, 64, 4, 24, 0})
     ->Args({8, 64, 4, 24, 1})
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+    ->Apply(timed_ms);
 BENCHMARK_TEMPLATE(BM_attention_step, bf16)
     ->ArgNames({"B", "T", "H", "d", "bwd"})
     ->Args({8, 256, 6, 64, 0})
     ->Args({8, 256, 6, 64, 1})
     ->Args({8, 64, 4, 24, 0})
     ->Args({8, 64, 4, 24, 1})
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+    ->Apply(timed_ms);
 
-BENCHMARK_TEMPLATE(BM_layernorm_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_layernorm_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_layernorm_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_layernorm_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_rmsnorm_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_rmsnorm_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_rmsnorm_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_rmsnorm_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_rope_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_rope_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_swiglu_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_swiglu_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_swiglu_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_swiglu_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_gelu_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_gelu_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_gelu_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_gelu_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_residual_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_residual_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_residual_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_residual_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_embedding_forward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_embedding_forward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_embedding_backward, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_embedding_backward, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, float)
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, bf16)
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_adamw_update, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_adamw_update, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_sum_of_squares, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_sum_of_squares, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_all_finite, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_all_finite, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_scale_in_place, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_scale_in_place, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_convert_array, bf16, float)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_convert_array, float, bf16)->MinTime(min_time)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_convert_array, strata::fp16, float)
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_convert_array, float, strata::fp16)
-    ->MinTime(min_time)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_layernorm_forward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_layernorm_forward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_layernorm_backward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_layernorm_backward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_rmsnorm_forward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_rmsnorm_forward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_rmsnorm_backward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_rmsnorm_backward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_rope_forward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_rope_forward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_swiglu_forward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_swiglu_forward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_swiglu_backward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_swiglu_backward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_gelu_forward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_gelu_forward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_gelu_backward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_gelu_backward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_residual_forward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_residual_forward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_residual_backward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_residual_backward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_embedding_forward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_embedding_forward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_embedding_backward, float)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_embedding_backward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_cross_entropy_forward_backward, bf16)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_adamw_update, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_adamw_update, bf16)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_sum_of_squares, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_sum_of_squares, bf16)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_all_finite, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_all_finite, bf16)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_scale_in_place, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_scale_in_place, bf16)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_convert_array, bf16, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_convert_array, float, bf16)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_convert_array, strata::fp16, float)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_convert_array, float, strata::fp16)->Apply(timed_ms);
 
 }  // namespace
 
