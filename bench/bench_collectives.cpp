@@ -2,16 +2,18 @@
 //
 //   mpirun -np 4 ./bench_collectives [--benchmark_filter=all_reduce] [--benchmark_min_time=0.2]
 //
-// A message-size sweep (1 KiB .. 64 MiB, x4) of all_reduce, all_gather and reduce_scatter on
-// fp32 host buffers over the world communicator, plus a bf16 all_reduce (staged in fp32: see
+// A message-size sweep (1 KiB .. 64 MiB, x4) of all_reduce, all_gather, reduce_scatter and
+// all_to_all on fp32 host buffers over the world communicator, plus a bf16 all_reduce (staged in fp32: see
 // mpi_communicator.hpp) and the same fp32 all-reduce through MPI_Allreduce directly, so the cost
 // of strata's nonblocking call + polling wait shows as a ratio. S ("bytes") is the all-reduce
-// buffer, the all-gather's output and the reduce-scatter's input, as in nccl-tests. Per size:
+// buffer, the all-gather's output, the reduce-scatter's input and the all-to-all's input, as in
+// nccl-tests. Per size:
 //   Time        per call, the slowest rank's (each iteration starts at a barrier, is timed on
 //               every rank and reduced with MPI_MAX; that is also Google Benchmark's manual
 //               time, so every rank runs the same number of iterations)
 //   algbw_GBps  S / time
-//   busbw_GBps  algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and reduce_scatter:
+//   busbw_GBps  algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather, reduce_scatter and
+//               all_to_all:
 //               the per-rank link traffic of a ring, comparable across rank counts
 // Only rank 0 reports; the others run the same benchmarks with a reporter that prints nothing.
 #include <benchmark/benchmark.h>
@@ -89,6 +91,13 @@ void BM_reduce_scatter(benchmark::State& state) {
   timed(state, double(block * n * sizeof(float)), (ranks() - 1) / ranks(), [&] { comm().reduce_scatter(in, out); });
 }
 
+void BM_all_to_all(benchmark::State& state) {
+  const std::size_t block = block_of<float>(state.range(0));
+  const std::size_t n = static_cast<std::size_t>(comm().size());
+  std::vector<float> in(block * n, 1.0f), out(block * n);
+  timed(state, double(block * n * sizeof(float)), (ranks() - 1) / ranks(), [&] { comm().all_to_all(in, out); });
+}
+
 constexpr std::int64_t smallest = 1 << 10, largest = std::int64_t{64} << 20;
 
 void sweep(benchmark::internal::Benchmark* b) {
@@ -100,6 +109,7 @@ BENCHMARK(BM_mpi_native_all_reduce)->Name("mpi_native_all_reduce/fp32")->Apply(s
 BENCHMARK(BM_all_reduce<strata::bf16>)->Name("all_reduce/bf16")->Apply(sweep);
 BENCHMARK(BM_all_gather)->Name("all_gather/fp32")->Apply(sweep);
 BENCHMARK(BM_reduce_scatter)->Name("reduce_scatter/fp32")->Apply(sweep);
+BENCHMARK(BM_all_to_all)->Name("all_to_all/fp32")->Apply(sweep);
 
 }  // namespace
 

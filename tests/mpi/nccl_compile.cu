@@ -23,6 +23,10 @@ void use_everything(Comm& c, T* d, std::size_t n) {
   c.all_gather_async(cs.first(1), s, counts).wait();
   c.broadcast(s, 0);
   c.broadcast_async(s, 0).wait();
+  c.all_to_all(cs, s);
+  c.all_to_all_async(cs, s).wait();
+  c.all_to_all_v(cs, counts, s, counts);
+  c.all_to_all_v_async(cs, counts, s, counts).wait();
   c.p2p({strata::send_to(0, cs), strata::recv_from(0, s)});
   c.send(cs, 0);
   c.recv(s, 0);

@@ -1,8 +1,9 @@
 // tests/mpi/test_collectives.cpp - every collective of the MPI engine against an fp64 reference.
 //
 // Each rank builds every rank's deterministic input itself, so the expected result of any
-// collective is computed locally in fp64. Every dtype (fp32, fp64, bf16, fp16), sync and async,
-// equal and uneven sizes (including ranks with nothing), sub-groups and chunked messages.
+// collective is computed locally in fp64 (all_to_all, which only moves data: bit for bit). Every
+// dtype (fp32, fp64, bf16, fp16), sync and async, equal and uneven sizes (including ranks with nothing), sub-groups and
+// chunked messages.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -228,6 +229,60 @@ TEST_CASE_TEMPLATE("broadcast from every root", T, float, double, bf16, fp16) {
   }
 }
 
+namespace {
+// Elements rank `from` sends rank `to` in the uneven all_to_all_v: 0-3, zero for some pairs.
+std::size_t pair_count(int from, int to) { return std::size_t((from * 3 + to * 5 + 1) % 4); }
+}  // namespace
+
+TEST_CASE_TEMPLATE("all_to_all: equal blocks and uneven (all_to_all_v), sync and async", T, float, double, bf16, fp16) {
+  auto& c = world_comm();
+  const int n = c.size(), me = c.rank();
+  const std::uint64_t seed = 450;
+  for (bool async : {false, true}) {
+    // Equal blocks: block r of rank s's input arrives as block s of rank r's output.
+    for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{33}}) {
+      auto in = inputs<T>(seed, me, block * std::size_t(n));
+      std::vector<T> out(in.size(), T(-7.0f));
+      if (async) {
+        c.all_to_all_async(in, out).wait();
+      } else {
+        c.all_to_all(in, out);
+      }
+      bool ok = true;
+      for (int s = 0; s < n; ++s)
+        for (std::size_t i = 0; i < block; ++i)
+          ok = ok && same_bits(out[std::size_t(s) * block + i], input<T>(seed, s, std::size_t(me) * block + i));
+      CHECK(ok);
+    }
+    // Uneven blocks, some empty: rank s sends pair_count(s, r) elements to rank r.
+    std::vector<std::size_t> send_counts(static_cast<std::size_t>(n)), recv_counts(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      send_counts[std::size_t(r)] = pair_count(me, r);
+      recv_counts[std::size_t(r)] = pair_count(r, me);
+    }
+    const auto total = [](const std::vector<std::size_t>& v) {
+      return std::accumulate(v.begin(), v.end(), std::size_t{0});
+    };
+    auto in = inputs<T>(seed + 1, me, total(send_counts));
+    std::vector<T> out(total(recv_counts), T(-7.0f));
+    if (async) {
+      c.all_to_all_v_async(in, send_counts, out, recv_counts).wait();
+    } else {
+      c.all_to_all_v(in, send_counts, out, recv_counts);
+    }
+    bool ok = true;
+    std::size_t at = 0;
+    for (int s = 0; s < n; ++s) {
+      std::size_t from = 0;  // where rank s's block for this rank starts in its input
+      for (int q = 0; q < me; ++q) from += pair_count(s, q);
+      for (std::size_t i = 0; i < pair_count(s, me); ++i)
+        ok = ok && same_bits(out[at++], input<T>(seed + 1, s, from + i));
+    }
+    CHECK(ok);
+    CHECK(at == out.size());
+  }
+}
+
 TEST_CASE_TEMPLATE("p2p: a ring exchange posted as one group, and send/recv", T, float, double, bf16, fp16) {
   auto& c = world_comm();
   const int n = c.size(), r = c.rank();
@@ -379,6 +434,27 @@ TEST_CASE("wrong sizes are a strata::error naming the group and the numbers, bef
                        doctest::Contains("the counts add up to"), strata::error);
   CHECK_THROWS_WITH_AS(c.all_gather(out, gather_out, std::vector<std::size_t>(std::size_t(n), 5)),
                        doctest::Contains("the output has"), strata::error);
+  CHECK_THROWS_WITH_AS(c.all_to_all(big, gather_out), doctest::Contains("all_to_all on group world: the input has"),
+                       strata::error);
+  if (n > 1) {
+    std::vector<float> odd(5 * std::size_t(n) + 1);
+    CHECK_THROWS_WITH_AS(c.all_to_all(odd, std::vector<float>(odd.size())), doctest::Contains("ranks x one block size"),
+                         strata::error);
+  }
+  const std::vector<std::size_t> fives(std::size_t(n), 5);
+  std::vector<float> big_out(big.size());
+  CHECK_THROWS_WITH_AS(c.all_to_all_v(big, bad_counts, big_out, fives), doctest::Contains("send counts given for"),
+                       strata::error);
+  std::vector<float> short_out(big.size() - 1);
+  CHECK_THROWS_WITH_AS(c.all_to_all_v(big, fives, short_out, fives),
+                       doctest::Contains("elements but the receive counts add up to"), strata::error);
+  std::vector<std::size_t> keeps_more = fives;
+  keeps_more[std::size_t(c.rank())] = 6;
+  keeps_more[std::size_t((c.rank() + 1) % n)] = n > 1 ? 4 : 6;
+  if (n > 1) {
+    CHECK_THROWS_WITH_AS(c.all_to_all_v(big, fives, big_out, keeps_more), doctest::Contains("to itself but expects 6"),
+                         strata::error);
+  }
   CHECK_THROWS_WITH_AS(c.broadcast(out, n), doctest::Contains("root"), strata::error);
   CHECK_THROWS_WITH_AS(c.send(out, n + 3), doctest::Contains("peer"), strata::error);
   // Overlapping input and output of a reduce_scatter.

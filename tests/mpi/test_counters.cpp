@@ -1,8 +1,8 @@
 // tests/mpi/test_counters.cpp - byte counters hold the analytic per-rank volumes.
 //
 // The expected figures are written here the way later issues assert them (2(n-1)/n S for an
-// all-reduce, (n-1)/n S for reduce-scatter and all-gather, S for a broadcast and a message), on
-// sizes the group divides, plus the exact rule for uneven ones.
+// all-reduce, (n-1)/n S for reduce-scatter, all-gather and all-to-all, S for a broadcast and a
+// message), on sizes the group divides, plus the exact rule for uneven ones.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -67,6 +67,11 @@ TEST_CASE("counters: analytic volumes per operation, per group") {
     CHECK(c.counters()[op_kind::broadcast] == strata::op_counts{1, 0, Sb});
   }
 
+  // all_to_all: every block but the one a rank keeps, each way.
+  std::vector<float> swapped(count);
+  c.all_to_all(f, swapped);
+  CHECK(c.counters()[op_kind::all_to_all] == strata::op_counts{1, (n - 1) * S / n, (n - 1) * S / n});
+
   // A p2p group counts one send and one receive per message.
   const int next = (me + 1) % int(n), prev = (me + int(n) - 1) % int(n);
   std::vector<bf16> act(300), grad(300);
@@ -78,7 +83,7 @@ TEST_CASE("counters: analytic volumes per operation, per group") {
   CHECK(c.counters()[op_kind::barrier] == strata::op_counts{1, 0, 0});
 
   const auto t = c.counters().total();
-  CHECK(t.calls == 3 + 1 + 1 + 1 + 2 + 1);
+  CHECK(t.calls == 3 + 1 + 1 + 1 + 1 + 2 + 1);
   CHECK(c.counters().group() == "dp");
 
   c.reset_counters();
@@ -106,6 +111,22 @@ TEST_CASE("counters: uneven sizes count everything but this rank's own part") {
   const std::uint64_t others = n == 1 ? 0 : (total - counts[std::size_t(me)]) * 4;
   CHECK(c.counters()[op_kind::reduce_scatter] == strata::op_counts{1, others, others});
   CHECK(c.counters()[op_kind::all_gather] == strata::op_counts{1, others, others});
+
+  // all_to_all_v: rank s sends s + 2r + 1 elements to rank r; sent and received differ.
+  std::vector<std::size_t> send_counts(static_cast<std::size_t>(n)), recv_counts(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    send_counts[std::size_t(r)] = std::size_t(me + 2 * r + 1);
+    recv_counts[std::size_t(r)] = std::size_t(r + 2 * me + 1);
+  }
+  const auto sum = [](const std::vector<std::size_t>& v) {
+    return std::accumulate(v.begin(), v.end(), std::size_t{0});
+  };
+  std::vector<double> a2a_in(sum(send_counts)), a2a_out(sum(recv_counts));
+  c.all_to_all_v(a2a_in, send_counts, a2a_out, recv_counts);
+  const std::uint64_t kept = std::uint64_t(3 * me + 1) * 8;
+  const strata::op_counts a2a = n == 1 ? strata::op_counts{1, 0, 0}
+                                       : strata::op_counts{1, sum(send_counts) * 8 - kept, sum(recv_counts) * 8 - kept};
+  CHECK(c.counters()[op_kind::all_to_all] == a2a);
 }
 
 TEST_CASE("counters: JSON for the metrics' comm object") {
@@ -126,6 +147,8 @@ TEST_CASE("counters: JSON for the metrics' comm object") {
   CHECK(strata::volume::reduce_scatter(4000, 1000, 4) == strata::comm_volume{3000, 3000});
   CHECK(strata::volume::broadcast(10, 3, true) == strata::comm_volume{10, 0});
   CHECK(strata::volume::broadcast(10, 3, false) == strata::comm_volume{0, 10});
+  CHECK(strata::volume::all_to_all(4000, 4000, 1000, 4) == strata::comm_volume{3000, 3000});
+  CHECK(strata::volume::all_to_all(4000, 4000, 4000, 1) == strata::comm_volume{0, 0});
 }
 
 TEST_CASE("STRATA_COMM_TIMEOUT parsing") {

@@ -1,8 +1,9 @@
 // tests/mpi/test_nccl.cu - the CUDA engines on a GPU: NCCL and MPI-staged device buffers.
 //
 // Exits 77 (ctest: skipped) when no CUDA device is present. Otherwise checks, on device
-// buffers, all_reduce (sum/avg/max), uneven reduce_scatter and all_gather, broadcast, a p2p ring
-// and barrier for every dtype against the fp64 reference of every rank's deterministic input:
+// buffers, all_reduce (sum/avg/max), uneven reduce_scatter and all_gather, broadcast, a p2p ring,
+// all_to_all (equal and uneven) and barrier for every dtype against the fp64 reference of every
+// rank's deterministic input:
 //   - through mpi_device_communicator (any number of ranks, sharing the GPUs);
 //   - through the NCCL mesh groups, when there is a GPU per rank (NCCL needs distinct devices).
 #include <cuda_runtime.h>
@@ -121,6 +122,35 @@ void exercise(Comm& c, const std::string& engine) {
     bool ok = true;
     for (std::size_t i = 0; i < h.size(); ++i) ok = ok && same_bits(h[i], input<T>(15, (r + n - 1) % n, i));
     expect(ok, tag + " p2p ring");
+  }
+  {
+    // all_to_all_v: rank s sends (s + 2q) % 5 * 7 elements to rank q (some none); then equal blocks.
+    const auto pair = [](int from, int to) { return std::size_t((from + 2 * to) % 5) * 7; };
+    std::vector<std::size_t> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n));
+    for (int q = 0; q < n; ++q) {
+      send[std::size_t(q)] = pair(r, q);
+      recv[std::size_t(q)] = pair(q, r);
+    }
+    device_vec<T> in(inputs<T>(16, r, std::accumulate(send.begin(), send.end(), std::size_t{0})));
+    device_vec<T> out(std::accumulate(recv.begin(), recv.end(), std::size_t{0}));
+    c.all_to_all_v(in.span(), send, out.span(), recv);
+    auto h = out.host();
+    bool ok = true;
+    std::size_t at = 0;
+    for (int q = 0; q < n; ++q) {
+      std::size_t from = 0;
+      for (int k = 0; k < r; ++k) from += pair(q, k);
+      for (std::size_t i = 0; i < pair(q, r); ++i) ok = ok && same_bits(h[at++], input<T>(16, q, from + i));
+    }
+    expect(ok, tag + " all_to_all_v");
+    device_vec<T> eq_in(inputs<T>(17, r, 9 * std::size_t(n))), eq_out(9 * std::size_t(n));
+    c.all_to_all(eq_in.span(), eq_out.span());
+    h = eq_out.host();
+    ok = true;
+    for (int q = 0; q < n; ++q)
+      for (std::size_t i = 0; i < 9; ++i)
+        ok = ok && same_bits(h[std::size_t(q) * 9 + i], input<T>(17, q, std::size_t(r) * 9 + i));
+    expect(ok, tag + " all_to_all");
   }
   c.barrier();
 }

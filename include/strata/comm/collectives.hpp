@@ -8,14 +8,16 @@
 //   post_reduce_scatter(const void* in, void* out, size_t block, span<const size_t> counts, comm_dtype, reduce_op)
 //   post_all_gather(const void* in, void* out, size_t block, span<const size_t> counts, comm_dtype)
 //   post_broadcast(void* data, size_t count, comm_dtype, int root)
+//   post_all_to_all(const void* in, void* out, size_t block, span<const size_t> send_counts,
+//                   span<const size_t> recv_counts, comm_dtype)
 //   post_p2p(span<const p2p_op> ops)                 ops whose peer is no_peer are skipped
 //   post_barrier()
 //
 // (counts empty: every rank has `block` elements; otherwise counts[r] for rank r, and block is
-// unused.) This front end turns typed ranges into those calls: it checks the sizes against the
-// group (a strata::error naming the group and the numbers, thrown before anything is posted),
-// records the call in the communicator's counters (conventions in counters.hpp), and provides
-// the blocking form of each call as the async form plus wait().
+// unused; all_to_all: both count lists empty, or both given.) This front end turns typed ranges into those calls: it
+// checks the sizes against the group (a strata::error naming the group and the numbers, thrown before anything is
+// posted), records the call in the communicator's counters (conventions in counters.hpp), and provides the blocking
+// form of each call as the async form plus wait().
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -146,6 +148,47 @@ class collectives {
     broadcast_async(data, root).wait();
   }
 
+  // ---- all_to_all: block r of in goes to rank r; block r of out came from rank r --------------
+  template <comm_async_range In, comm_async_output_for<In> Out>
+  comm_handle all_to_all_async(In&& in, Out&& out) {
+    check_member("all_to_all");
+    using T = comm_value_t<In>;
+    const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out), un = std::size_t(n());
+    STRATA_CHECK(in_n == out_n && in_n % un == 0, "all_to_all on group ", name(), ": the input has ", in_n,
+                 " elements and the output ", out_n, "; both must be ", n(), " ranks x one block size");
+    check_apart("all_to_all", std::ranges::data(in), in_n * sizeof(T), std::ranges::data(out), out_n * sizeof(T));
+    const std::size_t block = in_n / un;
+    counters_.record(op_kind::all_to_all,
+                     volume::all_to_all(in_n * sizeof(T), out_n * sizeof(T), block * sizeof(T), n()));
+    return engine().post_all_to_all(std::ranges::data(in), std::ranges::data(out), block, {}, {}, comm_dtype_of<T>);
+  }
+  template <comm_async_range In, comm_async_output_for<In> Out>
+  comm_handle all_to_all_v_async(In&& in, std::span<const std::size_t> send_counts, Out&& out,
+                                 std::span<const std::size_t> recv_counts) {
+    check_member("all_to_all_v");
+    using T = comm_value_t<In>;
+    const std::size_t in_n = std::ranges::size(in), out_n = std::ranges::size(out);
+    check_total("all_to_all_v", send_counts, "send", in_n, "input");
+    check_total("all_to_all_v", recv_counts, "receive", out_n, "output");
+    const std::size_t kept = send_counts[std::size_t(me())];
+    STRATA_CHECK(kept == recv_counts[std::size_t(me())], "all_to_all_v on group ", name(), ": rank ", me(), " sends ",
+                 kept, " elements to itself but expects ", recv_counts[std::size_t(me())], " from itself");
+    check_apart("all_to_all_v", std::ranges::data(in), in_n * sizeof(T), std::ranges::data(out), out_n * sizeof(T));
+    counters_.record(op_kind::all_to_all,
+                     volume::all_to_all(in_n * sizeof(T), out_n * sizeof(T), kept * sizeof(T), n()));
+    return engine().post_all_to_all(std::ranges::data(in), std::ranges::data(out), 0, send_counts, recv_counts,
+                                    comm_dtype_of<T>);
+  }
+  template <comm_range In, comm_output_range Out>
+  void all_to_all(In&& in, Out&& out) {
+    all_to_all_async(in, out).wait();
+  }
+  template <comm_range In, comm_output_range Out>
+  void all_to_all_v(In&& in, std::span<const std::size_t> send_counts, Out&& out,
+                    std::span<const std::size_t> recv_counts) {
+    all_to_all_v_async(in, send_counts, out, recv_counts).wait();
+  }
+
   // ---- point to point: several sends and receives posted together ----------------------------
   comm_handle p2p_async(std::span<const p2p_op> ops) {
     check_member("p2p");
@@ -218,13 +261,19 @@ class collectives {
   // `part` side), and add up to the size of the `whole` side (`all`).
   void check_counts(const char* op, std::span<const std::size_t> counts, std::size_t mine, const char* part,
                     std::size_t all, const char* whole) const {
-    STRATA_CHECK(counts.size() == std::size_t(n()), op, " on group ", name(), ": ", counts.size(), " counts given for ",
-                 n(), " ranks");
+    check_total(op, counts, "", all, whole);
     STRATA_CHECK(counts[std::size_t(me())] == mine, op, " on group ", name(), ": rank ", me(), "'s count is ",
                  counts[std::size_t(me())], " but its ", part, " has ", mine, " elements");
+  }
+  // counts (the `kind` counts) must have one entry per rank and add up to the size of `whole`.
+  void check_total(const char* op, std::span<const std::size_t> counts, std::string_view kind, std::size_t all,
+                   const char* whole) const {
+    const std::string_view space = kind.empty() ? "" : " ";
+    STRATA_CHECK(counts.size() == std::size_t(n()), op, " on group ", name(), ": ", counts.size(), space, kind,
+                 " counts given for ", n(), " ranks");
     const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    STRATA_CHECK(all == total, op, " on group ", name(), ": the ", whole, " has ", all,
-                 " elements but the counts add up to ", total);
+    STRATA_CHECK(all == total, op, " on group ", name(), ": the ", whole, " has ", all, " elements but the", space,
+                 kind, " counts add up to ", total);
   }
 
   void check_apart(const char* op, const void* in, std::size_t in_bytes, const void* out, std::size_t out_bytes) const {

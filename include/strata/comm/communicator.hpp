@@ -15,6 +15,11 @@
 //   all_gather(in, out) / (in, out, counts)     out = every rank's in, in rank order; in may be
 //                                               this rank's own slot of out (in place)
 //   broadcast(data, root)
+//   all_to_all(in, out)                         in = n equal blocks, block r goes to rank r; out =
+//                                               n blocks, block r came from rank r
+//   all_to_all_v(in, send_counts, out, recv_counts)   uneven blocks: send_counts[r] elements
+//                                               of in go to rank r, recv_counts[r] of out come
+//                                               from it (each rank's pairs must agree)
 //   send(data, peer) / recv(data, peer)         point to point, peers are ranks in this group
 //   p2p({send_to(next, acts), recv_from(next, grads)})   several at once: all posted, then all
 //                                               waited for, so a pipeline stage never deadlocks
@@ -221,6 +226,10 @@ concept communicator_for = requires(C& c, std::span<T> buf, std::span<const T> i
   { c.all_gather_async(in, buf, counts) } -> std::same_as<comm_handle>;
   c.broadcast(buf, r);
   { c.broadcast_async(buf, r) } -> std::same_as<comm_handle>;
+  c.all_to_all(in, buf);
+  { c.all_to_all_async(in, buf) } -> std::same_as<comm_handle>;
+  c.all_to_all_v(in, counts, buf, counts);
+  { c.all_to_all_v_async(in, counts, buf, counts) } -> std::same_as<comm_handle>;
   c.send(in, r);
   c.recv(buf, r);
 };

@@ -20,6 +20,8 @@
 //   reduce_scatter   sent = received = S_in  - own part of it      (= (n-1)/n · S_in for equal parts)
 //   all_gather       sent = received = S_out - own part of it      (= (n-1)/n · S_out)
 //   broadcast        the root sends S, every other rank receives S (nothing when n = 1)
+//   all_to_all       sent = S_in - the block it keeps, received = S_out - that block
+//                    (= (n-1)/n · S for equal blocks; all_to_all_v counts the same way)
 //   send / recv      the message's size, on the sending / receiving side (one call per message)
 //   barrier          calls only
 //
@@ -40,8 +42,8 @@
 namespace strata {
 
 // The kinds of operation a communicator counts.
-enum class op_kind : int { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier };
-inline constexpr int op_kind_count = 7;
+enum class op_kind : int { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, send, recv, barrier };
+inline constexpr int op_kind_count = 8;
 
 constexpr std::string_view op_name(op_kind k) {
   switch (k) {
@@ -49,6 +51,7 @@ constexpr std::string_view op_name(op_kind k) {
     case op_kind::reduce_scatter: return "reduce_scatter";
     case op_kind::all_gather: return "all_gather";
     case op_kind::broadcast: return "broadcast";
+    case op_kind::all_to_all: return "all_to_all";
     case op_kind::send: return "send";
     case op_kind::recv: return "recv";
     case op_kind::barrier: return "barrier";
@@ -101,6 +104,12 @@ constexpr comm_volume all_gather(std::uint64_t total_bytes, std::uint64_t own_by
 constexpr comm_volume broadcast(std::uint64_t bytes, int n, bool is_root) {
   if (n <= 1) return {};
   return is_root ? comm_volume{bytes, 0} : comm_volume{0, bytes};
+}
+
+// in_bytes / out_bytes: the whole input and output; kept_bytes: the block a rank sends itself.
+constexpr comm_volume all_to_all(std::uint64_t in_bytes, std::uint64_t out_bytes, std::uint64_t kept_bytes, int n) {
+  if (n <= 1) return {};
+  return {in_bytes - kept_bytes, out_bytes - kept_bytes};
 }
 
 }  // namespace volume

@@ -92,6 +92,11 @@ class gpu_communicator : public collectives<gpu_communicator> {
     if (!on_device(data)) return host_->post_broadcast(data, count, dt, root);
     return device([&](auto& e) { return e.post_broadcast(data, count, dt, root); });
   }
+  comm_handle post_all_to_all(const void* in, void* out, std::size_t block, std::span<const std::size_t> send_counts,
+                              std::span<const std::size_t> recv_counts, comm_dtype dt) {
+    if (!on_device(out)) return host_->post_all_to_all(in, out, block, send_counts, recv_counts, dt);
+    return device([&](auto& e) { return e.post_all_to_all(in, out, block, send_counts, recv_counts, dt); });
+  }
   // One list goes to one side: every buffer of it on the device, or every one on the host.
   comm_handle post_p2p(std::span<const p2p_op> ops) {
     int device_ops = 0, active = 0;

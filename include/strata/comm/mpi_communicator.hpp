@@ -3,8 +3,8 @@
 // One mpi_communicator is one MPI communicator (a private duplicate, so strata's traffic never
 // matches a user's own MPI calls) with a name, a timeout and its counters. Every call is posted
 // as nonblocking MPI (MPI_Iallreduce, MPI_Ireduce_scatter[_block], MPI_Iallgather[v],
-// MPI_Ibcast, MPI_Isend/Irecv, MPI_Ibarrier) and completed by a polling wait with a deadline
-// (timeout.hpp); the blocking calls are these plus wait(). MPI errors on strata's communicators
+// MPI_Ialltoall[v], MPI_Ibcast, MPI_Isend/Irecv, MPI_Ibarrier) and completed by a polling wait
+// with a deadline (timeout.hpp); the blocking calls are these plus wait(). MPI errors on strata's communicators
 // are returned rather than fatal, and reported like a stall: one line naming rank, group,
 // operation and size, then MPI_Abort.
 //
@@ -378,6 +378,37 @@ class mpi_communicator : public collectives<mpi_communicator> {
     for_chunks(count, [&](std::size_t off, int c) {
       o->check(MPI_Ibcast(bytes + off * esz, c, t, root, comm_, o->next_request()));
     });
+    return comm_handle(std::move(o));
+  }
+
+  comm_handle post_all_to_all(const void* in, void* out, std::size_t block, std::span<const std::size_t> send_counts,
+                              std::span<const std::size_t> recv_counts, comm_dtype dt) {
+    require_valid("all_to_all");
+    const bool equal = send_counts.empty();
+    const std::size_t in_total = equal ? block * std::size_t(size_) : sum(send_counts);
+    const std::size_t out_total = equal ? in_total : sum(recv_counts);
+    check_int_count("all_to_all", std::max(in_total, out_total));
+    auto o = make_op("all_to_all", in_total * dtype_bytes(dt));
+    const MPI_Datatype t = detail::mpi_move_type(dt);
+    if (equal) {
+      const int b = static_cast<int>(block);
+      o->check(MPI_Ialltoall(in, b, t, out, b, t, comm_, o->next_request()));
+    } else {
+      // [send counts | send offsets | receive counts | receive offsets], alive until completion.
+      std::vector<int>& a = o->int_args();
+      const std::size_t n = std::size_t(size_);
+      a.assign(4 * n, 0);
+      for (std::size_t r = 0, sd = 0, rd = 0; r < n; ++r) {
+        a[r] = static_cast<int>(send_counts[r]);
+        a[n + r] = static_cast<int>(sd);
+        a[2 * n + r] = static_cast<int>(recv_counts[r]);
+        a[3 * n + r] = static_cast<int>(rd);
+        sd += send_counts[r];
+        rd += recv_counts[r];
+      }
+      o->check(MPI_Ialltoallv(in, a.data(), a.data() + n, t, out, a.data() + 2 * n, a.data() + 3 * n, t, comm_,
+                              o->next_request()));
+    }
     return comm_handle(std::move(o));
   }
 

@@ -182,6 +182,19 @@ class mpi_device_communicator : public collectives<mpi_device_communicator> {
     return s.done(host_->post_broadcast(h, count, dt, root));
   }
 
+  comm_handle post_all_to_all(const void* in, void* out, std::size_t block, std::span<const std::size_t> send_counts,
+                              std::span<const std::size_t> recv_counts, comm_dtype dt) {
+    const std::size_t esz = dtype_bytes(dt);
+    const bool equal = send_counts.empty();
+    const std::size_t in_total = equal ? block * std::size_t(size()) : sum(send_counts);
+    const std::size_t out_total = equal ? in_total : sum(recv_counts);
+    staging s(*this);
+    const void* hi = s.in(in, in_total * esz);
+    void* ho = s.out(out, out_total * esz);
+    s.sync();
+    return s.done(host_->post_all_to_all(hi, ho, block, send_counts, recv_counts, dt));
+  }
+
   comm_handle post_p2p(std::span<const p2p_op> ops) {
     staging s(*this);
     std::vector<p2p_op> host_ops(ops.begin(), ops.end());

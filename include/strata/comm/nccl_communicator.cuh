@@ -290,6 +290,28 @@ class nccl_communicator : public collectives<nccl_communicator> {
     return finish("broadcast", count * dtype_bytes(dt));
   }
 
+  // NCCL has no all-to-all call: one send and one receive per peer, grouped, is how it is done.
+  comm_handle post_all_to_all(const void* in, void* out, std::size_t block, std::span<const std::size_t> send_counts,
+                              std::span<const std::size_t> recv_counts, comm_dtype dt) {
+    require_valid("all_to_all");
+    const std::size_t esz = dtype_bytes(dt);
+    const ncclDataType_t t = detail::nccl_type(dt);
+    const bool equal = send_counts.empty();
+    std::size_t send_off = 0, recv_off = 0;
+    check("all_to_all", ncclGroupStart());
+    for (int r = 0; r < size_; ++r) {
+      const std::size_t sc = equal ? block : send_counts[std::size_t(r)];
+      const std::size_t rc = equal ? block : recv_counts[std::size_t(r)];
+      if (sc > 0)
+        check("all_to_all", ncclSend(static_cast<const char*>(in) + send_off * esz, sc, t, r, comm_, stream_));
+      if (rc > 0) check("all_to_all", ncclRecv(static_cast<char*>(out) + recv_off * esz, rc, t, r, comm_, stream_));
+      send_off += sc;
+      recv_off += rc;
+    }
+    check("all_to_all", ncclGroupEnd());
+    return finish("all_to_all", send_off * esz);
+  }
+
   comm_handle post_p2p(std::span<const p2p_op> ops) {
     require_valid("p2p");
     std::uint64_t bytes = 0;
