@@ -2,8 +2,8 @@
 //
 // Each rank builds every rank's deterministic input itself, so the expected result of any
 // collective is computed locally in fp64 (all_to_all, which only moves data: bit for bit). Every
-// dtype (fp32, fp64, bf16, fp16), sync and async, equal and uneven sizes (including ranks with nothing), sub-groups and
-// chunked messages.
+// dtype (fp32, fp64, bf16, fp16), sync and async, equal and uneven sizes (including ranks with
+// nothing), sub-groups and chunked messages.
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -14,10 +14,11 @@
 //   post_barrier()
 //
 // (counts empty: every rank has `block` elements; otherwise counts[r] for rank r, and block is
-// unused; all_to_all: both count lists empty, or both given.) This front end turns typed ranges into those calls: it
-// checks the sizes against the group (a strata::error naming the group and the numbers, thrown before anything is
-// posted), records the call in the communicator's counters (conventions in counters.hpp), and provides the blocking
-// form of each call as the async form plus wait().
+// unused; all_to_all: both count lists empty, or both given.) This front end turns typed ranges
+// into those calls: it checks the sizes against the group (a strata::error naming the group and
+// the numbers, thrown before anything is posted), records the call in the communicator's counters
+// (conventions in counters.hpp), and provides the blocking form of each call as the async form
+// plus wait().
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -4,9 +4,9 @@
 // matches a user's own MPI calls) with a name, a timeout and its counters. Every call is posted
 // as nonblocking MPI (MPI_Iallreduce, MPI_Ireduce_scatter[_block], MPI_Iallgather[v],
 // MPI_Ialltoall[v], MPI_Ibcast, MPI_Isend/Irecv, MPI_Ibarrier) and completed by a polling wait
-// with a deadline (timeout.hpp); the blocking calls are these plus wait(). MPI errors on strata's communicators
-// are returned rather than fatal, and reported like a stall: one line naming rank, group,
-// operation and size, then MPI_Abort.
+// with a deadline (timeout.hpp); the blocking calls are these plus wait(). MPI errors on strata's
+// communicators are returned rather than fatal, and reported like a stall: one line naming rank,
+// group, operation and size, then MPI_Abort.
 //
 // bf16 and fp16 reductions (all_reduce, reduce_scatter) are staged in fp32: the input is widened
 // into an fp32 buffer, reduced by MPI as MPI_FLOAT (so every partial sum, on every rank and in
