@@ -10,6 +10,7 @@
 //               --global-batch 512 --micro-batch 8 --dp 8 --zero 1 [--json]
 //   strata-plan --model llama --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336
 //               --vocab 128256 --seq 8192 --global-batch 512 --dp 8 --tp 8 [--json]
+//   strata-plan ... --seq 131072 --global-batch 8 --cp 2 --tp 4 [--cp-form ring|all_to_all]
 //       the plan of one layout: memory per rank by category, FLOPs, communication, bubble
 //   strata-plan --params 70e9 --precision bf16 --optimizer adamw [--master none] [--json]
 //       the back-of-envelope model state of N parameters
@@ -155,8 +156,9 @@ struct options {
   example_models::model_shape shape;
   std::int64_t global_batch = 0, micro_batch = 1;
   // layout
-  int dp = 1, tp = 1, pp = 1, virtual_chunks = 1, zero = 0;
+  int dp = 1, cp = 1, tp = 1, pp = 1, virtual_chunks = 1, zero = 0;
   bool sp = false;
+  std::string cp_form = "ring";
   std::string recompute = "none", precision = "bf16", optimizer = "adamw", schedule;
   std::string hw = "h100_80gb";
   bool json = false;
@@ -224,6 +226,30 @@ bool tensor_degree_fits(const typename F::dims& m, int tp) {
   } catch (const st::error&) { return false; }
 }
 
+// Context parallelism's demands on the shape, in the flags' words (plan mode) or as a yes/no
+// (the search): each sequence cuts into 2·cp equal chunks (layers/context_split.hpp), and the
+// all-to-all form splits this tensor rank's query heads and key/value heads over cp (attention's
+// shape_of: H/t query heads, KV/t key/value heads or one when fewer than tensor ranks).
+template <class Dims>
+std::int64_t kv_heads_of(const Dims& m) {
+  if constexpr (requires { m.kv(); }) return m.kv();
+  else return m.heads;  // GPT-2: as many key/value heads as heads
+}
+template <class Dims>
+std::string context_problem(const Dims& m, int tp, int cp, const std::string& form) {
+  if (cp == 1) return {};
+  if (m.seq % (2 * cp) != 0)
+    return printf_string("--cp %d cuts each sequence into 2 x %d = %d chunks, which do not divide --seq %lld", cp, cp,
+                         2 * cp, (long long)m.seq);
+  if (form != "all_to_all" || m.heads % tp != 0) return {};  // a tp that does not suit the heads: the plan says so
+  const std::int64_t kv = kv_heads_of(m), heads_t = m.heads / tp, kv_t = kv >= tp ? kv / tp : 1;
+  if (heads_t % cp == 0 && kv_t % cp == 0) return {};
+  return printf_string(
+      "--cp-form all_to_all over --cp %d needs the heads per tensor rank divisible by %d, got %lld query heads "
+      "(%lld / --tp %d) and %lld key/value head%s (%lld over --tp %d); use --cp-form ring",
+      cp, cp, (long long)heads_t, (long long)m.heads, tp, (long long)kv_t, kv_t == 1 ? "" : "s", (long long)kv, tp);
+}
+
 std::string schedule_tag(st::pipeline_schedule_kind k) {
   switch (k) {
     case st::pipeline_schedule_kind::gpipe: return "gpipe";
@@ -233,10 +259,13 @@ std::string schedule_tag(st::pipeline_schedule_kind k) {
 }
 
 // One layout as the planner takes it. microbatches: per step and data-parallel rank.
-st::plan_setup make_setup(int dp, int tp, int pp, int v, int zero, bool sp, std::int64_t microbatches,
-                          st::recompute_mode rc, st::optimizer_kind opt, st::pipeline_schedule_kind schedule) {
+st::plan_setup make_setup(int dp, int cp, const std::string& cp_form, int tp, int pp, int v, int zero, bool sp,
+                          std::int64_t microbatches, st::recompute_mode rc, st::optimizer_kind opt,
+                          st::pipeline_schedule_kind schedule) {
   st::plan_setup s;
   s.layout.dp = dp;
+  s.layout.cp = cp;
+  s.layout.context_form = cp_form;
   s.layout.tp = tp;
   s.layout.pp = pp;
   s.layout.virtual_chunks = v;
@@ -257,33 +286,45 @@ st::plan_setup make_setup(int dp, int tp, int pp, int v, int zero, bool sp, std:
 // An analytic estimate, meant to order layouts rather than to predict a wall clock:
 //
 //   peak        = the device's dense peak for the storage precision (16-bit or fp32)
+//   gpus        = dp x cp x tp x pp
 //   T_compute   = flops_per_rank / (efficiency x peak)
 //                 (the plan's flops_per_rank: the busiest pipeline stage's FLOPs of one step,
-//                 recomputation included, over its dp x tp ranks)
-//   placement   : ranks are numbered tp fastest, then dp, then pp, so a tp group spans tp
-//                 consecutive ranks, a dp group (dp-1)·tp+1 ranks, a pp group (pp-1)·dp·tp+1.
-//                 A group uses the intra-node bandwidth and latency when every copy of it lies
-//                 within one node of gpus_per_node ranks, and the inter-node ones otherwise.
+//                 recomputation included, over its dp x cp x tp ranks)
+//   placement   : ranks are numbered tp fastest, then cp, then dp, then pp (policy/mesh_axes.hpp),
+//                 so a tp group spans tp consecutive ranks, a cp group has its members tp apart,
+//                 a dp group tp·cp apart, a pp group tp·cp·dp apart. A group uses the intra-node
+//                 bandwidth and latency when every copy of it lies within one node of
+//                 gpus_per_node ranks, and the inter-node ones otherwise.
 //   T_tp        = comm_bytes.tp / bw(tp) + latency(tp) x 4 x (layers / pp) x microbatches
 //                 (about four tensor-parallel collectives per block and micro-batch; 0 at tp 1)
+//   T_cp        = comm_bytes.cp / bw(cp) + latency(cp) x steps x (layers / pp) x microbatches
+//                 (0 at cp 1). steps: the exchanges one block's attention waits for per
+//                 micro-batch (layers/context_attention.hpp). Ring: cp-1 forward (the K/V
+//                 blocks, one hop each) and cp backward (the blocks again with their dK/dV
+//                 accumulators, which take one hop more to come home), 2·cp-1; all-to-all: 2
+//                 forward (qkv to heads, the output back) and 2 backward, 4. Recomputation
+//                 (selective or full) runs the forward exchanges again: + cp-1, or + 2.
 //   T_pp        = comm_bytes.pp / bw(pp)
-//   T_dp        = comm_bytes.dp / bw(dp)   (not overlapped with compute: conservative)
-//   T_step      = (T_compute + T_tp + T_pp) / (1 - bubble) + T_dp
+//   T_dp        = comm_bytes.dp / bw(dp)   (the gradient group dp x cp, whose members are tp
+//                 apart: placed as a group of dp·cp ranks of stride tp; not overlapped with
+//                 compute: conservative)
+//   T_step      = (T_compute + T_tp + T_cp + T_pp) / (1 - bubble) + T_dp
 //
 // comm_bytes are the plan's per-rank ring volumes per step; the embedding group's all-reduce of
-// the tied table is not part of the model. Reported with it:
+// the tied table is not part of the model, and neither is any overlap of the ring's transfers
+// with attention's compute (which context_attention posts ahead). Reported with it:
 //   tokens_per_s   = global_batch x seq / T_step
 //   tflops_per_gpu = model_flops_per_step / T_step / gpus / 1e12   (model FLOPs: no recomputation)
 //   mfu            = tflops_per_gpu x 1e12 / peak
 
 struct step_estimate {
-  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
+  double compute_s = 0, tp_s = 0, cp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
   double tokens_per_s = 0, tflops_per_gpu = 0, mfu = 0;
-  bool tp_intra = true, dp_intra = true, pp_intra = true;
+  bool tp_intra = true, cp_intra = true, dp_intra = true, pp_intra = true;
 };
 
 // Whether every copy of the group along one axis (members `stride` ranks apart, `size` of them)
-// lies within one node, ranks numbered tp fastest, then dp, then pp.
+// lies within one node, ranks numbered tp fastest, then cp, then dp, then pp.
 bool group_within_node(int ranks, int per_node, int stride, int size) {
   if (size <= 1) return true;
   for (int r = 0; r < ranks; ++r) {
@@ -296,23 +337,29 @@ bool group_within_node(int ranks, int per_node, int stride, int size) {
 template <class Dims>
 step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, const Dims& m, const st::batch& b,
                             const st::hw::device_spec& d, int storage_bytes, double efficiency) {
-  const int tp = s.layout.tp, dp = s.layout.dp, pp = s.layout.pp, gpus = tp * dp * pp;
+  const int tp = s.layout.tp, cp = s.layout.cp, dp = s.layout.dp, pp = s.layout.pp, gpus = tp * cp * dp * pp;
   const double peak = d.peak_flops(storage_bytes);
   step_estimate e;
   e.tp_intra = group_within_node(gpus, d.gpus_per_node, 1, tp);
-  e.dp_intra = group_within_node(gpus, d.gpus_per_node, tp, dp);
-  e.pp_intra = group_within_node(gpus, d.gpus_per_node, tp * dp, pp);
+  e.cp_intra = group_within_node(gpus, d.gpus_per_node, tp, cp);
+  // The gradient group dp x cp: cp and dp are adjacent in the rank order, so its members are tp apart.
+  e.dp_intra = group_within_node(gpus, d.gpus_per_node, tp, dp * cp);
+  e.pp_intra = group_within_node(gpus, d.gpus_per_node, tp * cp * dp, pp);
   const auto bw = [&](bool intra) { return intra ? d.intra_node_bandwidth : d.inter_node_bandwidth; };
-  const double tp_latency = e.tp_intra ? d.intra_node_latency : d.inter_node_latency;
+  const auto latency = [&](bool intra) { return intra ? d.intra_node_latency : d.inter_node_latency; };
+  const double block_micro = double(m.layers / pp) * double(r.microbatches);  // blocks x micro-batches
 
   e.compute_s = r.flops_per_rank / (efficiency * peak);
-  if (tp > 1) {
-    const double collectives = 4.0 * double(m.layers / pp) * double(r.microbatches);
-    e.tp_s = r.comm_bytes.tp / bw(e.tp_intra) + tp_latency * collectives;
+  if (tp > 1) e.tp_s = r.comm_bytes.tp / bw(e.tp_intra) + latency(e.tp_intra) * 4.0 * block_micro;
+  if (cp > 1) {
+    const bool ring = s.layout.context_form != "all_to_all";
+    const bool again = s.recompute != st::recompute_mode::none;  // the forward's exchanges run again
+    const double steps = ring ? (2.0 * cp - 1) + (again ? cp - 1 : 0) : 4.0 + (again ? 2 : 0);
+    e.cp_s = r.comm_bytes.cp / bw(e.cp_intra) + latency(e.cp_intra) * steps * block_micro;
   }
   if (pp > 1) e.pp_s = r.comm_bytes.pp / bw(e.pp_intra);
-  if (dp > 1) e.dp_s = r.comm_bytes.dp / bw(e.dp_intra);
-  e.step_s = (e.compute_s + e.tp_s + e.pp_s) / (1.0 - r.bubble_fraction) + e.dp_s;
+  if (dp * cp > 1) e.dp_s = r.comm_bytes.dp / bw(e.dp_intra);
+  e.step_s = (e.compute_s + e.tp_s + e.cp_s + e.pp_s) / (1.0 - r.bubble_fraction) + e.dp_s;
   e.tokens_per_s = double(b.global) * double(m.seq) / e.step_s;
   e.tflops_per_gpu = r.model_flops_per_step / e.step_s / double(gpus) / 1e12;
   e.mfu = e.tflops_per_gpu * 1e12 / peak;
@@ -334,6 +381,7 @@ nlohmann::ordered_json estimate_json(const step_estimate& e) {
   return {{"step_time_s", st::json_number(e.step_s)},
           {"compute_s", st::json_number(e.compute_s)},
           {"tp_s", st::json_number(e.tp_s)},
+          {"cp_s", st::json_number(e.cp_s)},
           {"pp_s", st::json_number(e.pp_s)},
           {"dp_s", st::json_number(e.dp_s)},
           {"tokens_per_s", st::json_number(e.tokens_per_s)},
@@ -364,8 +412,9 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   const std::int64_t per_dp = o.dp * o.micro_batch;
   const std::int64_t microbatches = o.global_batch % per_dp == 0 ? o.global_batch / per_dp : 1;
   const auto opt = o.optimizer == "sgd" ? st::optimizer_kind::sgd : st::optimizer_kind::adamw;
-  const st::plan_setup setup = make_setup(o.dp, o.tp, o.pp, o.virtual_chunks, o.zero, o.sp, microbatches,
-                                          st::parse_recompute_mode(o.recompute), opt, schedule);
+  if (const std::string why = context_problem(m, o.tp, o.cp, o.cp_form); !why.empty()) throw usage_error(why);
+  const st::plan_setup setup = make_setup(o.dp, o.cp, o.cp_form, o.tp, o.pp, o.virtual_chunks, o.zero, o.sp,
+                                          microbatches, st::parse_recompute_mode(o.recompute), opt, schedule);
   const st::plan_result r = plan_with<F>(o.precision, m, b, setup);
   const int storage = storage_bytes_of(o.precision);
   const bool fits = r.fits(d);
@@ -375,6 +424,8 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
 
   if (o.json) {
     const nlohmann::ordered_json layout = {{"dp", o.dp},
+                                           {"cp", o.cp},
+                                           {"context_form", o.cp_form},
                                            {"tp", o.tp},
                                            {"pp", o.pp},
                                            {"virtual", o.virtual_chunks},
@@ -405,6 +456,7 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
     out["model_flops_per_step"] = st::json_number(r.model_flops_per_step);
     out["flops_per_rank"] = st::json_number(r.flops_per_rank);
     out["comm_bytes"] = {{"dp", st::json_number(r.comm_bytes.dp)},
+                         {"cp", st::json_number(r.comm_bytes.cp)},
                          {"tp", st::json_number(r.comm_bytes.tp)},
                          {"pp", st::json_number(r.comm_bytes.pp)},
                          {"embedding", st::json_number(r.comm_bytes.embedding)}};
@@ -415,10 +467,18 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
     return 0;
   }
 
-  const int ranks = o.dp * o.tp * o.pp;
+  const int ranks = o.dp * o.cp * o.tp * o.pp;
+  const int replicas = o.dp * o.cp;  // the gradient group, over which ZeRO shards
+  const bool cp = o.cp > 1;
+  // The context axis appears where it splits (as layout_config::degrees_text writes it).
+  const std::string cp_text = cp ? printf_string(" x cp %d", o.cp) : std::string();
+  const std::string context_text = cp ? printf_string("context parallel %s, ", o.cp_form.c_str()) : std::string();
+  const std::string zero_text =
+      printf_string("ZeRO-%d%s", o.zero, cp && o.zero > 0 ? printf_string(" over dp x cp = %d", replicas).c_str() : "");
   std::printf("strata-plan: %s (%s parameters)\n", F::shape_text(m).c_str(), grouped(r.params_total).c_str());
-  std::printf("layout:   dp %d x tp %d x pp %d = %d rank%s, ZeRO-%d, %s, recompute %s", o.dp, o.tp, o.pp, ranks,
-              ranks == 1 ? "" : "s", o.zero, sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
+  std::printf("layout:   dp %d%s x tp %d x pp %d = %d rank%s, %s%s, %s, recompute %s", o.dp, cp_text.c_str(), o.tp,
+              o.pp, ranks, ranks == 1 ? "" : "s", context_text.c_str(), zero_text.c_str(),
+              sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
   if (o.pp > 1 || o.virtual_chunks > 1)
     std::printf(", %s schedule, %d chunk%s per stage", std::string(st::schedule_label(schedule)).c_str(),
                 o.virtual_chunks, o.virtual_chunks > 1 ? "s" : "");
@@ -430,7 +490,8 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   std::printf("device:   %s\n", device_text(d, storage).c_str());
 
   const auto shard = [&](int from_stage) {
-    return o.zero >= from_stage && o.dp > 1 ? printf_string(", ZeRO-%d shard of %d", o.zero, o.dp) : std::string();
+    return o.zero >= from_stage && replicas > 1 ? printf_string(", ZeRO-%d shard of %d", o.zero, replicas)
+                                                : std::string();
   };
   const auto row = [&](const std::string& label, double bytes) {
     std::printf("  %-50s %10s %8s\n", label.c_str(), gb(bytes).c_str(), percent(bytes / mem).c_str());
@@ -461,17 +522,21 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   std::printf("\ncompute per step%*s %10s\n", 37, "", "FLOP");
   flop_row("whole model, with recomputation", r.flops_per_step);
   flop_row("whole model, without recomputation", r.model_flops_per_step);
-  flop_row("per rank (busiest stage over its dp x tp ranks)", r.flops_per_rank);
+  flop_row(
+      cp ? "per rank (busiest stage over its dp x cp x tp ranks)" : "per rank (busiest stage over its dp x tp ranks)",
+      r.flops_per_rank);
 
   std::printf("\ncommunication per rank per step%*s %10s\n", 22, "", "GB");
   const auto comm_row = [&](const std::string& label, double bytes) {
     std::printf("  %-50s %10s\n", label.c_str(), gb(bytes).c_str());
   };
-  comm_row(printf_string("dp (%d rank%s, %s)", o.dp, o.dp == 1 ? "" : "s",
+  comm_row(printf_string("dp%s (%d rank%s, %s)", cp ? " x cp" : "", replicas, replicas == 1 ? "" : "s",
                          o.zero >= 3   ? "gathers and reduce-scatters per micro-batch"
                          : o.zero == 2 ? "reduce-scatter per micro-batch, gather once"
                                        : "gradient all-reduce"),
            r.comm_bytes.dp);
+  comm_row(printf_string("cp (%d rank%s%s)", o.cp, o.cp == 1 ? "" : "s", cp ? (", " + o.cp_form).c_str() : ""),
+           r.comm_bytes.cp);
   comm_row(printf_string("tp (%d rank%s%s)", o.tp, o.tp == 1 ? "" : "s", sp ? ", sequence parallel" : ""),
            r.comm_bytes.tp);
   comm_row(printf_string("pp (%d stage%s, activations and their gradients)", o.pp, o.pp == 1 ? "" : "s"),
@@ -560,7 +625,8 @@ int run_model_state(const options& o, const st::hw::device_spec& d) {
 // ---------------------------------------------------------------------------------------------
 
 struct candidate {
-  int dp = 1, tp = 1, pp = 1, v = 1, zero = 0;
+  int dp = 1, cp = 1, tp = 1, pp = 1, v = 1, zero = 0;
+  std::string cp_form = "ring";
   std::int64_t micro = 1;
   bool sp = false;
   st::recompute_mode recompute = st::recompute_mode::none;
@@ -585,38 +651,50 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
   std::vector<candidate> fitting;
   std::int64_t considered = 0;
 
+  // Context-parallel degrees: those whose 2·cp chunks divide the sequence; the ring form always,
+  // all-to-all where this tensor rank's query and key/value heads divide by cp.
+  std::vector<std::pair<int, std::string>> contexts;
   for (int tp = 1; tp <= std::min(G, d.gpus_per_node); ++tp) {
     if (G % tp || !tensor_degree_fits<F>(m, tp)) continue;
-    for (int pp = 1; pp <= G / tp; ++pp) {
-      if ((G / tp) % pp || m.layers % pp) continue;
-      const int dp = G / (tp * pp);
-      if (B % dp) continue;
-      for (const int v : {1, 2, 4}) {
-        if (v > 1 && (pp == 1 || m.layers % (pp * v))) continue;
-        const auto schedule = v > 1 ? st::pipeline_schedule_kind::interleaved : st::pipeline_schedule_kind::one_f_one_b;
-        for (const std::int64_t micro : {1, 2, 4, 8}) {
-          if ((B / dp) % micro) continue;
-          const std::int64_t M = B / (dp * micro);
-          if (v > 1 && M % pp) continue;
-          for (int zero = 0; zero <= 3; ++zero) {
-            if (pp > 1 && zero > 1) continue;
-            if (dp == 1 && zero > 0) continue;  // nothing to shard over: the same plan as ZeRO-0
-            for (const bool sp : {false, true}) {
-              if (sp && (tp == 1 || m.seq % tp)) continue;
-              for (const auto rc :
-                   {st::recompute_mode::none, st::recompute_mode::selective, st::recompute_mode::full}) {
-                candidate c{dp, tp, pp, v, zero, micro, sp, rc, {}, {}};
-                const st::plan_setup s = make_setup(dp, tp, pp, v, zero, sp, M, rc, opt, schedule);
-                const st::batch b{.micro = micro, .global = B};
-                try {
-                  c.plan = plan_with<F>(o.precision, m, b, s);
-                } catch (const st::error&) {
-                  continue;  // a combination the planner refuses is not a candidate
+    contexts.clear();
+    for (int cp = 1; cp <= G / tp; ++cp) {
+      if ((G / tp) % cp || !context_problem(m, tp, cp, "ring").empty()) continue;
+      contexts.emplace_back(cp, "ring");
+      if (cp > 1 && context_problem(m, tp, cp, "all_to_all").empty()) contexts.emplace_back(cp, "all_to_all");
+    }
+    for (const auto& [cp, form] : contexts) {
+      for (int pp = 1; pp <= G / (tp * cp); ++pp) {
+        if ((G / (tp * cp)) % pp || m.layers % pp) continue;
+        const int dp = G / (tp * cp * pp);
+        if (B % dp) continue;
+        for (const int v : {1, 2, 4}) {
+          if (v > 1 && (pp == 1 || m.layers % (pp * v))) continue;
+          const auto schedule =
+              v > 1 ? st::pipeline_schedule_kind::interleaved : st::pipeline_schedule_kind::one_f_one_b;
+          for (const std::int64_t micro : {1, 2, 4, 8}) {
+            if ((B / dp) % micro) continue;
+            const std::int64_t M = B / (dp * micro);
+            if (v > 1 && M % pp) continue;
+            for (int zero = 0; zero <= 3; ++zero) {
+              if (pp > 1 && zero > 1) continue;
+              if (dp * cp == 1 && zero > 0) continue;  // nothing to shard over: the same plan as ZeRO-0
+              for (const bool sp : {false, true}) {
+                if (sp && (tp == 1 || (m.seq / cp) % tp)) continue;
+                for (const auto rc :
+                     {st::recompute_mode::none, st::recompute_mode::selective, st::recompute_mode::full}) {
+                  candidate c{dp, cp, tp, pp, v, zero, form, micro, sp, rc, {}, {}};
+                  const st::plan_setup s = make_setup(dp, cp, form, tp, pp, v, zero, sp, M, rc, opt, schedule);
+                  const st::batch b{.micro = micro, .global = B};
+                  try {
+                    c.plan = plan_with<F>(o.precision, m, b, s);
+                  } catch (const st::error&) {
+                    continue;  // a combination the planner refuses is not a candidate
+                  }
+                  ++considered;
+                  if (!c.plan.fits(d)) continue;
+                  c.est = estimate_step(c.plan, s, m, b, d, storage, o.efficiency);
+                  fitting.push_back(c);
                 }
-                ++considered;
-                if (!c.plan.fits(d)) continue;
-                c.est = estimate_step(c.plan, s, m, b, d, storage, o.efficiency);
-                fitting.push_back(c);
               }
             }
           }
@@ -629,8 +707,8 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
   std::sort(fitting.begin(), fitting.end(), [](const candidate& a, const candidate& b) {
     if (a.est.step_s != b.est.step_s) return a.est.step_s < b.est.step_s;
     if (a.plan.total_bytes() != b.plan.total_bytes()) return a.plan.total_bytes() < b.plan.total_bytes();
-    return std::tuple(a.pp, a.tp, a.v, a.zero, a.micro, a.sp, int(a.recompute)) <
-           std::tuple(b.pp, b.tp, b.v, b.zero, b.micro, b.sp, int(b.recompute));
+    return std::tuple(a.pp, a.cp, a.cp_form, a.tp, a.v, a.zero, a.micro, a.sp, int(a.recompute)) <
+           std::tuple(b.pp, b.cp, b.cp_form, b.tp, b.v, b.zero, b.micro, b.sp, int(b.recompute));
   });
   const std::size_t shown = std::min<std::size_t>(fitting.size(), std::size_t(o.top));
 
@@ -649,6 +727,8 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
       const candidate& c = fitting[i];
       out.push_back({{"model", F::name},
                      {"dp", c.dp},
+                     {"cp", c.cp},
+                     {"context_form", c.cp_form},
                      {"tp", c.tp},
                      {"pp", c.pp},
                      {"virtual", c.v},
@@ -668,18 +748,20 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
 
   std::printf("strata-plan --search: %s, global batch %lld\n", F::shape_text(m).c_str(), (long long)B);
   std::printf("on %d x %s\n", G, device_text(d, storage).c_str());
-  std::printf("%s, %s; step-time model: compute at %g of peak, ranks placed tp, dp, pp (see --help)\n",
+  std::printf("%s, %s; step-time model: compute at %g of peak, ranks placed tp, cp, dp, pp (see --help)\n",
               precision_text(o.precision).c_str(), opt == st::optimizer_kind::adamw ? "AdamW" : "SGD with momentum",
               o.efficiency);
   std::printf("%lld layouts considered, %zu fit; the best %zu:\n\n", (long long)considered, fitting.size(), shown);
-  std::printf("%3s %4s %3s %3s %3s %4s %3s %3s %-9s %9s %12s %11s %6s %9s %7s\n", "#", "dp", "tp", "pp", "v", "zero",
-              "mb", "sp", "recompute", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "GB/rank", "of dev");
+  std::printf("%3s %4s %3s %-10s %3s %3s %3s %4s %3s %3s %-9s %9s %12s %11s %6s %9s %7s\n", "#", "dp", "cp", "form",
+              "tp", "pp", "v", "zero", "mb", "sp", "recompute", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "GB/rank",
+              "of dev");
   for (std::size_t i = 0; i < shown; ++i) {
     const candidate& c = fitting[i];
-    std::printf("%3zu %4d %3d %3d %3d %4d %3lld %3s %-9s %9s %12s %11.1f %6s %9s %7s\n", i + 1, c.dp, c.tp, c.pp, c.v,
-                c.zero, (long long)c.micro, c.sp ? "on" : "off", recompute_name(c.recompute),
-                seconds_text(c.est.step_s).c_str(), grouped(std::llround(c.est.tokens_per_s)).c_str(),
-                c.est.tflops_per_gpu, percent(c.est.mfu).c_str(), gb(double(c.plan.total_bytes())).c_str(),
+    std::printf("%3zu %4d %3d %-10s %3d %3d %3d %4d %3lld %3s %-9s %9s %12s %11.1f %6s %9s %7s\n", i + 1, c.dp, c.cp,
+                c.cp > 1 ? c.cp_form.c_str() : "-", c.tp, c.pp, c.v, c.zero, (long long)c.micro, c.sp ? "on" : "off",
+                recompute_name(c.recompute), seconds_text(c.est.step_s).c_str(),
+                grouped(std::llround(c.est.tokens_per_s)).c_str(), c.est.tflops_per_gpu, percent(c.est.mfu).c_str(),
+                gb(double(c.plan.total_bytes())).c_str(),
                 percent(double(c.plan.total_bytes()) / d.memory_bytes).c_str());
   }
   return 0;
@@ -687,13 +769,18 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
 
 const char* const search_model_help = R"(
 Search step-time model (ranks the layouts; an estimate, not a measurement):
+  GPUs = dp x cp x tp x pp
   T_compute = flops_per_rank / (efficiency x peak FLOP/s of the precision)
-  ranks are placed tp fastest, then dp, then pp; a group uses the intra-node bandwidth and
-  latency when each copy of it lies within one node, the inter-node ones otherwise
+  ranks are placed tp fastest, then cp, then dp, then pp (cp ranks tp apart, dp ranks tp x cp
+  apart, pp ranks tp x cp x dp apart); a group uses the intra-node bandwidth and latency when
+  each copy of it lies within one node, the inter-node ones otherwise
   T_tp   = comm_bytes.tp / bw(tp) + latency(tp) x 4 x layers/pp x micro-batches
+  T_cp   = comm_bytes.cp / bw(cp) + latency(cp) x steps x layers/pp x micro-batches
+           steps per block: ring 2 x cp - 1 (cp - 1 forward, cp backward), all_to_all 4;
+           recomputation adds the forward's again (cp - 1, or 2)
   T_pp   = comm_bytes.pp / bw(pp)
-  T_dp   = comm_bytes.dp / bw(dp)          (not overlapped)
-  T_step = (T_compute + T_tp + T_pp) / (1 - bubble) + T_dp
+  T_dp   = comm_bytes.dp / bw(dp x cp)     (the gradient group; not overlapped)
+  T_step = (T_compute + T_tp + T_cp + T_pp) / (1 - bubble) + T_dp
   tokens/s = global batch x seq / T_step; TFLOP/s per GPU = model FLOPs / T_step / GPUs
 )";
 
@@ -755,6 +842,17 @@ int main(int argc, char** argv) {
   auto* zero = app.add_option("--zero", o.zero, "ZeRO stage 0-3 (1: optimizer state, 2: + gradients, 3: + weights)")
                    ->check(CLI::IsMember({0, 1, 2, 3}))
                    ->capture_default_str();
+  layout_flags.push_back(app.add_option("--cp", o.cp,
+                                        "context-parallel degree: each sequence cut into 2 x cp chunks, two per rank "
+                                        "(--seq divisible by 2 x cp)")
+                             ->check(positive)
+                             ->capture_default_str());
+  layout_flags.push_back(
+      app.add_option("--cp-form", o.cp_form,
+                     "how attention reaches the other context ranks: ring (key/value blocks passed "
+                     "round) or all_to_all (heads exchanged; the heads per tensor rank divide by cp)")
+          ->check(CLI::IsMember({"ring", "all_to_all"}))
+          ->capture_default_str());
   layout_flags.push_back(
       app.add_option("--tp", o.tp, "tensor-parallel degree")->check(positive)->capture_default_str());
   layout_flags.push_back(app.add_option("--pp", o.pp, "pipeline stages")->check(positive)->capture_default_str());

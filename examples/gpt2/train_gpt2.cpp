@@ -154,6 +154,16 @@ int main(int argc, char** argv) {
       ->check(positive)
       ->capture_default_str();
   app.add_flag("--sp", o.sp, "sequence parallelism within the tensor-parallel group (--seq divisible by --tp)");
+  app.add_option("--cp", o.cp,
+                 "context-parallel degree: each rank holds 2 of 2·cp chunks of every sequence (--seq divisible "
+                 "by 2·cp)")
+      ->check(positive)
+      ->capture_default_str();
+  app.add_option("--cp-form", o.cp_form,
+                 "how attention reaches the other context ranks: ring (key/value blocks passed around) or "
+                 "all_to_all (heads exchanged; --heads and --kv-heads divisible by --cp x --tp)")
+      ->check(CLI::IsMember({"ring", "all_to_all"}))
+      ->capture_default_str();
   app.add_option("--recompute", o.recompute, "activation recomputation of the blocks: none, selective or full")
       ->check(CLI::IsMember({"none", "selective", "full"}))
       ->capture_default_str();

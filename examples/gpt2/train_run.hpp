@@ -56,8 +56,9 @@ struct run_options {
   std::vector<std::int32_t> prompt_ids;  // token ids instead of text
   double temperature = 0.8;              // 0: greedy
   std::int64_t top_k = 0;                // 0: every token
-  int dp = st::dynamic, zero = 0, tp = 1;
+  int dp = st::dynamic, zero = 0, tp = 1, cp = 1;
   bool sp = false;
+  std::string cp_form = "ring";
   std::string recompute = "none";
   int pp = 1, microbatches = 0, virtual_chunks = 1;
   std::string schedule = "1f1b", hw, export_path, init_from;
@@ -100,20 +101,23 @@ std::string pipeline_json(Model& model, st::mpi_communicator& pp) {
   return pipeline.dump();
 }
 
-// Every setting of the layout comes from the flags: degrees, ZeRO stage, sequence parallelism,
-// schedule, micro-batches and chunks are all left to the launch.
+// Every setting of the layout comes from the flags: degrees, ZeRO stage, context form, sequence
+// parallelism, schedule, micro-batches and chunks are all left to the launch.
 using flag_layout =
-    st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+    st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::context<st::dynamic, st::dynamic_context_form>,
+                 st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
                  st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
 
 inline st::layout_overrides layout_flags(const run_options& o) {
   return {.dp = o.dp,
+          .cp = o.cp,
           .tp = o.tp,
           .pp = o.pp,
           .microbatches = o.microbatches > 0 ? o.microbatches : 1,
           .zero_stage = o.zero,
           .sequence_parallel = o.sp ? 1 : 0,
           .virtual_chunks = o.virtual_chunks,
+          .context_form = o.cp_form,
           .schedule = o.schedule};
 }
 
@@ -246,10 +250,11 @@ void print_run_summary(const run_context& c, const typename Family::dims& dims, 
               (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "",
               o.precision.c_str());
   std::printf(
-      "data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; "
+      "data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; %s"
       "recompute %s\n",
       o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch, (long long)dims.seq,
       (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp, o.sp ? " + sequence parallel" : "",
+      layout.cp > 1 ? ("cp " + std::to_string(layout.cp) + " (" + layout.context_form + "); ").c_str() : "",
       o.recompute.c_str());
   if (c.pipelined) {
     const auto& sh = model.placement().shape;
@@ -381,6 +386,13 @@ void print_sample(const run_context& c, Run& run, std::int64_t vocab) {
   // No CUDA kernel attends over a cache yet: on GPUs each token is a forward over the window,
   // which needs the whole model on each rank.
   const bool on_gpu = std::is_base_of_v<st::cuda, Device>;
+  if (run.layout().cp > 1) {
+    if (c.lead)
+      std::printf(
+          "sample: skipped (generation adds one position at a time, which no context split holds; resume the "
+          "checkpoint without --cp to sample)\n");
+    return;
+  }
   if (on_gpu && c.pipelined) {
     if (c.lead)
       std::printf(

@@ -16,6 +16,7 @@
 #include "strata/policy/axes.hpp"
 #include "strata/policy/device.hpp"
 #include "strata/policy/layout.hpp"
+#include "strata/policy/mesh_axes.hpp"
 #include "strata/policy/parallel.hpp"
 #include "strata/policy/policy.hpp"
 #include "strata/policy/precision.hpp"
@@ -36,6 +37,9 @@
 
 #include "strata/layers/attention.hpp"
 #include "strata/layers/cached_forward.hpp"
+#include "strata/layers/context_attention.hpp"
+#include "strata/layers/context_parallel.hpp"
+#include "strata/layers/context_split.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/embedding.hpp"
 #include "strata/layers/layer.hpp"

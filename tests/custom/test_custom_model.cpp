@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <strata/strata.hpp>
@@ -60,61 +61,71 @@ bool lead() { return strata_test::world().rank() == 0; }
 TEST_CASE("a model that is not GPT-2 trains under dp x tp x pp with ZeRO-1 as it does serially") {
   if (!eight_ranks()) return;
   const auto ref = serial_run();
-  for (const auto& c : {three_d, three_d_interleaved}) {
-    st::training<custom::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape, launch(c));
-    const auto got = strata_test::train_steps(run, shape, setup);
-    const double lerr = strata_test::elementwise_relative_error(got.losses, ref.losses);
-    const double werr = strata_test::relative_error(got.weights, ref.weights);
-    CAPTURE(std::string(c.name));
-    if (lead()) MESSAGE(std::string(c.name) << ": loss rel. error " << lerr << ", weight rel. error " << werr);
-    CHECK(run.model().pipelined());
-    CHECK(lerr <= 1e-5);
-    CHECK(werr <= 1e-5);
-  }
+  for (const auto& c : {three_d, three_d_interleaved})
+    strata_test::check_matches_serial<custom::model<launch_policy<st::fp32>>>("custom", shape, ref, c, setup);
+}
+
+TEST_CASE("under context parallelism, with every other axis, it trains as it does serially") {
+  if (!eight_ranks()) return;
+  const auto ref = serial_run();
+  using M = custom::model<launch_policy<st::fp32>>;
+  for (const auto& c : strata_test::context_layouts)
+    strata_test::check_matches_serial<M>("custom", shape, ref, c, setup);
+  for (const auto& c : strata_test::context_layouts_four_kv_heads)
+    strata_test::check_matches_serial<M>("custom", shape, ref, c, setup);
 }
 
 TEST_CASE("its checkpoint saved under one layout resumes under another") {
   if (!eight_ranks()) return;
   const auto ref = serial_run();
   const std::string dir = (std::filesystem::current_path() / "custom_model_checkpoints").string();
-  if (lead()) std::filesystem::remove_all(dir);
-  strata_test::world().comm().barrier();
   constexpr int saved_at = 3;
-  std::uint64_t position = 0;
-  {
-    st::training<custom::model<launch_policy<st::fp32>>> a(strata_test::world().comm(), shape, launch(three_d));
-    auto ckpt = a.make_checkpointer({dir, 0});
+  const layout_case& dp2_cp2_tp2 = strata_test::context_layouts[4];  // ZeRO-1
+  const layout_case& dp2_cp4_ata = strata_test::context_layouts_four_kv_heads[0];
+  // From a pipeline to ZeRO-3, out of context parallelism, and into it.
+  for (const auto& [from, to] :
+       {std::pair{three_d, dp4_tp2}, std::pair{dp2_cp2_tp2, dp4_tp2}, std::pair{dp4_tp2, dp2_cp4_ata}}) {
+    if (lead()) std::filesystem::remove_all(dir);
+    strata_test::world().comm().barrier();
+    std::uint64_t position = 0;
+    {
+      st::training<custom::model<launch_policy<st::fp32>>> a(strata_test::world().comm(), shape, launch(from));
+      auto ckpt = a.make_checkpointer({dir, 0});
+      auto data = strata_test::folded_corpus(shape.vocab);
+      for (int s = 0; s < saved_at; ++s) a.step(data.next_batch(global_batch, shape.seq));
+      position = data.position();
+      a.save(ckpt, position);
+    }
+    st::training<custom::model<launch_policy<st::fp32>>> b(strata_test::world().comm(), shape, launch(to));
+    auto ckpt = b.make_checkpointer({dir, 0});
+    const auto loaded = b.resume(ckpt);
+    REQUIRE(loaded.has_value());
+    CHECK(loaded->progress.step == saved_at);
+    CHECK(loaded->layout.at("pp") == from.pp);
+    CHECK(loaded->layout.at("cp") == from.cp);
+    CHECK(b.steps() == saved_at);
     auto data = strata_test::folded_corpus(shape.vocab);
-    for (int s = 0; s < saved_at; ++s) a.step(data.next_batch(global_batch, shape.seq));
-    position = data.position();
-    a.save(ckpt, position);
+    data.seek(loaded->progress.data_position);
+    CHECK(loaded->progress.data_position == position);
+    std::vector<double> after, expected(ref.losses.begin() + saved_at, ref.losses.end());
+    for (int s = saved_at; s < steps; ++s) after.push_back(b.step(data.next_batch(global_batch, shape.seq)).loss);
+    const double lerr = strata_test::elementwise_relative_error(after, expected);
+    const double werr = strata_test::relative_error(b.serial_weights(), ref.weights);
+    if (lead())
+      MESSAGE("saved under " << std::string(from.name) << " at step " << saved_at << ", resumed under "
+                             << std::string(to.name) << ": steps 4-5 loss rel. error " << lerr
+                             << ", final weight rel. error " << werr);
+    CHECK(lerr <= 1e-5);
+    CHECK(werr <= 1e-5);
   }
-  st::training<custom::model<launch_policy<st::fp32>>> b(strata_test::world().comm(), shape, launch(dp4_tp2));
-  auto ckpt = b.make_checkpointer({dir, 0});
-  const auto loaded = b.resume(ckpt);
-  REQUIRE(loaded.has_value());
-  CHECK(loaded->progress.step == saved_at);
-  CHECK(loaded->layout.at("pp") == 2);
-  CHECK(b.steps() == saved_at);
-  auto data = strata_test::folded_corpus(shape.vocab);
-  data.seek(loaded->progress.data_position);
-  CHECK(loaded->progress.data_position == position);
-  std::vector<double> after, expected(ref.losses.begin() + saved_at, ref.losses.end());
-  for (int s = saved_at; s < steps; ++s) after.push_back(b.step(data.next_batch(global_batch, shape.seq)).loss);
-  const double lerr = strata_test::elementwise_relative_error(after, expected);
-  const double werr = strata_test::relative_error(b.serial_weights(), ref.weights);
-  if (lead())
-    MESSAGE("saved under " << std::string(three_d.name) << " at step " << saved_at << ", resumed under "
-                           << std::string(dp4_tp2.name) << ": steps 4-5 loss rel. error " << lerr
-                           << ", final weight rel. error " << werr);
-  CHECK(lerr <= 1e-5);
-  CHECK(werr <= 1e-5);
 }
 
 TEST_CASE("its plan, from its own layer costs, equals what the allocator holds") {
   if (!eight_ranks()) return;
   using M = custom::model<launch_policy<st::mixed<st::bf16, float>>>;
-  for (const auto& c : {three_d, three_d_interleaved, dp4_tp2}) {
+  const auto& cp = strata_test::context_layouts;
+  for (const auto& c : {three_d, three_d_interleaved, dp4_tp2, cp[1], strata_test::context_layouts_four_kv_heads[0],
+                        cp[3], cp[5], cp[7]}) {
     CAPTURE(std::string(c.name));
     st::training<M> run(strata_test::world().comm(), shape,
                         launch(c, std::int64_t(1) << 30));  // one bucket: exact ZeRO pieces

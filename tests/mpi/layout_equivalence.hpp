@@ -23,6 +23,7 @@ namespace strata_test {
 // Everything given at launch: one binary, every layout.
 using any_layout =
     strata::parallel<strata::data<strata::dynamic, strata::zero<strata::dynamic>>,
+                     strata::context<strata::dynamic, strata::dynamic_context_form>,
                      strata::tensor<strata::dynamic, strata::dynamic_sequence_parallel>,
                      strata::pipeline<strata::dynamic, strata::dynamic_schedule, strata::dynamic, strata::dynamic>>;
 template <class Precision>
@@ -39,6 +40,8 @@ struct layout_case {
   const char* name;
   int dp, tp, pp, zero, sp, microbatches, chunks;
   const char* schedule;
+  int cp = 1;                         // context parallelism...
+  const char* context_form = "ring";  // ...and its form
 };
 
 struct losses_and_weights {
@@ -65,12 +68,14 @@ losses_and_weights serial_run(const typename Model::config& shape, const equival
 // The training options of layout `c` (buckets of `bucket` elements).
 inline strata::training_options launch(const layout_case& c, const equivalence_setup& e, std::int64_t bucket = 1000) {
   strata::training_options o{.layout = {.dp = c.dp,
+                                        .cp = c.cp,
                                         .tp = c.tp,
                                         .pp = c.pp,
                                         .microbatches = c.microbatches,
                                         .zero_stage = c.zero,
                                         .sequence_parallel = c.sp,
                                         .virtual_chunks = c.chunks,
+                                        .context_form = c.context_form,
                                         .schedule = c.schedule},
                              .seed = strata::seed{e.seed},
                              .optimizer = {.lr = e.lr, .eps = e.adam_eps},
@@ -80,6 +85,24 @@ inline strata::training_options launch(const layout_case& c, const equivalence_s
   return o;
 }
 
+// Context parallelism with every other axis on 8 ranks (a sequence of 8 tokens cuts into 2·cp
+// chunks at cp 2 and 4): the cases every declared-model suite runs...
+inline const layout_case context_layouts[] = {
+    {"dp4 x cp2 ring", 4, 1, 1, 0, 0, 1, 1, "1f1b", 2, "ring"},
+    {"dp2 x cp4 ring", 2, 1, 1, 0, 0, 1, 1, "1f1b", 4, "ring"},
+    {"dp4 x cp2 all-to-all", 4, 1, 1, 0, 0, 1, 1, "1f1b", 2, "all_to_all"},
+    {"dp2 x cp2 x tp2+sp ring", 2, 2, 1, 0, 1, 1, 1, "1f1b", 2, "ring"},
+    {"dp2 x cp2 x tp2, ZeRO-1", 2, 2, 1, 1, 0, 1, 1, "1f1b", 2, "ring"},
+    {"dp2 x cp2 x tp2, ZeRO-3", 2, 2, 1, 3, 0, 1, 1, "1f1b", 2, "ring"},
+    {"dp2 x cp2 x pp2, 1F1B", 2, 1, 2, 1, 0, 2, 1, "1f1b", 2, "ring"},
+    {"cp2 x tp2+sp x pp2, 1F1B", 1, 2, 2, 0, 1, 2, 1, "1f1b", 2, "ring"},
+};
+// ...and those that split 4 heads (and as many key/value heads) 4 ways by all-to-all.
+inline const layout_case context_layouts_four_kv_heads[] = {
+    {"dp2 x cp4 all-to-all", 2, 1, 1, 0, 0, 1, 1, "1f1b", 4, "all_to_all"},
+    {"dp2 x cp2 x tp2 all-to-all", 2, 2, 1, 0, 0, 1, 1, "1f1b", 2, "all_to_all"},
+};
+
 // `steps` steps of `run` on the corpus: the losses and the gathered serial weights.
 template <class Run>
 losses_and_weights train_steps(Run& run, const typename Run::config& shape, const equivalence_setup& e) {
@@ -88,6 +111,32 @@ losses_and_weights train_steps(Run& run, const typename Run::config& shape, cons
   for (int s = 0; s < e.steps; ++s) out.losses.push_back(run.step(data.next_batch(e.global_batch, shape.seq)).loss);
   out.weights = run.serial_weights();
   return out;
+}
+
+// Layout `c` of Model trained against the serial run `ref`: per-step losses and gathered weights
+// within 1e-5; under context parallelism without a pipeline, also the bytes the cp group carried
+// against the plan's figure from the layer costs (its busiest rank is every rank).
+template <class Model, class Run = strata::training<Model>>
+void check_matches_serial(const char* family, const typename Model::config& shape, const losses_and_weights& ref,
+                          const layout_case& c, const equivalence_setup& e) {
+  CAPTURE(std::string(family) + " " + c.name);
+  Run run(world().comm(), shape, launch(c, e));
+  const auto got = train_steps(run, shape, e);
+  const double lerr = elementwise_relative_error(got.losses, ref.losses);
+  const double werr = relative_error(got.weights, ref.weights);
+  if (world().rank() == 0)
+    MESSAGE(std::string(family) << " " << std::string(c.name) << ": loss rel. error " << lerr << ", weight rel. error "
+                                << werr);
+  CHECK(run.layout().cp == c.cp);
+  CHECK(run.model().pipelined() == (c.pp > 1));
+  CHECK(lerr <= 1e-5);
+  CHECK(werr <= 1e-5);
+  if (c.cp > 1 && c.pp == 1) {
+    const auto plan = run.plan({.micro = e.global_batch / c.dp / 2, .global = e.global_batch});
+    CHECK(plan.comm_bytes.cp > 0);
+    CHECK(double(run.mesh().cp().counters().total().bytes_sent) ==
+          doctest::Approx(e.steps * plan.comm_bytes.cp).epsilon(1e-12));
+  }
 }
 
 // One step of `run` (built with one bucket, so that ZeRO's pieces are exact) on the corpus, then

@@ -1,9 +1,11 @@
-// tests/mpi/test_mesh.cpp - the (pp, dp, tp) mesh: the pure placement and the real MPI groups.
+// tests/mpi/test_mesh.cpp - the (pp, dp, cp, tp) mesh: the pure placement and the real MPI groups.
 //
 // The pure function is checked for many shapes (every factorisation of 1..12 ranks) against
 // the rules, and against hand-written values for pp=3 x dp=2 x tp=1 and pp=2 x dp=2 x tp=2. The
 // MPI mesh is built for every factorisation of the world size this test runs at, and its groups
-// (members, order, names), neighbours and embedding group must equal the pure function's.
+// (members, order, names), neighbours and embedding group must equal the pure function's. With a
+// context axis: every 4-factorisation of 1..12 ranks against the rank formula, and the MPI cp
+// and gradient (dp x cp) groups against the pure ones.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -42,7 +44,87 @@ std::string name_of(const strata::layout_config& c) {
   return "pp=" + std::to_string(c.pp) + " dp=" + std::to_string(c.dp) + " tp=" + std::to_string(c.tp);
 }
 
+// Every (pp, dp, cp, tp) with pp * dp * cp * tp == n.
+std::vector<strata::layout_config> factorisations4(int n) {
+  std::vector<strata::layout_config> out;
+  for (int cp = 1; cp <= n; ++cp)
+    if (n % cp == 0)
+      for (auto c : factorisations(n / cp)) {
+        c.cp = cp;
+        out.push_back(c);
+      }
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("mesh_position_of: with a context axis, rank = ((pp·dp + dp)·cp + cp)·tp + tp") {
+  int shapes = 0;
+  for (int n = 1; n <= 12; ++n) {
+    for (const auto& cfg : factorisations4(n)) {
+      ++shapes;
+      CAPTURE(name_of(cfg) + " cp=" + std::to_string(cfg.cp));
+      std::set<std::vector<int>> coords;
+      for (int r = 0; r < n; ++r) {
+        const auto m = strata::mesh_position_of(cfg, n, r);
+        CHECK(((m.pp_rank * cfg.dp + m.dp_rank) * cfg.cp + m.cp_rank) * cfg.tp + m.tp_rank == r);
+        CHECK(strata::mesh_rank_of(cfg, m.pp_rank, m.dp_rank, m.tp_rank, m.cp_rank) == r);
+        coords.insert({m.pp_rank, m.dp_rank, m.cp_rank, m.tp_rank});
+        REQUIRE(m.cp_group.size() == std::size_t(cfg.cp));
+        CHECK(m.cp_group[std::size_t(m.cp_rank)] == r);
+        for (int i = 1; i < cfg.cp; ++i) CHECK(m.cp_group[std::size_t(i)] - m.cp_group[std::size_t(i - 1)] == cfg.tp);
+        for (int i = 1; i < cfg.dp; ++i)
+          CHECK(m.dp_group[std::size_t(i)] - m.dp_group[std::size_t(i - 1)] == cfg.cp * cfg.tp);
+        // The gradient group: every (dp, cp) of this rank's tp and pp place, cp fastest.
+        std::vector<int> grads;
+        for (int d = 0; d < cfg.dp; ++d)
+          for (int c = 0; c < cfg.cp; ++c) grads.push_back(strata::mesh_rank_of(cfg, m.pp_rank, d, m.tp_rank, c));
+        CHECK(m.gradient_group == grads);
+        CHECK(m.gradient_rank == m.dp_rank * cfg.cp + m.cp_rank);
+        CHECK(m.gradient_group[std::size_t(m.gradient_rank)] == r);
+      }
+      CHECK(coords.size() == std::size_t(n));
+    }
+  }
+  CHECK(shapes == 133);  // sum over n = 1..12 of the ordered 4-factorisations of n
+}
+
+TEST_CASE("mesh_position_of: dp=2 x cp=2 x tp=2 by hand") {
+  auto cfg = shape(1, 2, 2);
+  cfg.cp = 2;
+  const auto m = strata::mesh_position_of(cfg, 8, 5);  // dp 1, cp 0, tp 1
+  CHECK(m.dp_rank == 1);
+  CHECK(m.cp_rank == 0);
+  CHECK(m.tp_rank == 1);
+  CHECK(m.tp_group == std::vector<int>{4, 5});
+  CHECK(m.cp_group == std::vector<int>{5, 7});
+  CHECK(m.dp_group == std::vector<int>{1, 5});
+  CHECK(m.gradient_group == std::vector<int>{1, 3, 5, 7});
+  CHECK(m.gradient_rank == 2);
+  CHECK_THROWS_WITH_AS(strata::mesh_position_of(cfg, 6, 0),
+                       "layout dp=2 x cp=2 x tp=2 x pp=1 = 8 ranks does not match the world size 6", strata::error);
+}
+
+TEST_CASE("process_mesh: the context and gradient groups equal the pure placement") {
+  auto& w = world();
+  const int n = w.size(), r = w.rank();
+  for (const auto& cfg : factorisations4(n)) {
+    CAPTURE(name_of(cfg) + " cp=" + std::to_string(cfg.cp));
+    strata::process_mesh mesh(w, cfg);
+    const auto expect = strata::mesh_position_of(cfg, n, r);
+    CHECK(mesh.cp().name() == "cp");
+    CHECK(mesh.cp().world_ranks() == expect.cp_group);
+    CHECK(mesh.cp().rank() == expect.cp_rank);
+    CHECK(mesh.gradients().world_ranks() == expect.gradient_group);
+    CHECK(mesh.gradients().rank() == expect.gradient_rank);
+    CHECK(mesh.gradients().name() == (cfg.cp > 1 ? "dp_cp" : "dp"));
+    std::vector<double> v{double(r)};
+    mesh.gradients().all_reduce(v);
+    CHECK(v[0] == double(std::accumulate(expect.gradient_group.begin(), expect.gradient_group.end(), 0)));
+    const std::string json = mesh.counters_json();
+    CHECK((json.find("\"dp_cp\":{\"all_reduce\":{\"calls\":1") != std::string::npos) == (cfg.cp > 1));
+  }
+}
 
 TEST_CASE("mesh_position_of: rules hold for every shape up to 12 ranks") {
   int shapes = 0;

@@ -1,11 +1,12 @@
 # Runs a command that prints JSON and checks what it printed with CMake's own JSON parser.
 #
-#   cmake -P check_json.cmake -- [OBJECT_KEYS key...] [OBJECT_VALUES key=value...] [LIST_KEYS key...]
-#                                [LIST_VALUES key=value...] RUN command [args...]
+#   cmake -P check_json.cmake -- [OBJECT_KEYS key...] [OBJECT_VALUES key=value...] [OBJECT_POSITIVE key...]
+#                                [LIST_KEYS key...] [LIST_VALUES key=value...] RUN command [args...]
 #
 # OBJECT_KEYS:   the output is one JSON object with each key (a.b names b inside object a).
 # OBJECT_VALUES: the output is one JSON object whose key has exactly that value, as CMake reads
 #                it (a number as written, a string without its quotes, true/false as ON/OFF).
+# OBJECT_POSITIVE: the output is one JSON object whose key is a number greater than 0.
 # LIST_KEYS:     the output is a non-empty JSON list whose every element has each key.
 # LIST_VALUES:   the output is a non-empty JSON list whose every element has the key with that value.
 # The command must exit 0. Any failure stops with FATAL_ERROR and the command's output.
@@ -15,6 +16,7 @@ set(mode "")
 set(object_keys "")
 set(list_keys "")
 set(object_values "")
+set(object_positive "")
 set(list_values "")
 set(command "")
 set(seen_dashes FALSE)
@@ -27,10 +29,12 @@ foreach(i RANGE 0 ${last})
     endif()
   elseif(mode STREQUAL "RUN")
     list(APPEND command "${arg}")
-  elseif(arg MATCHES "^(OBJECT_KEYS|OBJECT_VALUES|LIST_KEYS|LIST_VALUES|RUN)$")
+  elseif(arg MATCHES "^(OBJECT_KEYS|OBJECT_VALUES|OBJECT_POSITIVE|LIST_KEYS|LIST_VALUES|RUN)$")
     set(mode "${arg}")
   elseif(mode STREQUAL "OBJECT_KEYS")
     list(APPEND object_keys "${arg}")
+  elseif(mode STREQUAL "OBJECT_POSITIVE")
+    list(APPEND object_positive "${arg}")
   elseif(mode STREQUAL "LIST_KEYS")
     list(APPEND list_keys "${arg}")
   elseif(mode MATCHES "_VALUES$" AND NOT arg MATCHES "^[^=]+=")
@@ -82,16 +86,32 @@ function(require_values json where)
   endforeach()
 endfunction()
 
+# Fails unless `json` has each key of `keys` (dotted paths) as a number greater than 0.
+function(require_positive json where)
+  foreach(key IN LISTS ARGN)
+    string(REPLACE "." ";" path "${key}")
+    string(JSON kind ERROR_VARIABLE problem TYPE "${json}" ${path})
+    if(problem)
+      message(FATAL_ERROR "check_json.cmake: ${where} has no '${key}': ${problem}")
+    endif()
+    string(JSON value GET "${json}" ${path})
+    if(NOT kind STREQUAL "NUMBER" OR NOT value GREATER 0)
+      message(FATAL_ERROR "check_json.cmake: ${where} has ${key} = '${value}', expected a number > 0")
+    endif()
+  endforeach()
+endfunction()
+
 string(JSON type ERROR_VARIABLE problem TYPE "${out}")
 if(problem)
   message(FATAL_ERROR "check_json.cmake: the output is not JSON: ${problem}")
 endif()
-if(object_keys OR object_values)
+if(object_keys OR object_values OR object_positive)
   if(NOT type STREQUAL "OBJECT")
     message(FATAL_ERROR "check_json.cmake: expected a JSON object, got ${type}")
   endif()
   require_keys("${out}" "the object" ${object_keys})
   require_values("${out}" "the object" ${object_values})
+  require_positive("${out}" "the object" ${object_positive})
 endif()
 if(list_keys OR list_values)
   if(NOT type STREQUAL "ARRAY")

@@ -10,6 +10,7 @@
 #include "strata/policy/axes.hpp"
 #include "strata/policy/device.hpp"
 #include "strata/policy/layout.hpp"
+#include "strata/policy/mesh_axes.hpp"
 #include "strata/policy/parallel.hpp"
 #include "strata/policy/schedule.hpp"
 
@@ -67,7 +68,8 @@ constexpr bool same_traits() {
          std::is_same_v<typename A::canonical, typename B::canonical>;
 }
 static_assert(same_traits<dtp, pdt>() && same_traits<dtp, tpd>());
-static_assert(std::is_same_v<dtp, dtp::canonical> && std::is_same_v<pdt::canonical, dtp>);
+static_assert(std::is_same_v<dtp::canonical, st::parallel<D, st::context<1>, T, P>> &&
+              std::is_same_v<pdt::canonical, dtp::canonical>);
 static_assert(dtp::dp == st::dynamic && dtp::tp == 2 && dtp::pp == 2 && dtp::zero_stage == 1);
 static_assert(dtp::sequence_parallel && std::is_same_v<dtp::schedule, st::interleaved_1f1b>);
 static_assert(dtp::microbatches == 8 && dtp::virtual_chunks == 2 && !dtp::is_static);
@@ -225,4 +227,68 @@ TEST_CASE("resolve_layout: the non-template core takes a declared config") {
   CHECK(c.dp == 3);
   CHECK(c.tp == 2);
   CHECK(c.pp == 1);
+}
+
+// ---- the context axis ----
+using C2 = st::context<2>;
+using dct = st::parallel<st::data<2, st::zero<1>>, C2, st::tensor<2>>;
+using tcd = st::parallel<st::tensor<2>, st::data<2, st::zero<1>>, C2>;
+static_assert(dct::cp == 2 && std::is_same_v<dct::context_form, st::ring> && dct::is_static && dct::is_fully_static);
+static_assert(std::is_same_v<dct::canonical, tcd::canonical>);
+static_assert(st::parallel<>::cp == 1 && st::serial::cp == 1);
+static_assert(std::is_same_v<st::parallel<st::context<4, st::all_to_all>>::context_form, st::all_to_all>);
+static_assert(!st::parallel<st::context<st::dynamic>>::is_static);
+static_assert(!st::parallel<st::data<1>, st::context<2, st::dynamic_context_form>>::is_fully_static);
+
+TEST_CASE("mesh_axes: one description per axis, in rank order, tp fastest") {
+  CHECK(st::mesh_axes.size() == 4);
+  CHECK(st::mesh_axes[0].name == "tp");
+  CHECK(st::mesh_axes[1].name == "cp");
+  CHECK(st::mesh_axes[2].name == "dp");
+  CHECK(st::mesh_axes[3].name == "pp");
+  const auto replicating = st::mesh_axis_set::replicating();
+  CHECK(replicating == st::mesh_axis_set{st::mesh_axis::dp, st::mesh_axis::cp});
+  st::layout_config c;
+  c.dp = 3;
+  c.cp = 2;
+  c.tp = 4;
+  c.pp = 5;
+  CHECK(c.ranks() == 120);
+  CHECK(c.ranks(replicating) == 6);
+  CHECK(c.degree(st::mesh_axis::cp) == 2);
+  CHECK(c.degrees_text() == "dp=3 x cp=2 x tp=4 x pp=5");
+  c.cp = 1;
+  CHECK(c.degrees_text() == "dp=3 x tp=4 x pp=5");
+}
+
+TEST_CASE("resolve_layout: the context axis") {
+  const st::layout_config c = st::resolve_layout<dct>(8);
+  CHECK(c.cp == 2);
+  CHECK(c.dp == 2);
+  CHECK(c.context_form == "ring");
+  CHECK(c.ranks() == 8);
+  // A dynamic data degree takes what cp x tp x pp leave.
+  using L = st::parallel<st::context<st::dynamic>, st::tensor<2>>;
+  const st::layout_config d = st::resolve_layout<L>(16, {.cp = 4});
+  CHECK(d.dp == 2);
+  CHECK(d.cp == 4);
+  check_throws_containing([] { (void)st::resolve_layout<L>(16); }, {"cp as strata::dynamic", "no cp was given"});
+  check_throws_containing([] { (void)st::resolve_layout<L>(12, {.cp = 4}); },
+                          {"cp=4 x tp=2 x pp=1 = 8 ranks does not divide the world size 12"});
+  check_throws_containing([] { (void)st::resolve_layout<dct>(8, {.cp = 4}); },
+                          {"the layout fixes cp=2 but cp=4 was given at launch"});
+  check_throws_containing([] { (void)st::resolve_layout<dct>(6); },
+                          {"layout dp=2 x cp=2 x tp=2 x pp=1 = 8 ranks does not match the world size 6"});
+  // The form: fixed by the type, or given at launch.
+  using F = st::parallel<st::context<2, st::dynamic_context_form>>;
+  CHECK(st::resolve_layout<F>(4, {.context_form = "all_to_all"}).context_form == "all_to_all");
+  CHECK(st::resolve_layout<F>(4, {.context_form = "ring"}).context_form == "ring");
+  check_throws_containing([] { (void)st::resolve_layout<F>(4); }, {"context form as strata::dynamic_context_form"});
+  using G = st::parallel<st::context<st::dynamic, st::dynamic_context_form>>;
+  CHECK(st::resolve_layout<G>(4, {.cp = 1}).context_form == "ring");  // nothing to choose at cp = 1
+  check_throws_containing([] { (void)st::resolve_layout<G>(4, {.cp = 2}); }, {"no form was given at launch (cp=2)"});
+  check_throws_containing([] { (void)st::resolve_layout<F>(4, {.context_form = "star"}); },
+                          {"context form 'star'", "ring or all_to_all"});
+  check_throws_containing([] { (void)st::resolve_layout<dct>(8, {.context_form = "all_to_all"}); },
+                          {"fixes the context form ring but all_to_all was given"});
 }

@@ -111,7 +111,8 @@ class run_groups<Device> {
         engine_(choose_gpu_comm_engine(mesh.world())),
         compute_(gpu::current_stream()),
         tp_(mesh.tp(), engine_, compute_, compute_),
-        dp_(mesh.dp(), engine_, dp_stream_, compute_),
+        cp_(mesh.cp(), engine_, compute_, compute_),
+        dp_(mesh.gradients(), engine_, dp_stream_, compute_),
         pp_(mesh.pp(), gpu_comm_engine::mpi_staged, compute_, compute_) {
     if (mesh.embedding()) embedding_.emplace(*mesh.embedding(), engine_, compute_, compute_);
   }
@@ -120,17 +121,19 @@ class run_groups<Device> {
 
   gpu_communicator& dp() { return dp_; }
   group_ref tp() { return group_ref(tp_); }
+  group_ref cp() { return group_ref(cp_); }
   group_ref pp() { return group_ref(pp_); }
   group_ref embedding() { return embedding_ ? group_ref(*embedding_) : group_ref(); }
   bool has_embedding() const { return embedding_.has_value(); }
 
   std::string counters_json() const {
-    return comm_json({&mesh_->world().counters(), &dp_.counters(), &tp_.counters(), &pp_.counters(),
-                      embedding_ ? &embedding_->counters() : nullptr});
+    return comm_json({&mesh_->world().counters(), &dp_.counters(), mesh_->layout().cp > 1 ? &cp_.counters() : nullptr,
+                      &tp_.counters(), &pp_.counters(), embedding_ ? &embedding_->counters() : nullptr});
   }
   void reset_counters() {
     mesh_->world().reset_counters();
     dp_.reset_counters();
+    cp_.reset_counters();
     tp_.reset_counters();
     pp_.reset_counters();
     if (embedding_) embedding_->reset_counters();
@@ -143,7 +146,7 @@ class run_groups<Device> {
   gpu_comm_engine engine_;
   cudaStream_t compute_;
   gpu::stream dp_stream_;
-  gpu_communicator tp_, dp_, pp_;
+  gpu_communicator tp_, cp_, dp_, pp_;  // dp_: over the gradient group (dp × cp)
   std::optional<gpu_communicator> embedding_;
 };
 

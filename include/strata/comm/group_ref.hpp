@@ -42,6 +42,20 @@ class group_ref {
     if (sized_and_alone("all_gather", "output", in, out, out.size(), in.size())) return;
     impl_->all_gather(in.data(), out.data(), in.size(), comm_dtype_of<T>);
   }
+  // Block r of `in` (size() equal blocks) goes to rank r; block r of `out` came from rank r. A
+  // group of one keeps its one block: `out` is `in`.
+  template <comm_scalar T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    const std::size_t n = static_cast<std::size_t>(size());
+    STRATA_CHECK(in.size() == out.size() && in.size() % n == 0, "group_ref::all_to_all on ", name(),
+                 ": the input holds ", in.size(), " elements and the output ", out.size(), "; both must be ", n,
+                 " x one block size");
+    if (impl_ && n > 1) {
+      impl_->all_to_all(in.data(), out.data(), in.size() / n, comm_dtype_of<T>);
+    } else if (out.data() != in.data()) {
+      std::copy(in.begin(), in.end(), out.begin());
+    }
+  }
   // From `root` to every rank, in place.
   template <comm_scalar T>
   void broadcast(std::span<T> data, int root) {
@@ -86,6 +100,7 @@ class group_ref {
     virtual void all_reduce(void* data, std::size_t n, comm_dtype d, reduce_op op) = 0;
     virtual void all_gather(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
     virtual void reduce_scatter(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
+    virtual void all_to_all(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
     virtual void broadcast(void* data, std::size_t n, comm_dtype d, int root) = 0;
     virtual comm_handle send(const void* data, std::size_t n, comm_dtype d, int peer, int tag) = 0;
     virtual comm_handle recv(void* data, std::size_t n, comm_dtype d, int peer, int tag) = 0;
@@ -115,6 +130,13 @@ class group_ref {
         comm->reduce_scatter(
             std::span<const T>(static_cast<const T*>(in), n_each * static_cast<std::size_t>(comm->size())),
             std::span<T>(static_cast<T*>(out), n_each), reduce_op::sum);
+      });
+    }
+    void all_to_all(const void* in, void* out, std::size_t n_each, comm_dtype d) override {
+      visit_dtype(d, [&](auto id) {
+        using T = typename decltype(id)::type;
+        const std::size_t n = n_each * static_cast<std::size_t>(comm->size());
+        comm->all_to_all(std::span<const T>(static_cast<const T*>(in), n), std::span<T>(static_cast<T*>(out), n));
       });
     }
     void broadcast(void* data, std::size_t n, comm_dtype d, int root) override {

@@ -1,19 +1,21 @@
-// strata/comm/mesh.hpp - the process mesh: the dp, tp, pp and embedding groups of a layout, in MPI.
+// strata/comm/mesh.hpp - the process mesh: the groups of a layout's axes, in MPI.
 //
 //   auto world = strata::launch(argc, argv);
 //   return world.run([&] {
 //     strata::process_mesh mesh(world, strata::resolve_layout<Layout>(world.size(), overrides));
-//     mesh.dp().all_reduce(grads, strata::reduce_op::avg);
+//     mesh.gradients().all_reduce(grads, strata::reduce_op::avg);
 //     mesh.pp().p2p({strata::send_to(mesh.next_stage(), acts), strata::recv_from(mesh.next_stage(), grads)});
 //     if (mesh.embedding()) mesh.embedding()->all_reduce(wte_grad);   // tied embedding
 //   });
 //
-// Ranks are placed as mesh_position.hpp describes (tp fastest). Construction is collective over
-// the world: it splits the world communicator into the tp, dp and pp groups (named "tp", "dp",
-// "pp") and the embedding group of first and last stages ("embedding"; empty on middle stages).
-// The mesh owns those communicators and is passed to whoever needs a group; nothing is global.
+// Ranks are placed as mesh_position.hpp describes (tp fastest, then cp, dp, pp). Construction is
+// collective over the world: it splits the world communicator into one group per axis of
+// policy/mesh_axes.hpp (named "tp", "cp", "dp", "pp"), the gradient group over the axes that
+// replicate parameters ("dp_cp"; the dp group itself when cp = 1) and the embedding group of
+// first and last stages ("embedding"; empty on middle stages). The mesh owns those
+// communicators and is passed to whoever needs a group; nothing is global.
 //
-// When dp * tp * pp differs from the world size, the constructor throws strata::error with
+// When the degrees do not multiply to the world size, the constructor throws strata::error with
 //   layout dp=2 x tp=2 x pp=1 = 4 ranks does not match the world size 3
 // on every rank, before any communication, so no rank waits for another; world::run turns that
 // into the same one line on every rank and exit code 1.
@@ -35,8 +37,10 @@ class process_mesh {
   process_mesh(mpi_communicator& world_comm, const layout_config& cfg)
       : world_(&world_comm), layout_(cfg), pos_(mesh_position_of(cfg, world_comm.size(), world_comm.rank())) {
     tp_ = world_comm.split(pos_.tp_color, pos_.tp_rank, "tp");
+    cp_ = world_comm.split(pos_.cp_color, pos_.cp_rank, "cp");
     dp_ = world_comm.split(pos_.dp_color, pos_.dp_rank, "dp");
     pp_ = world_comm.split(pos_.pp_color, pos_.pp_rank, "pp");
+    if (cfg.cp > 1) gradients_.emplace(world_comm.split(pos_.gradient_color, pos_.gradient_rank, "dp_cp"));
     mpi_communicator emb = world_comm.split(pos_.embedding_color, pos_.pp_rank, "embedding");
     if (emb.valid()) embedding_.emplace(std::move(emb));
   }
@@ -52,13 +56,18 @@ class process_mesh {
 
   mpi_communicator& world() { return *world_; }
   mpi_communicator& dp() { return dp_; }
+  mpi_communicator& cp() { return cp_; }
   mpi_communicator& tp() { return tp_; }
   mpi_communicator& pp() { return pp_; }
+  // Over the axes that replicate parameters (dp × cp): where gradients are reduced.
+  mpi_communicator& gradients() { return gradients_ ? *gradients_ : dp_; }
   // The first and last stages of this rank's pipeline; nullptr on a middle stage.
   mpi_communicator* embedding() { return embedding_ ? &*embedding_ : nullptr; }
   const mpi_communicator& world() const { return *world_; }
   const mpi_communicator& dp() const { return dp_; }
+  const mpi_communicator& cp() const { return cp_; }
   const mpi_communicator& tp() const { return tp_; }
+  const mpi_communicator& gradients() const { return gradients_ ? *gradients_ : dp_; }
   const mpi_communicator& pp() const { return pp_; }
   const mpi_communicator* embedding() const { return embedding_ ? &*embedding_ : nullptr; }
 
@@ -67,14 +76,19 @@ class process_mesh {
   int next_stage() const { return pos_.next_stage; }
 
   // The metrics' `comm` object for this rank: {"world":{...},"dp":{...},"tp":{...},"pp":{...},
-  // "embedding":{...}} (embedding only where this rank is in it).
+  // "embedding":{...}}, with "cp" and "dp_cp" under context parallelism (embedding only where
+  // this rank is in it).
   std::string counters_json() const {
-    return comm_json({&world_->counters(), &dp_.counters(), &tp_.counters(), &pp_.counters(),
+    const bool context = layout_.cp > 1;
+    return comm_json({&world_->counters(), &dp_.counters(), context ? &cp_.counters() : nullptr,
+                      gradients_ ? &gradients_->counters() : nullptr, &tp_.counters(), &pp_.counters(),
                       embedding_ ? &embedding_->counters() : nullptr});
   }
   void reset_counters() {
     world_->reset_counters();
     dp_.reset_counters();
+    cp_.reset_counters();
+    if (gradients_) gradients_->reset_counters();
     tp_.reset_counters();
     pp_.reset_counters();
     if (embedding_) embedding_->reset_counters();
@@ -84,7 +98,8 @@ class process_mesh {
   mpi_communicator* world_;
   layout_config layout_;
   mesh_position pos_;
-  mpi_communicator tp_, dp_, pp_;
+  mpi_communicator tp_, cp_, dp_, pp_;
+  std::optional<mpi_communicator> gradients_;  // only when cp > 1: dp_ otherwise
   std::optional<mpi_communicator> embedding_;
 };
 

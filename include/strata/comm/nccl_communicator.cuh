@@ -416,7 +416,7 @@ static_assert(communicator<nccl_communicator>);
 // The mesh's groups as NCCL communicators on one stream: the world bootstrapped over MPI, the
 // others split from it with the mesh's colors, so group ranks match the MPI groups'.
 struct nccl_groups {
-  nccl_communicator world, tp, dp, pp;
+  nccl_communicator world, tp, cp, dp, pp;
   std::optional<nccl_communicator> embedding;  // empty on middle pipeline stages
 };
 
@@ -425,6 +425,7 @@ inline nccl_groups make_nccl_groups(process_mesh& mesh, cudaStream_t stream) {
   nccl_groups g;
   g.world = nccl_communicator(mesh.world(), stream, "world");
   g.tp = g.world.split(m.tp_color, m.tp_rank, "tp");
+  g.cp = g.world.split(m.cp_color, m.cp_rank, "cp");
   g.dp = g.world.split(m.dp_color, m.dp_rank, "dp");
   g.pp = g.world.split(m.pp_color, m.pp_rank, "pp");
   nccl_communicator emb = g.world.split(m.embedding_color, m.pp_rank, "embedding");

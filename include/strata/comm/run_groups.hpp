@@ -7,8 +7,9 @@
 //               memory of core/emulated_memory.hpp, which is host memory underneath);
 //   st::cuda    comm/gpu_groups.cuh: NCCL, or MPI staged through pinned host memory, on CUDA
 //               streams (include it, with nvcc, before instantiating a run under a cuda policy).
-// Each gives: dp() (the synchronizer's communicator; its type is dp_comm), tp(), pp(),
-// embedding() as group_refs for the layers, and the counters of what those calls moved.
+// Each gives: dp() (the synchronizer's communicator over the gradient group, dp × cp; its type
+// is dp_comm), tp(), cp(), pp(), embedding() as group_refs for the layers, and the counters of
+// what those calls moved.
 #pragma once
 #include <string>
 #include <type_traits>
@@ -33,8 +34,9 @@ class run_groups {
 
   explicit run_groups(process_mesh& mesh) : mesh_(&mesh) {}
 
-  mpi_communicator& dp() { return mesh_->dp(); }
+  mpi_communicator& dp() { return mesh_->gradients(); }
   group_ref tp() { return group_ref(mesh_->tp()); }
+  group_ref cp() { return group_ref(mesh_->cp()); }
   group_ref pp() { return group_ref(mesh_->pp()); }
   // The first and last stages' group for a tied embedding; empty (a group of one) elsewhere.
   group_ref embedding() { return mesh_->embedding() ? group_ref(*mesh_->embedding()) : group_ref(); }

@@ -14,12 +14,21 @@
 // than ranks (t a multiple of KV) each key/value head goes to t/KV ranks. The core runs on this
 // rank's heads alone; the projection is row-parallel.
 //
+// Context parallel over cp ranks (layers/context_parallel.hpp): x holds this rank's two chunks
+// of every sequence. q and k turn by each token's absolute position, one chunk at a time, and
+// the core is layers/context_attention.hpp in the layout's form: the ring (key/value blocks
+// passed round, partial outputs merged by logsumexp) or all-to-all (heads exchanged for the
+// sequence; this rank's H/t query and key/value heads must divide by cp). The projections see
+// only local tokens and need nothing.
+//
 // Generation (layers/cached_forward.hpp): forward_cached runs the new tokens alone, turned by
 // their absolute positions, and keeps every position's keys and values of this rank's key/value
 // heads, [B, capacity, KV/t·d] each, until release_cache(); each new query attends to the cache
 // (kernels/cached_attention.hpp).
 #pragma once
 #include <cstdint>
+#include <optional>
+#include <type_traits>
 
 #include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
@@ -30,6 +39,7 @@
 #include "strata/layers/cached_forward.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/linear.hpp"
+#include "strata/layers/context_attention.hpp"
 
 namespace strata {
 
@@ -81,14 +91,23 @@ class attention {
     return r;
   }
   // q·kᵀ and probs·v: 2 x 2·T·T·C per sequence (the causal half is not subtracted, as in the usual
-  // 6ND accounting). Keeps qkv, the logsumexps (the core), the heads' output and the projection's
-  // output; the rotary embedding works in place in qkv.
+  // 6ND accounting), a 1/cp share per context rank. Keeps qkv, the logsumexps (the core), the
+  // heads' output and the projection's output; the rotary embedding works in place in qkv. Under
+  // all-to-all context parallelism the core also keeps its heads' gathered qkv and output (as
+  // many bytes as the local ones), and the context group carries context_attention_traffic.
   static constexpr layer_cost cost(const config& c, const cost_scope& s) {
     const std::int64_t t = s.tp.degree, rows = s.rows();
+    const kernels::attention_shape local = shape_of(c, t, s.batch, s.local_seq());
     layer_cost core;
-    core.core_flops = core.forward_flops = 4 * s.batch * s.seq * s.seq * c.channels / t;
+    core.core_flops = core.forward_flops = 4 * s.batch * s.seq * s.seq * c.channels / t / s.cp;
     core.backward_flops = 2 * core.forward_flops;
-    core.core_bytes = s.batch * (c.heads / t) * s.seq * static_cast<std::int64_t>(sizeof(A));  // one logsumexp per row
+    core.core_bytes =
+        s.batch * local.heads * s.local_seq() * static_cast<std::int64_t>(sizeof(A));  // a logsumexp per row
+    if (s.cp > 1 && s.form == context_form::all_to_all)
+      core.core_bytes += rows * (local.row_width() + local.q_width()) * static_cast<std::int64_t>(sizeof(T));
+    const context_traffic traffic = context_attention<T>::traffic(s.form, local, s.cp);
+    core.context_forward_bytes = double(traffic.forward);
+    core.context_backward_bytes = double(traffic.backward);
     core.output_bytes = rows * (c.channels / t) * static_cast<std::int64_t>(sizeof(T));
     core.activation_bytes = core.core_bytes + core.output_bytes;
     return linear<P>::cost(qkv_config(c), s).then(core).then(linear<P>::cost(proj_config(c), s));
@@ -113,12 +132,12 @@ class attention {
     qkv_out_ = qkv_.output_data();
     {
       STRATA_PROFILE("attention.forward");
-      if (cfg_.rope_theta > 0) kernels::rope_forward(device{}, qkv_out_, shape, cfg_.rope_theta);
+      if (cfg_.rope_theta > 0) turn_by_positions(qkv_out_, shape, false);
       core_forward(shape);
     }
     tensor_view<const T> heads{heads_out_.data(), {shape.batch, shape.seq, shape.q_width()}};
     auto y = proj_.forward(heads);
-    if (recompute_core_) lse_ = buffer<A>();
+    if (recompute_core_) release_core();
     return y;
   }
 
@@ -132,11 +151,13 @@ class attention {
     {
       STRATA_PROFILE("attention.backward");
       if (recompute_core_) core_forward(shape_);
-      kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, lse_.data(), heads_out_.data(),
-                                  shape_);
-      if (recompute_core_) lse_ = buffer<A>();
+      if (context_) context_->backward(dqkv.data(), dheads.data(), qkv_out_, heads_out_.data(), shape_);
+      else
+        kernels::attention_backward(device{}, dqkv.data(), dheads.data(), qkv_out_, lse_.data(), heads_out_.data(),
+                                    shape_);
+      if (recompute_core_) release_core();
       // q and k were turned by their positions: their gradients turn back.
-      if (cfg_.rope_theta > 0) kernels::rope_backward(device{}, dqkv.data(), shape_, cfg_.rope_theta);
+      if (cfg_.rope_theta > 0) turn_by_positions(dqkv.data(), shape_, true);
     }
     return qkv_.backward(dqkv);
   }
@@ -181,7 +202,7 @@ class attention {
   void release_activations() {
     qkv_.release_activations();
     proj_.release_activations();
-    lse_ = buffer<A>();
+    release_core();
     heads_out_ = buffer<T>();
   }
 
@@ -203,19 +224,63 @@ class attention {
                  ": the rotary embedding needs an even head size and theta > 0, got head size ", c.head_dim(),
                  " and theta ", c.rope_theta);
     scope.check_tensor_extents(tensor_extents(c));
+    auto& cp = scope.cp();
+    STRATA_CHECK(cp.degree() == 1 || !(std::is_base_of_v<cuda, device>), scope.qualify_layer(),
+                 ": context parallelism (cp=", cp.degree(),
+                 ") runs on the host only for now; its CUDA attention kernels are not written yet");
+    if (cp.degree() > 1 && cp.form() == context_form::all_to_all) {
+      const kernels::attention_shape local = shape_of(c, scope.tensor().degree(), 1, 1);
+      STRATA_CHECK(context_attention<T>::heads_divide(local, cp.degree()), scope.qualify_layer(),
+                   ": all-to-all context parallelism over cp=", cp.degree(), " needs this rank's ", local.heads,
+                   " query heads and ", local.kv_heads, " key/value heads (of ", c.heads, " and ", c.kv(),
+                   " over tp=", scope.tensor().degree(),
+                   ") divisible by it; use the ring form (strata::ring, --cp-form ring)");
+    }
     return c;
   }
-  // This rank's heads: H/t query heads and their key/value heads (one, when fewer than ranks).
+  // A rank's heads under tp = t: H/t query heads and their key/value heads (one, when fewer than ranks).
+  static constexpr kernels::attention_shape shape_of(const config& c, std::int64_t t, std::int64_t batch,
+                                                     std::int64_t seq) {
+    const std::int64_t kv = c.kv() >= t ? c.kv() / t : 1;
+    return {batch, seq, c.heads / t, kv, c.head_dim(), c.scale};
+  }
   kernels::attention_shape local_shape(std::int64_t batch, std::int64_t seq) const {
-    const std::int64_t t = degree_, kv = cfg_.kv() >= t ? cfg_.kv() / t : 1;
-    return {batch, seq, cfg_.heads / t, kv, cfg_.head_dim(), cfg_.scale};
+    return shape_of(cfg_, degree_, batch, seq);
   }
   void core_forward(const kernels::attention_shape& shape) {
     shape_ = shape;
     auto& ledger = scope_.ledger();
-    ensure_size(lse_, ledger, memory_category::activations, shape.batch * shape.heads * shape.seq);
     ensure_size(heads_out_, ledger, memory_category::activations, shape.batch * shape.seq * shape.q_width());
+    auto& cp = scope_.cp();
+    if (cp.degree() > 1) {
+      // The core over the context group: built for this sequence length, kept while it holds.
+      if (!context_ || context_->split().local_seq() != shape.seq)
+        context_.emplace(cp.group(), cp.split_local(shape.seq), cp.form(), ledger);
+      context_->forward(heads_out_.data(), qkv_out_, shape);
+      return;
+    }
+    ensure_size(lse_, ledger, memory_category::activations, shape.batch * shape.heads * shape.seq);
     kernels::attention_forward(device{}, heads_out_.data(), lse_.data(), qkv_out_, shape);
+  }
+  void release_core() {
+    lse_ = buffer<A>();
+    if (context_) context_->release();
+  }
+  // The rotary embedding (or its transpose) of qkv rows [B, T, W]: by position t at cp = 1, else
+  // each chunk of this rank's rows from its first absolute position.
+  void turn_by_positions(T* rows, const kernels::attention_shape& shape, bool backward) {
+    const auto turn = [&](T* at, const kernels::attention_shape& s, std::int64_t pos0) {
+      if (backward) kernels::rope_backward(device{}, at, s, cfg_.rope_theta, pos0);
+      else kernels::rope_forward(device{}, at, s, cfg_.rope_theta, pos0);
+    };
+    auto& cp = scope_.cp();
+    if (cp.degree() == 1) return turn(rows, shape, 0);
+    cp.for_each_run(shape.seq, 0, shape.batch * shape.seq, [&](std::int64_t at, std::int64_t n, std::int64_t pos) {
+      kernels::attention_shape run = shape;
+      run.batch = 1;
+      run.seq = n;
+      turn(rows + at * shape.row_width(), run, pos);
+    });
   }
 
   module_scope<P> scope_;
@@ -226,6 +291,7 @@ class attention {
   T* qkv_out_ = nullptr;
   bool recompute_core_ = false;
   buffer<A> lse_;
+  std::optional<context_attention<T>> context_;  // the core under context parallelism (cp > 1)
   buffer<T> heads_out_;
   buffer<T> k_cache_, v_cache_;  // generation: [B, capacity, KV/t·d] by position
   std::int64_t cached_ = 0, cache_batch_ = 0, cache_capacity_ = 0;

@@ -3,13 +3,15 @@
 // Every layer states its costs in one function next to the code that incurs them:
 //   static constexpr layer_cost cost(const config& c, const cost_scope& s);
 // for one micro-batch of s.batch sequences of s.seq tokens, on one rank of a tensor-parallel
-// group split as s.tp. A composite layer sums its parts (a.then(b): b runs after a, so the
-// output is b's). The planner (plan/plan.hpp) adds the parts of a model under a layout; the
-// tests hold the sums to what the allocator and the byte counters really see.
+// group split as s.tp and of a context-parallel group of s.cp ranks (each holding s.seq/s.cp
+// tokens of every sequence: rows() counts this rank's tokens). A composite layer sums its parts (a.then(b): b runs
+// after a, so the output is b's). The planner (plan/plan.hpp) adds the parts of a model under a layout; the tests hold
+// the sums to what the allocator and the byte counters really see.
 #pragma once
 #include <cstdint>
 
 #include "strata/layers/tensor_split.hpp"
+#include "strata/layers/context_split.hpp"
 #include "strata/policy/recompute.hpp"
 
 namespace strata {
@@ -18,8 +20,12 @@ struct cost_scope {
   tensor_split tp{};
   std::int64_t batch = 1, seq = 1;                  // one micro-batch
   recompute_mode recompute = recompute_mode::none;  // what recompute<recompute_from_context, L> does
+  int cp = 1;                                       // context-parallel degree
+  context_form form = context_form::ring;           // how attention reaches the other context ranks
 
-  constexpr std::int64_t rows() const { return batch * seq; }
+  // This rank's tokens of each sequence, and of the micro-batch.
+  constexpr std::int64_t local_seq() const { return seq / cp; }
+  constexpr std::int64_t rows() const { return batch * local_seq(); }
   // Tokens held between tensor-parallel regions (a 1/t share under sequence parallelism).
   constexpr std::int64_t local_rows() const { return tp.local_rows(rows()); }
 };
@@ -35,6 +41,7 @@ struct layer_cost {
   std::int64_t core_bytes = 0;                                 // what selective recomputation drops...
   std::int64_t core_flops = 0;                                 // ...and what recomputing it costs
   double tensor_forward_bytes = 0, tensor_backward_bytes = 0;  // sent per rank in the tensor group
+  double context_forward_bytes = 0, context_backward_bytes = 0;  // sent per rank in the context group
 
   // `next` runs after this: everything adds up, the output is next's.
   constexpr layer_cost then(const layer_cost& next) const {
@@ -55,6 +62,8 @@ struct layer_cost {
     r.core_flops = n * core_flops;
     r.tensor_forward_bytes = double(n) * tensor_forward_bytes;
     r.tensor_backward_bytes = double(n) * tensor_backward_bytes;
+    r.context_forward_bytes = double(n) * context_forward_bytes;
+    r.context_backward_bytes = double(n) * context_backward_bytes;
     return r;
   }
   // Side by side (two branches over the same input): everything adds up, outputs included.
@@ -70,9 +79,12 @@ struct layer_cost {
     r.core_flops += o.core_flops;
     r.tensor_forward_bytes += o.tensor_forward_bytes;
     r.tensor_backward_bytes += o.tensor_backward_bytes;
+    r.context_forward_bytes += o.context_forward_bytes;
+    r.context_backward_bytes += o.context_backward_bytes;
     return r;
   }
   constexpr double tensor_bytes() const { return tensor_forward_bytes + tensor_backward_bytes; }
+  constexpr double context_bytes() const { return context_forward_bytes + context_backward_bytes; }
   bool operator==(const layer_cost&) const = default;
 };
 

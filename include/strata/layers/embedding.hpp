@@ -11,6 +11,9 @@
 // tensor-parallel region summed (all-reduce, or reduce-scatter to this rank's tokens under
 // sequence parallelism), and the position embedding, whole on every rank, is added after.
 //
+// Context parallel over cp ranks: the tokens are this rank's chunks of each sequence
+// (layers/context_parallel.hpp), and each takes the position row of its absolute position.
+//
 // Generation (layers/cached_forward.hpp): forward_cached looks up the new tokens and adds the
 // position rows of their absolute positions, step.pos onwards.
 #pragma once
@@ -81,8 +84,9 @@ class embedding {
     STRATA_PROFILE("embedding.forward");
     STRATA_CHECK(tokens.shape.rank == 2, scope_.qualify("forward"), ": expected tokens [B, T], got ",
                  tokens.shape.str());
-    STRATA_CHECK(!positions() || tokens.shape[1] <= cfg_.max_seq, scope_.qualify("forward"), ": sequence length ",
-                 tokens.shape[1], " exceeds the position table (max_seq = ", cfg_.max_seq, ")");
+    STRATA_CHECK(!positions() || tokens.shape[1] * scope_.cp().degree() <= cfg_.max_seq, scope_.qualify("forward"),
+                 ": sequence length ", tokens.shape[1] * scope_.cp().degree(),
+                 " exceeds the position table (max_seq = ", cfg_.max_seq, ")");
     batch_ = tokens.shape[0];
     seq_ = tokens.shape[1];
     auto& ledger = scope_.ledger();
@@ -91,7 +95,8 @@ class embedding {
     tokens_.upload(tokens.data, static_cast<std::size_t>(rows));  // token batches come from the host
     auto& p = scope_.params();
     auto& tp = scope_.tensor();
-    if (degree_ == 1 && positions()) {
+    const bool context = scope_.cp().degree() > 1;
+    if (degree_ == 1 && positions() && !context) {
       ensure_size(out_, ledger, memory_category::activations, rows * cfg_.channels);
       kernels::embedding_forward(device{}, out_.data(), tokens_.data(), p.weights(wte_), p.weights(wpe_), batch_, seq_,
                                  cfg_.channels, cfg_.vocab);
@@ -105,12 +110,19 @@ class embedding {
     ensure_size(looked_up, ledger, memory_category::activations, rows * cfg_.channels);
     kernels::embedding_lookup_range(device{}, looked_up.data(), tokens_.data(), p.weights(wte_), rows, cfg_.channels,
                                     first_row_, rows_here_, cfg_.vocab);
-    if (degree_ == 1) return {out_.data(), {batch_, seq_, cfg_.channels}};
-    auto y = tp.leave_forward(looked_up, {batch_, seq_, cfg_.channels}, out_, ledger);
+    tensor_view<const T> y{out_.data(), {batch_, seq_, cfg_.channels}};
+    if (degree_ > 1) y = tp.leave_forward(looked_up, {batch_, seq_, cfg_.channels}, out_, ledger);
     if (!positions()) return y;
-    const std::int64_t local = y.numel() / cfg_.channels;
-    kernels::position_embedding_add(device{}, out_.data(), p.weights(wpe_), local, seq_,
-                                    tp.sequence_parallel() ? tp.rank() * local : 0, cfg_.channels);
+    const std::int64_t local = y.numel() / cfg_.channels, first = tp.sequence_parallel() ? tp.rank() * local : 0;
+    if (!context) {
+      kernels::position_embedding_add(device{}, out_.data(), p.weights(wpe_), local, seq_, first, cfg_.channels);
+      return y;
+    }
+    // A context rank's tokens are two chunks of each sequence: each run of positions in turn.
+    scope_.cp().for_each_run(seq_, first, local, [&](std::int64_t at, std::int64_t n, std::int64_t pos) {
+      kernels::position_embedding_add(device{}, out_.data() + at * cfg_.channels, p.weights(wpe_) + pos * cfg_.channels,
+                                      n, n, 0, cfg_.channels);
+    });
     return y;
   }
 
@@ -149,14 +161,20 @@ class embedding {
     STRATA_CHECK(static_cast<std::int64_t>(dy.size()) == batch_ * seq_ * cfg_.channels, scope_.qualify("backward"),
                  ": expected ", batch_ * seq_ * cfg_.channels, " output gradients, got ", dy.size());
     auto& p = scope_.params();
-    if (degree_ == 1 && positions()) {
+    const bool context = scope_.cp().degree() > 1;
+    if (degree_ == 1 && positions() && !context) {
       kernels::embedding_backward(device{}, p.grads(wte_), p.grads(wpe_), dy.data(), tokens_.data(), batch_, seq_,
                                   cfg_.channels);
     } else {
       kernels::token_embedding_backward(device{}, p.grads(wte_), dy.data(), tokens_.data(), batch_ * seq_,
                                         cfg_.channels, first_row_, rows_here_);
-      if (positions())
+      if (positions() && !context)
         kernels::position_embedding_backward(device{}, p.grads(wpe_), dy.data(), batch_, seq_, cfg_.channels);
+      if (positions() && context)
+        scope_.cp().for_each_run(seq_, 0, batch_ * seq_, [&](std::int64_t at, std::int64_t n, std::int64_t pos) {
+          kernels::position_embedding_backward(device{}, p.grads(wpe_) + pos * cfg_.channels,
+                                               dy.data() + at * cfg_.channels, 1, n, cfg_.channels);
+        });
     }
     p.grad_written(wte_);
     if (positions()) p.grad_written(wpe_);

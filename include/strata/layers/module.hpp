@@ -2,16 +2,17 @@
 //
 // A model owns one model_context: the parameter store, scratch space and the memory ledger
 // every buffer is charged to, the tensor-parallel group every layer of the model shards over,
-// and the recomputation mode. Layers receive a module_scope - the same context plus a dotted
-// name prefix - so each parameter gets a stable name ("h.3.mlp.fc.weight") that the initializer,
-// checkpoints and exports all key on. A layer takes its tensor split from the scope (split()),
-// never from its config: the policy and the launch decide it, in one place.
+// the context-parallel group whose ranks share each sequence, and the recomputation mode. Layers receive a module_scope
+// - the same context plus a dotted name prefix - so each parameter gets a stable name ("h.3.mlp.fc.weight") that the
+// initializer, checkpoints and exports all key on. A layer takes its tensor split from the scope (split()), never from
+// its config: the policy and the launch decide it, in one place.
 #pragma once
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "strata/core/memory.hpp"
+#include "strata/layers/context_parallel.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/layers/tensor_parallel.hpp"
 #include "strata/layers/tensor_split.hpp"
@@ -26,8 +27,8 @@ class model_context {
   using T = typename P::storage;
 
   model_context(memory_ledger& ledger, strata::seed s, strata::tensor_parallel tp = {},
-                recompute_mode recompute = recompute_mode::none)
-      : params_(ledger, s), workspace_(ledger), tp_(std::move(tp)), recompute_(recompute) {}
+                recompute_mode recompute = recompute_mode::none, strata::context_parallel cp = {})
+      : params_(ledger, s), workspace_(ledger), tp_(std::move(tp)), cp_(std::move(cp)), recompute_(recompute) {}
   model_context(const model_context&) = delete;
   model_context& operator=(const model_context&) = delete;
 
@@ -36,6 +37,9 @@ class model_context {
   memory_ledger& ledger() { return params_.ledger(); }
   strata::tensor_parallel& tensor() { return tp_; }
   const strata::tensor_parallel& tensor() const { return tp_; }
+  // The context-parallel group (cp: the group's ranks hold chunks of the same sequences).
+  strata::context_parallel& cp() { return cp_; }
+  const strata::context_parallel& cp() const { return cp_; }
   // What recompute<recompute_from_context, L> does in this model.
   recompute_mode recompute() const { return recompute_; }
 
@@ -56,6 +60,7 @@ class model_context {
   parameter_store<T> params_;
   strata::workspace workspace_;
   strata::tensor_parallel tp_;
+  strata::context_parallel cp_;
   recompute_mode recompute_;
   bool share_ = false, replicas_ = false;
 };
@@ -129,6 +134,7 @@ class module_scope {
   strata::workspace& workspace() const { return ctx_->workspace(); }
   memory_ledger& ledger() const { return ctx_->ledger(); }
   strata::tensor_parallel& tensor() const { return ctx_->tensor(); }
+  strata::context_parallel& cp() const { return ctx_->cp(); }
   const std::string& prefix() const { return prefix_; }
 
  private:

@@ -76,11 +76,14 @@ class recompute {
         r.activation_bytes = r.output_bytes;
         r.backward_flops += r.forward_flops;
         r.tensor_backward_bytes += r.tensor_forward_bytes;
+        r.context_backward_bytes += r.context_forward_bytes;
         r.core_bytes = r.core_flops = 0;
         break;
       case recompute_mode::selective:
+        // The context group's traffic is attention's core (its ring or all-to-all): redone too.
         r.activation_bytes -= r.core_bytes;
         r.backward_flops += r.core_flops;
+        r.context_backward_bytes += r.context_forward_bytes;
         r.core_bytes = r.core_flops = 0;
         break;
       case recompute_mode::none: break;

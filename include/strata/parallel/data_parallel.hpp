@@ -60,6 +60,9 @@ struct data_parallel_options {
   std::int64_t bucket_elems = 1 << 20;  // elements per gradient bucket (4 MiB of fp32)
   group_ref tensor_group{};             // the tensor-parallel group, for global gradient norms
   group_ref pipeline_group{};           // the pipeline group, likewise
+  // Context parallelism: the group spans dp × cp (cp fastest, comm/mesh_position.hpp); the cp
+  // ranks of one data-parallel rank hold the same sequences' other tokens.
+  int context_degree = 1;
 };
 
 template <class P, communicator Comm>
@@ -132,17 +135,22 @@ class data_parallel {
   const dp_layout& layout() const { return layout_; }
   Comm& group() { return *group_; }
   parameter_store<T>& parameters() const { return *params_; }
-  // For messages: "data_parallel ZeRO-1 over dp=2 (this rank updates 1234 of 5000 elements)".
+  // For messages: "data_parallel ZeRO-1 over dp=2 (this rank updates 1234 of 5000 elements)"
+  // ("over dp=2 x cp=2" under context parallelism).
   std::string description() const {
-    return detail::concat("data_parallel ZeRO-", opt_.zero_stage, " over dp=", group_->size(), " (this rank updates ",
-                          optimizer_elements(), " of ", params_->size(), " elements)");
+    const std::string cp = opt_.context_degree > 1 ? " x cp=" + std::to_string(opt_.context_degree) : "";
+    return detail::concat("data_parallel ZeRO-", opt_.zero_stage, " over dp=", group_->size() / opt_.context_degree, cp,
+                          " (this rank updates ", optimizer_elements(), " of ", params_->size(), " elements)");
   }
 
-  // The rows of a global batch of `batch` sequences this rank trains on.
+  // The rows of a global batch of `batch` sequences this rank trains on: the context ranks of
+  // one data-parallel rank (consecutive in the group) take the same rows.
   std::pair<std::int64_t, std::int64_t> local_rows(std::int64_t batch) const {
-    const int n = group_->size();
+    STRATA_CHECK(group_->size() % opt_.context_degree == 0, "data parallelism: a group of ", group_->size(),
+                 " ranks is not dp x cp with cp = ", opt_.context_degree);
+    const int n = group_->size() / opt_.context_degree;
     STRATA_CHECK(batch % n == 0, "data parallelism: global batch ", batch, " does not divide over dp = ", n, " ranks");
-    return {group_->rank() * (batch / n), batch / n};
+    return {group_->rank() / opt_.context_degree * (batch / n), batch / n};
   }
 
   // What the optimizer updates on this rank, and the size of its state.
@@ -337,6 +345,7 @@ class data_parallel {
                    "strata::dynamic; give options.zero_stage");
       o.zero_stage = P::layout::zero_stage;
     }
+    STRATA_CHECK(o.context_degree >= 1, "data_parallel: context_degree ", o.context_degree, " must be >= 1");
     return o;
   }
   struct bucket_timing {

@@ -22,6 +22,12 @@
 // schedule holds. Every block is wrapped in recompute<recompute_from_context, Block>: the
 // placement's recomputation mode applies to the blocks.
 //
+// Context parallelism (model_placement::context, cp > 1): the model is given whole sequences and
+// takes this rank's chunks of each (layers/context_split.hpp) before the first layer, inputs and
+// targets alike, so the trainer, the data and the pipeline executor see [B, T] batches and the
+// layers [B, T/cp]; evaluate() averages the loss over the cp group. Generation and logits() are
+// refused under cp, naming why.
+//
 // Generation with a key/value cache (train/generate.hpp drives it): forward_cached feeds the new
 // positions through the layers' cached forwards (layers/cached_forward.hpp) with any sequence
 // split paused; a pipeline passes the new positions' activations [B, n, C] from virtual stage to
@@ -44,6 +50,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/layers/cached_forward.hpp"
+#include "strata/layers/context_parallel.hpp"
 #include "strata/layers/layer.hpp"
 #include "strata/layers/module.hpp"
 #include "strata/layers/recompute.hpp"
@@ -51,6 +58,7 @@
 #include "strata/layers/stack.hpp"
 #include "strata/layers/tensor_checks.hpp"
 #include "strata/layers/tensor_parallel.hpp"
+#include "strata/layers/context_split.hpp"
 #include "strata/parallel/pipeline.hpp"
 #include "strata/parallel/pipeline_schedule.hpp"
 
@@ -92,6 +100,7 @@ struct pipeline_placement {
 // the mesh; the default is the serial model.
 struct model_placement {
   tensor_parallel tensor{};
+  context_parallel context{};  // the ranks sharing each sequence (cp), and the attention form
   recompute_mode recompute = recompute_mode::none;
   pipeline_placement pipeline{};
   group_ref pipeline_group{};   // the stages in order
@@ -136,7 +145,7 @@ class sequential_model {
       : cfg_(c),
         layers_(Model::layers(c)),
         place_(std::move(where)),
-        ctx_(ledger, seed, place_.tensor, place_.recompute) {
+        ctx_(ledger, seed, place_.tensor, place_.recompute, place_.context) {
     const auto& pl = place_.pipeline;
     const bool piped = pl.pipelined();
     if (piped) exec_.emplace(*this, place_.pipeline_group, pl.shape, ledger);
@@ -164,17 +173,23 @@ class sequential_model {
                  double grad_scale = 1.0) {
     check_tokens(inputs);
     double loss = 0;
-    run_forward(whole(), tensor_view<const T>{}, inputs, targets, grad_scale, loss);
+    run_forward(whole(), tensor_view<const T>{}, local_tokens(inputs, local_inputs_),
+                local_tokens(targets, local_targets_), grad_scale, loss);
     return loss;
   }
   void backward() { run_backward(whole(), nullptr); }
-  // The loss without gradients.
+  // The loss without gradients (over the whole sequences: averaged over the context group).
   double evaluate(tensor_view<const std::int32_t> inputs, tensor_view<const std::int32_t> targets) {
+    check_tokens(inputs);
     auto& r = whole();
-    return std::get<N - 1>(r)->evaluate(hidden_to_head(r, inputs), targets);
+    double loss = std::get<N - 1>(r)->evaluate(hidden_to_head(r, local_tokens(inputs, local_inputs_)),
+                                               local_tokens(targets, local_targets_));
+    if (ctx_.cp().degree() > 1) ctx_.cp().group().all_reduce(std::span<double>(&loss, 1), reduce_op::avg);
+    return loss;
   }
   // The output layer's logits for sampling (when it offers them).
   auto logits(tensor_view<const std::int32_t> inputs) {
+    refuse_under_context("logits");
     auto& r = whole();
     return std::get<N - 1>(r)->logits(hidden_to_head(r, inputs));
   }
@@ -187,6 +202,7 @@ class sequential_model {
   // groups. Returns the logits of each sequence's last position, [B, V] in host memory, on the
   // ranks holding the head (holds_head()); empty elsewhere.
   std::vector<double> forward_cached(tensor_view<const std::int32_t> tokens, const decode_step& step) {
+    refuse_under_context("generation");
     check_cached_tokens(tokens, step);
     const auto pause = ctx_.tensor().pause_sequence_split();  // n = 1 divides no split
     const auto& sh = place_.pipeline.shape;
@@ -249,7 +265,8 @@ class sequential_model {
                           std::int64_t rows, int microbatches, double grad_scale) {
     STRATA_CHECK(exec_, "sequential_model: run_microbatches needs a pipeline (the model is one stage)");
     check_tokens(inputs);
-    const double loss = exec_->run(inputs, targets, rows, microbatches, grad_scale);
+    const double loss = exec_->run(local_tokens(inputs, local_inputs_), local_tokens(targets, local_targets_), rows,
+                                   microbatches, grad_scale);
     auto& p = ctx_.params();
     for (const param_handle h : tied_to_sum_)
       place_.embedding_group.all_reduce(std::span<T>(p.grads(h), std::size_t(p.info(h).numel)));
@@ -324,9 +341,27 @@ class sequential_model {
   void check_tokens(tensor_view<const std::int32_t> inputs) const {
     const auto split = ctx_.tensor().split();
     STRATA_CHECK(inputs.shape.rank == 2, "model: expected token ids [B, T], got ", inputs.shape.str());
-    STRATA_CHECK(!split.sequence_parallel || inputs.shape[1] % split.degree == 0,
+    const context_split cs = ctx_.cp().split_whole(inputs.shape[1]);  // 2·cp chunks must divide T
+    STRATA_CHECK(!split.sequence_parallel || cs.local_seq() % split.degree == 0,
                  "model: sequence parallelism over tp=", split.degree, " needs a sequence length divisible by it, got ",
-                 inputs.shape[1]);
+                 cs.local_seq(), cs.degree > 1 ? " tokens per context rank" : "");
+  }
+  // Under context parallelism: this rank's tokens of every sequence (context_split), copied into
+  // `storage`; otherwise the tokens themselves.
+  tensor_view<const std::int32_t> local_tokens(tensor_view<const std::int32_t> whole,
+                                               std::vector<std::int32_t>& storage) const {
+    if (ctx_.cp().degree() == 1 || !whole.data) return whole;
+    const std::int64_t batch = whole.shape[0];
+    const context_split cs = ctx_.cp().split_whole(whole.shape[1]);
+    storage.resize(std::size_t(batch * cs.local_seq()));
+    cs.take(whole.data, storage.data(), batch, 1);
+    return {storage.data(), {batch, cs.local_seq()}};
+  }
+  // Generation feeds positions one at a time: no chunk split of the sequence holds them.
+  void refuse_under_context(const char* what) const {
+    STRATA_CHECK(ctx_.cp().degree() == 1, "model: ", what, " under context parallelism (cp=", ctx_.cp().degree(),
+                 ") is not supported: each rank holds chunks of a sequence, and decoding adds one position at a "
+                 "time; load the checkpoint into a layout without cp (checkpoints resume under any layout)");
   }
 
   // The same checks on every rank before any stage runs (the first stage alone would see a bad
@@ -527,6 +562,7 @@ class sequential_model {
   std::vector<param_handle> tied_to_sum_;
   std::optional<pipeline_executor<sequential_model>> exec_;
   buffer<T> last_;  // generation: each sequence's last position, when a step has several
+  std::vector<std::int32_t> local_inputs_, local_targets_;  // context parallelism: this rank's tokens
 };
 
 }  // namespace strata

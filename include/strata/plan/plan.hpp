@@ -57,9 +57,10 @@ struct plan_setup {
 };
 
 // Per-rank bytes communicated per step, by process group (ring volumes, as counters.hpp).
+// `dp` is the gradient group's (dp × cp: parameters are replicated over both).
 struct comm_plan {
-  double dp = 0, tp = 0, pp = 0, embedding = 0;
-  constexpr double total() const { return dp + tp + pp + embedding; }
+  double dp = 0, cp = 0, tp = 0, pp = 0, embedding = 0;
+  constexpr double total() const { return dp + cp + tp + pp + embedding; }
 };
 
 // Non-constexpr on purpose: a constant-evaluated fits() that calls one fails to compile, and the
@@ -78,7 +79,7 @@ struct plan_result {
   std::int64_t microbatches = 1;                     // per step and data-parallel rank
   double flops_per_step = 0;                         // the whole model, one iteration, recomputation included
   double model_flops_per_step = 0;                   // the same without recomputation (for MFU)
-  double flops_per_rank = 0;                         // the busiest stage's FLOPs per step, over its dp·t ranks
+  double flops_per_rank = 0;                         // the busiest stage's FLOPs per step, over its dp·cp·t ranks
   comm_plan comm_bytes{};
   double bubble_fraction = 0;
 
@@ -191,14 +192,18 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   using Precision = typename P::precision;
   using T = typename P::storage;
   const layout_config& L = setup.layout;
-  const int t = L.tp, p = L.pp, dp = L.dp, V = L.virtual_chunks;
+  const int t = L.tp, p = L.pp, dp = L.dp, cp = L.cp, V = L.virtual_chunks;
   const bool sp = L.sequence_parallel == 1 && t > 1;
   const std::int64_t s = plan_detail::sequence_length(c, b);
+  const context_form form = L.context_form == "all_to_all" ? context_form::all_to_all : context_form::ring;
   check_tensor_extents<Model>(c, t, "plan: ");
+  STRATA_CHECK(cp == 1 || s % (2 * cp) == 0, "plan: context parallelism cp=", cp,
+               " cuts each sequence into 2·cp = ", 2 * cp, " chunks, which do not divide the sequence length ", s);
   const std::int64_t layers = Model::layers(c).blocks().count;
   STRATA_CHECK(layers % (p * V) == 0, "plan: ", layers, " layers do not split evenly over ", p, " stages x ", V,
                " chunks");
-  STRATA_CHECK(!sp || s % t == 0, "plan: sequence parallelism over tp=", t, " needs seq divisible by it, got ", s);
+  STRATA_CHECK(!sp || s / cp % t == 0, "plan: sequence parallelism over tp=", t,
+               " needs the tokens per context rank divisible by it, got ", s / cp);
   STRATA_CHECK(b.global % (dp * b.micro) == 0, "plan: the global batch ", b.global, " does not split into dp=", dp,
                " x micro-batches of ", b.micro);
   STRATA_CHECK(p == 1 || L.zero_stage <= 1, "plan: pipeline parallelism works with ZeRO 0 or 1, not ", L.zero_stage);
@@ -211,7 +216,7 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   const tensor_split split{t, sp};
   const std::int64_t per_stage = layers / p, per_chunk = layers / (p * V);
   // One micro-batch on this rank, and the whole model unsplit over the global batch (FLOPs).
-  const plan_detail::part_costs mine = plan_detail::costs_of<Model>(c, {split, b.micro, s, setup.recompute});
+  const plan_detail::part_costs mine = plan_detail::costs_of<Model>(c, {split, b.micro, s, setup.recompute, cp, form});
   const plan_detail::part_costs whole = plan_detail::costs_of<Model>(c, {{}, b.global, s, setup.recompute});
   const plan_detail::part_costs plain = plan_detail::costs_of<Model>(c, {{}, b.global, s, recompute_mode::none});
 
@@ -225,20 +230,21 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   const std::int64_t blocks = per_stage * mine.block.params;
   r.params_per_rank = p == 1 ? first + blocks + last : std::max(first + blocks, blocks + last);
 
-  // Model state, ZeRO over dp (pieces rounded up: rank 0 holds the largest).
-  const std::int64_t psi = r.params_per_rank, owned = plan_detail::ceil_div(psi, dp);
+  // Model state, ZeRO over the gradient group dp × cp (pieces rounded up: rank 0 holds the largest).
+  const int replicas_n = dp * cp;
+  const std::int64_t psi = r.params_per_rank, owned = plan_detail::ceil_div(psi, replicas_n);
   const int z = L.zero_stage;
   const std::int64_t storage = sizeof(T);
   {
     constexpr int master = sizeof(typename Precision::master);
     const auto state = model_state_plan(
-        psi, {int(storage), Precision::keeps_master_copy ? master : 0, master, setup.optimizer, dp, z});
+        psi, {int(storage), Precision::keeps_master_copy ? master : 0, master, setup.optimizer, replicas_n, z});
     r.params_bytes = state.params_bytes;
     r.grads_bytes = state.grads_bytes;
     r.master_bytes = state.master_bytes;
     r.optimizer_bytes = state.optimizer_bytes;
   }
-  r.comm_buffer_bytes = z == 1 && dp > 1 ? owned * storage : 0;
+  r.comm_buffer_bytes = z == 1 && replicas_n > 1 ? owned * storage : 0;
 
   // Activations kept from forward to backward, per chunk-micro-batch, on each stage.
   const std::int64_t act_blocks = per_chunk * mine.block.activation_bytes;
@@ -278,12 +284,12 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
     r.model_flops_per_step = step_flops(plain);
     r.flops_per_step = step_flops(whole);
     // The busiest stage: its blocks plus the parts before (first) or after (last) the blocks,
-    // shared by its dp·t ranks.
+    // shared by its dp·cp·t ranks.
     const double stage_blocks = double(per_stage) * double(whole.block.forward_flops + whole.block.backward_flops);
     const double head = double(whole.before.forward_flops + whole.before.backward_flops);
     const double tail = double(whole.after.forward_flops + whole.after.backward_flops);
     const double busiest = p == 1 ? stage_blocks + head + tail : stage_blocks + std::max(head, tail);
-    r.flops_per_rank = busiest / double(dp * t);
+    r.flops_per_rank = busiest / double(dp * cp * t);
   }
 
   // Communication per rank per step (bytes).
@@ -293,9 +299,13 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
     const int n_micro = int(M);
     switch (z) {
       case 0:
-      case 1: r.comm_bytes.dp = ring_all_reduce_bytes(psi_b, dp); break;               // RS + AG = AR
-      case 2: r.comm_bytes.dp = (n_micro + 1) * ring_gather_bytes(psi_b, dp); break;   // RS per micro-batch, AG once
-      default: r.comm_bytes.dp = 3.0 * n_micro * ring_gather_bytes(psi_b, dp); break;  // 2 AG + RS per micro-batch
+      case 1: r.comm_bytes.dp = ring_all_reduce_bytes(psi_b, replicas_n); break;  // RS + AG = AR
+      case 2:                                                                     // RS per micro-batch, AG once
+        r.comm_bytes.dp = (n_micro + 1) * ring_gather_bytes(psi_b, replicas_n);
+        break;
+      default:  // 2 AG + RS per micro-batch
+        r.comm_bytes.dp = 3.0 * n_micro * ring_gather_bytes(psi_b, replicas_n);
+        break;
     }
     // Tensor parallel: what the layers of the busiest stage send, per micro-batch.
     const double block_tp = double(per_stage) * mine.block.tensor_bytes();
@@ -303,6 +313,12 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
     const double per_micro =
         p == 1 ? block_tp + mine.before.tensor_bytes() + mine.after.tensor_bytes() : std::max(first_tp, last_tp);
     r.comm_bytes.tp = t > 1 ? per_micro * n_micro : 0.0;
+    // Context parallel: what the busiest stage's attention sends around its context group.
+    const double block_cp = double(per_stage) * mine.block.context_bytes();
+    const double cp_micro =
+        p == 1 ? block_cp + mine.before.context_bytes() + mine.after.context_bytes()
+               : std::max(block_cp + mine.before.context_bytes(), block_cp + mine.after.context_bytes());
+    r.comm_bytes.cp = cp > 1 ? cp_micro * n_micro : 0.0;
     // Pipeline: each chunk-micro-batch sends its activation on and its input gradient back.
     r.comm_bytes.pp = p > 1 ? 2.0 * double(n_micro) * V * double(act_input) : 0.0;
     // Tied parameters: the replica's gradient summed with the owner's, once per step.
@@ -321,6 +337,8 @@ constexpr plan_setup static_plan_setup(recompute_mode r, optimizer_kind o) {
                 "with the resolved layout at start-up");
   plan_setup setup;
   setup.layout.dp = L::dp;
+  setup.layout.cp = L::cp;
+  setup.layout.context_form = context_form_name<typename L::context_form>;
   setup.layout.tp = L::tp;
   setup.layout.pp = L::pp;
   setup.layout.zero_stage = L::zero_stage;

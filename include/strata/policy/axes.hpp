@@ -1,4 +1,4 @@
-// strata/policy/axes.hpp - the three parallel axes as tags: data, tensor and pipeline.
+// strata/policy/axes.hpp - the parallel axes as tags: data, context, tensor and pipeline.
 //
 // Each axis is an empty template whose arguments are its settings; a layout is a list of them
 // (see parallel.hpp). A degree is a number fixed at compile time or strata::dynamic, read at
@@ -28,6 +28,24 @@ template <class T>
 inline constexpr bool is_zero_v = false;
 template <int Stage>
 inline constexpr bool is_zero_v<zero<Stage>> = true;
+
+// ---- The forms of context parallelism ----
+// Ring attention: key/value blocks travel the context ring while each rank attends to them.
+struct ring {};
+// All-to-all (Ulysses): heads scattered and the sequence gathered around attention; needs the
+// query and key/value heads (per tensor rank) divisible by the context degree.
+struct all_to_all {};
+// The form as the launch says (a --cp-form flag).
+struct dynamic_context_form {};
+
+template <class T>
+inline constexpr bool is_context_form_v =
+    std::is_same_v<T, ring> || std::is_same_v<T, all_to_all> || std::is_same_v<T, dynamic_context_form>;
+// The form's name in layouts, flags and checkpoints; "dynamic" while open.
+template <class T>
+inline constexpr const char* context_form_name = std::is_same_v<T, all_to_all> ? "all_to_all"
+                                                 : std::is_same_v<T, ring>     ? "ring"
+                                                                               : "dynamic";
 
 // ---- The option tags for the tensor axis ----
 // Megatron sequence parallelism: the norm/dropout regions are split along the sequence over
@@ -70,6 +88,17 @@ constexpr bool check_tensor_option() {
       std::is_same_v<Option, strata::sequence_parallel> || std::is_same_v<Option, strata::dynamic_sequence_parallel>,
       "strata::tensor: unknown option; the tensor options are strata::sequence_parallel and "
       "strata::dynamic_sequence_parallel");
+  return true;
+}
+template <int Degree>
+constexpr bool check_context_degree() {
+  static_assert(is_valid_extent(Degree), "strata::context: a degree must be >= 1 or strata::dynamic");
+  return true;
+}
+template <class Form>
+constexpr bool check_context_form() {
+  static_assert(is_context_form_v<Form>,
+                "strata::context: the form must be strata::ring, strata::all_to_all or strata::dynamic_context_form");
   return true;
 }
 template <int Degree>
@@ -122,6 +151,16 @@ struct data {
   static constexpr int zero_stage = detail::zero_stage_of<Zero>();
 };
 
+// ---- context: split every sequence over Degree ranks (context parallelism) ----
+// Each rank holds 2 chunks of 2·Degree of every sequence (layers/context_split.hpp); attention
+// reaches the other ranks' tokens in the given Form. Parameters are replicated over the axis.
+template <int Degree = 1, class Form = ring>
+struct context {
+  static_assert(detail::check_context_degree<Degree>() && detail::check_context_form<Form>());
+  static constexpr int degree = Degree;
+  using form = Form;
+};
+
 // ---- tensor: split each layer's matrices over Degree ranks (Megatron TP) ----
 // sequence_parallel is 1 (on), 0 (off) or strata::dynamic (dynamic_sequence_parallel: the launch says).
 template <int Degree = 1, class... Options>
@@ -160,6 +199,13 @@ template <int D, class Z>
 struct is_data_axis<data<D, Z>> : std::true_type {};
 template <class T>
 inline constexpr bool is_data_axis_v = is_data_axis<T>::value;
+
+template <class T>
+struct is_context_axis : std::false_type {};
+template <int D, class F>
+struct is_context_axis<context<D, F>> : std::true_type {};
+template <class T>
+inline constexpr bool is_context_axis_v = is_context_axis<T>::value;
 
 template <class T>
 struct is_tensor_axis : std::false_type {};

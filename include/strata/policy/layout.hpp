@@ -11,17 +11,19 @@
 //   st::layout_config cfg = st::resolve_layout<L>(world_size, {.tp = 2});  // dp = world / 2
 //
 // Rules:
-//   - a dynamic tp, pp, microbatch or virtual chunk count, ZeRO stage, sequence parallelism or
-//     schedule takes the value given; not given is an error;
-//   - a dynamic dp takes the value given, or else what is left of the world: world / (tp * pp);
+//   - a dynamic cp, tp, pp, microbatch or virtual chunk count, ZeRO stage, sequence parallelism,
+//     context form or schedule takes the value given; not given is an error (but for the context
+//     form at cp = 1, where there is nothing to choose: ring);
+//   - a dynamic dp takes the value given, or else what is left of the world: world / (cp·tp·pp);
 //   - a static value may be given again at launch, but only the same number;
-//   - dp * tp * pp must equal the world size;
+//   - the degrees (policy/mesh_axes.hpp) must multiply to the world size;
 //   - interleaved 1F1B needs microbatches divisible by pp (checked here when either was dynamic).
 #pragma once
 #include <string>
 
 #include "strata/core/error.hpp"
 #include "strata/core/extents.hpp"
+#include "strata/policy/mesh_axes.hpp"
 #include "strata/policy/parallel.hpp"
 #include "strata/policy/schedule.hpp"
 
@@ -30,14 +32,39 @@ namespace strata {
 // A layout with every value known (once resolved; declared_layout leaves open ones dynamic and
 // the schedule "dynamic").
 struct layout_config {
-  int dp = 1, tp = 1, pp = 1;
+  int dp = 1, cp = 1, tp = 1, pp = 1;  // one degree per axis of policy/mesh_axes.hpp
   int zero_stage = 0;
-  int sequence_parallel = 0;  // 1 on, 0 off (strata::dynamic while open)
+  int sequence_parallel = 0;          // 1 on, 0 off (strata::dynamic while open)
+  std::string context_form = "ring";  // context_form_name of the tag: ring or all_to_all
   int microbatches = 1;
   int virtual_chunks = 1;
   std::string schedule = "one_f_one_b";  // schedule_name of the tag
 
-  int ranks() const { return dp * tp * pp; }
+  int& degree(mesh_axis a) {
+    switch (a) {
+      case mesh_axis::tp: return tp;
+      case mesh_axis::cp: return cp;
+      case mesh_axis::dp: return dp;
+      case mesh_axis::pp: return pp;
+    }
+    return dp;
+  }
+  int degree(mesh_axis a) const { return const_cast<layout_config&>(*this).degree(a); }
+  // Ranks of a group spanning `axes`.
+  int ranks(mesh_axis_set axes) const {
+    int n = 1;
+    for (const auto& d : mesh_axes)
+      if (axes.contains(d.axis)) n *= degree(d.axis);
+    return n;
+  }
+  int ranks() const { return dp * cp * tp * pp; }
+  // "dp=2 x tp=2 x pp=1" for messages: every axis in the order people write them (data first),
+  // the context axis only when it splits.
+  std::string degrees_text() const {
+    std::string s = "dp=" + std::to_string(dp);
+    if (cp != 1) s += " x cp=" + std::to_string(cp);
+    return s + " x tp=" + std::to_string(tp) + " x pp=" + std::to_string(pp);
+  }
   bool operator==(const layout_config&) const = default;
 };
 
@@ -45,13 +72,15 @@ struct layout_config {
 // schedule) = not given.
 struct layout_overrides {
   int dp = dynamic;
+  int cp = dynamic;
   int tp = dynamic;
   int pp = dynamic;
   int microbatches = dynamic;
   int zero_stage = dynamic;
   int sequence_parallel = dynamic;  // 0 or 1
   int virtual_chunks = dynamic;
-  std::string schedule{};  // gpipe, one_f_one_b (or 1f1b), interleaved_1f1b (or interleaved)
+  std::string context_form{};  // ring or all_to_all
+  std::string schedule{};      // gpipe, one_f_one_b (or 1f1b), interleaved_1f1b (or interleaved)
 };
 
 // The layout type's numbers as written, dynamic where the type leaves them open.
@@ -59,10 +88,12 @@ template <parallel_layout Layout>
 [[nodiscard]] layout_config declared_layout() {
   layout_config c;
   c.dp = Layout::dp;
+  c.cp = Layout::cp;
   c.tp = Layout::tp;
   c.pp = Layout::pp;
   c.zero_stage = Layout::zero_stage;
   c.sequence_parallel = Layout::sequence_parallel;
+  c.context_form = context_form_name<typename Layout::context_form>;
   c.microbatches = Layout::microbatches;
   c.virtual_chunks = Layout::virtual_chunks;
   c.schedule = std::string(schedule_name<typename Layout::schedule>);
@@ -92,6 +123,13 @@ inline std::string canonical_schedule(const std::string& s) {
   fail("layout schedule '", s, "' given at launch is not a schedule (gpipe, 1f1b or interleaved)");
 }
 
+// A context form's tag name from what a launch may say.
+inline std::string canonical_context_form(const std::string& s) {
+  if (s == "ring") return "ring";
+  if (s == "all_to_all" || s == "all-to-all" || s == "ulysses") return "all_to_all";
+  fail("layout context form '", s, "' given at launch is not a form (ring or all_to_all)");
+}
+
 }  // namespace detail
 
 // Fills in a declared layout (dynamic where open) from the world size and the launch values.
@@ -100,6 +138,7 @@ inline std::string canonical_schedule(const std::string& s) {
                                                   const layout_overrides& given = {}) {
   STRATA_CHECK(world_size >= 1, "the world size must be >= 1, got ", world_size);
   layout_config c = declared;
+  c.cp = detail::resolve_one("cp", declared.cp, given.cp);
   c.tp = detail::resolve_one("tp", declared.tp, given.tp);
   c.pp = detail::resolve_one("pp", declared.pp, given.pp);
   c.dp = detail::resolve_one("dp", declared.dp, given.dp);
@@ -107,6 +146,7 @@ inline std::string canonical_schedule(const std::string& s) {
   c.virtual_chunks = detail::resolve_one("virtual", declared.virtual_chunks, given.virtual_chunks);
   c.zero_stage = detail::resolve_one("zero", declared.zero_stage, given.zero_stage, 0);
   c.sequence_parallel = detail::resolve_one("sp", declared.sequence_parallel, given.sequence_parallel, 0);
+  STRATA_CHECK(!is_dynamic(c.cp), "the layout leaves cp as strata::dynamic but no cp was given at launch");
   STRATA_CHECK(!is_dynamic(c.tp), "the layout leaves tp as strata::dynamic but no tp was given at launch");
   STRATA_CHECK(!is_dynamic(c.pp), "the layout leaves pp as strata::dynamic but no pp was given at launch");
   STRATA_CHECK(!is_dynamic(c.microbatches),
@@ -126,6 +166,19 @@ inline std::string canonical_schedule(const std::string& s) {
                  declared.schedule, " but ", given.schedule, " was given at launch");
     c.schedule = named;
   }
+  if (!given.context_form.empty()) {
+    const std::string named = detail::canonical_context_form(given.context_form);
+    STRATA_CHECK(declared.context_form == "dynamic" || declared.context_form == named,
+                 "the layout fixes the context form ", declared.context_form, " but ", given.context_form,
+                 " was given at launch");
+    c.context_form = named;
+  }
+  // Without a context split the form means nothing: an open one need not be given.
+  if (c.context_form == "dynamic" && c.cp == 1) c.context_form = "ring";
+  STRATA_CHECK(c.context_form != "dynamic",
+               "the layout leaves the context form as strata::dynamic_context_form but "
+               "no form was given at launch (cp=",
+               c.cp, ")");
   STRATA_CHECK(c.schedule != "dynamic",
                "the layout leaves the schedule as strata::dynamic_schedule but no schedule was given at launch");
   STRATA_CHECK(c.virtual_chunks == 1 || c.schedule == schedule_name<interleaved_1f1b>,
@@ -134,12 +187,13 @@ inline std::string canonical_schedule(const std::string& s) {
 
   if (is_dynamic(c.dp)) {
     // Data parallelism takes whatever the model-parallel groups leave.
-    const int model_ranks = c.tp * c.pp;
-    STRATA_CHECK(world_size % model_ranks == 0, "layout tp=", c.tp, " x pp=", c.pp, " = ", model_ranks,
-                 " ranks does not divide the world size ", world_size, " (dp is strata::dynamic)");
+    const int model_ranks = c.cp * c.tp * c.pp;
+    STRATA_CHECK(world_size % model_ranks == 0, "layout ", c.cp != 1 ? "cp=" + std::to_string(c.cp) + " x " : "",
+                 "tp=", c.tp, " x pp=", c.pp, " = ", model_ranks, " ranks does not divide the world size ", world_size,
+                 " (dp is strata::dynamic)");
     c.dp = world_size / model_ranks;
   }
-  STRATA_CHECK(c.ranks() == world_size, "layout dp=", c.dp, " x tp=", c.tp, " x pp=", c.pp, " = ", c.ranks(),
+  STRATA_CHECK(c.ranks() == world_size, "layout ", c.degrees_text(), " = ", c.ranks(),
                " ranks does not match the world size ", world_size);
 
   if (c.schedule == schedule_name<interleaved_1f1b>) {

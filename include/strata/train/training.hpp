@@ -9,14 +9,16 @@
 //   1. the layout: the policy's layout resolved against the world size and the launch's values
 //      (options.layout) - a static value the launch contradicts stops every rank here, naming
 //      both (policy/layout.hpp);
-//   2. the process mesh: the dp, tp, pp and embedding groups (comm/mesh.hpp), and the
-//      communicators over them that reach the run's memory (comm/run_groups.hpp: MPI on the
-//      host, NCCL or staged MPI on GPUs);
-//   3. the model, or this rank's pipeline stage of it, split over its tensor group
-//      (parallel/sequential_model.hpp), after checking the layout against the model's tensor
-//      extents (and, for a static layout and a static shape, at compile time: layers/tensor_checks.hpp);
-//   4. the gradient synchronizer: data parallelism with the layout's ZeRO stage over the dp group,
-//      knowing the tp and pp groups for the global gradient norm;
+//   2. the process mesh: one group per axis (dp, cp, tp, pp), the gradient group dp × cp and the
+//      embedding group (comm/mesh.hpp), and the communicators over them that reach the run's
+//      memory (comm/run_groups.hpp: MPI on the host, NCCL or staged MPI on GPUs);
+//   3. the model, or this rank's pipeline stage of it, split over its tensor group and fed its
+//      context chunks of each sequence (parallel/sequential_model.hpp), after checking the
+//      layout against the model's tensor extents (and, for a static layout and a static shape,
+//      at compile time: layers/tensor_checks.hpp);
+//   4. the gradient synchronizer: data parallelism with the layout's ZeRO stage over the gradient
+//      group (dp × cp: the parameters are replicated over both), knowing the tp and pp groups for
+//      the global gradient norm;
 //   5. the optimizer, built from the synchronizer (it updates exactly this rank's segments);
 //   6. the trainer.
 // The pieces stay reachable (model(), synchronizer(), optimizer(), mesh()) for what a run adds:
@@ -95,7 +97,8 @@ class training {
               {.zero_stage = mesh_.layout().zero_stage,
                .bucket_elems = options_.bucket_elems,
                .tensor_group = groups_.tp(),
-               .pipeline_group = groups_.pp()}),
+               .pipeline_group = groups_.pp(),
+               .context_degree = mesh_.layout().cp}),
         optimizer_(sync_, options_.optimizer),
         trainer_(model_, optimizer_, options_.trainer, sync_) {}
   training(const training&) = delete;
@@ -146,9 +149,10 @@ class training {
     return checkpointer(std::move(o), group_ref(mesh_.world()), layout_json(), model_json(), options_.seed.value);
   }
   train_state_ref<policy> state() {
-    return {model_.parameters(),
-            optimizer_,
-            {.dp_rank = mesh_.dp().rank(), .tp_rank = mesh_.tp().rank(), .zero_stage = sync_.zero_stage()}};
+    return {
+        model_.parameters(),
+        optimizer_,
+        {.dp_rank = mesh_.position().gradient_rank, .tp_rank = mesh_.tp().rank(), .zero_stage = sync_.zero_stage()}};
   }
   // Saves the state after steps() steps; returns the checkpoint's directory.
   std::string save(checkpointer& c, std::uint64_t data_position = 0) {
@@ -177,6 +181,8 @@ class training {
     const auto& l = mesh_.layout();
     return {{"world", l.ranks()},
             {"dp", l.dp},
+            {"cp", l.cp},
+            {"context_form", l.context_form},
             {"tp", l.tp},
             {"pp", l.pp},
             {"zero", l.zero_stage},
@@ -228,6 +234,8 @@ class training {
     const auto& l = mesh_.layout();
     model_placement p;
     p.tensor = tensor_parallel(groups_.tp(), l.sequence_parallel == 1);
+    p.context =
+        context_parallel(groups_.cp(), l.context_form == "all_to_all" ? context_form::all_to_all : context_form::ring);
     p.recompute = options_.recompute;
     p.pipeline.shape = {parse_pipeline_schedule(l.schedule), l.pp, l.microbatches, l.virtual_chunks};
     p.pipeline.stage = mesh_.position().pp_rank;

@@ -1,0 +1,15 @@
+// strata/kernels/positioned_attention.hpp - attention of query rows against a block of keys at
+// given absolute positions (key visible iff its position <= the query's), the building block of
+// context parallelism (layers/context_attention.hpp):
+//   attention_kv_pack(device, kv, qkv, shape)                     the keys and values of qkv, packed
+//   positioned_attention_forward(device, out, lse, qkv, q_pos, kv, k_pos, keys, shape)   -> work
+//   attention_merge(device, out, lse, part_out, part_lse, shape)   one block's partial result folded in
+//   attention_delta(device, D, dout, out, shape)                   rowsum(dout · out)
+//   positioned_attention_backward(device, dq, dkv, dout, lse, D, qkv, q_pos, kv, k_pos, keys, shape)
+// (layouts in kernels/host/positioned_attention.hpp). What a caller includes to reach the op on
+// any device: the host overloads; a CUDA overload will join them here under nvcc, as
+// kernels/attention.hpp does for the serial kernel.
+#pragma once
+
+#include "strata/kernels/attention_shape.hpp"
+#include "strata/kernels/host/positioned_attention.hpp"
