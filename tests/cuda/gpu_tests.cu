@@ -4,13 +4,14 @@
 //
 // Correctness: each kernel's output against kernels/host (the same op on the CPU, same inputs),
 // as ||out - ref|| / ||ref||: fp32 within 1e-5, bf16/fp16 within 1e-2; NaN never passes. Outputs
-// that accumulate (+=: parameter gradients) start from random values on both sides; input
+// that accumulate (+=: parameter gradients, positioned attention's dq and dkv) start from random
+// values on both sides (positioned attention's are compared by what the kernels added); input
 // gradients, which every backward kernel writes without reading, start from NaN on the device,
-// so a kernel that reads one fails its check. Determinism: the reductions
-// (attention backward, multi-head and grouped-query, LayerNorm and RMSNorm backward, embedding
-// backward, sum of squares) run twice and must agree bit for bit. Linear layers are checked
-// against a naive double-precision GEMM compiled in here, so this program needs nothing but the
-// CUDA toolkit (no BLAS, no doctest).
+// so a kernel that reads one fails its check. Determinism: the reductions (attention backward,
+// multi-head and grouped-query, positioned attention backward, LayerNorm and RMSNorm backward,
+// embedding backward, sum of squares) run twice and must agree bit for bit. Linear layers are
+// checked against a naive double-precision GEMM compiled in here, so this program needs nothing
+// but the CUDA toolkit (no BLAS, no doctest).
 //
 // --bench adds, at GPT-2 124M shapes (B = 16, T = 1024, bf16), each kernel's time as GB/s or
 // TFLOP/s against two measured ceilings: a 1 GiB device-to-device copy and an 8192^3 bf16
@@ -30,7 +31,8 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
-#include "strata/kernels/all.hpp"  // each op's host reference and CUDA kernel, and the runtime
+#include "strata/kernels/all.hpp"           // each op's host reference and CUDA kernel, and the runtime
+#include "strata/layers/context_split.hpp"  // the positions of context parallelism's ranks
 
 using namespace strata_gpu_test;
 namespace st = strata;
@@ -463,6 +465,152 @@ void test_attention_gqa(std::int64_t B, std::int64_t T_, std::int64_t heads, std
       check("attention_backward (shape vs repeated K/V)", dt, sh, rel_error(got1, expect), 1e-5, path);
     }
   }
+}
+
+// Logsumexps: the -inf entries (rows that see no key) must coincide; rel_error over the others.
+double lse_error(const std::vector<float>& got, const std::vector<float>& ref) {
+  if (got.size() != ref.size()) return NAN;
+  std::vector<float> g, r;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (ref[i] == -INFINITY || got[i] == -INFINITY) {
+      if (got[i] != ref[i]) return NAN;
+      continue;
+    }
+    g.push_back(got[i]);
+    r.push_back(ref[i]);
+  }
+  return rel_error(g, r);
+}
+
+// rel_error of what an accumulating (+=) kernel added to `start`, in double: sharper than
+// comparing the sums, whose random start would dilute the error.
+double increment_error(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& start) {
+  if (got.size() != start.size() || ref.size() != start.size()) return NAN;
+  std::vector<double> g(start.size()), r(start.size());
+  for (std::size_t i = 0; i < start.size(); ++i) {
+    g[i] = double(got[i]) - double(start[i]);
+    r[i] = double(ref[i]) - double(start[i]);
+  }
+  return rel_error(g, r);
+}
+
+// Context parallelism's positioned attention (kernels/positioned_attention.hpp): the query rows of
+// rank rq of the load-balanced cp-way split (layers/context_split.hpp) against every rank's
+// key/value block in turn, as the ring passes them: per block the kv packing, the forward (out,
+// lse, work) and the merge into the running result; then D = rowsum(dout · out) and per block the
+// backward (dq accumulated over the blocks, each block's dkv from random values). The CUDA kernels
+// against the host ones on the same inputs (backward on each side's own lse and D), the work
+// counts equal, the backward run twice and bitwise equal. Rank 0's first chunk sees nothing of the
+// later ranks' blocks, so rows with lse -inf are covered.
+template <class T>
+void test_positioned_attention(std::int64_t B, std::int64_t seq, int cp, int rq, std::int64_t heads,
+                               std::int64_t kv_heads, std::int64_t hd, double scale) {
+  const auto split = st::context_split::checked(seq, cp, rq);
+  const std::int64_t m = split.local_seq();
+  const k::attention_shape s{B, m, heads, kv_heads, hd, scale};
+  const std::string dt = st::dtype_name<T>();
+  const std::string sh = shape_str({B, seq, heads, kv_heads, hd});
+  const std::string note = "cp " + std::to_string(cp) + ", rank " + std::to_string(rq) +
+                           (kv_heads == 1      ? ", MQA"
+                            : kv_heads < heads ? ", GQA"
+                                               : ", MHA") +
+                           (scale != 0 ? ", scale " + fmt("%.3g", scale) : "");
+  const std::int64_t W = s.row_width();
+  const std::size_t n_qkv = std::size_t(B * m * W), n_out = std::size_t(B * m * s.q_width()),
+                    n_lse = std::size_t(B * heads * m), n_kv = std::size_t(B * m * 2 * s.kv_width());
+  const auto whole = random_vec<T>(std::size_t(B * seq * W), -1.5f, 1.5f, 240);
+  std::vector<T> qkv(n_qkv);
+  split.take(whole.data(), qkv.data(), B, W);
+  std::vector<std::int64_t> q_pos(static_cast<std::size_t>(m));
+  for (std::int64_t i = 0; i < m; ++i) q_pos[std::size_t(i)] = split.position(i);
+  dvec<T> d_qkv(qkv);
+  dvec<std::int64_t> d_qpos(q_pos);
+
+  // Forward, block by block, merged.
+  std::vector<float> out(n_out, 0.0f), lse(n_lse, -INFINITY);
+  dvec<float> d_out(out), d_lse(lse);
+  std::vector<std::vector<T>> kvs;
+  std::vector<std::vector<std::int64_t>> k_poss;
+  std::int64_t work = 0, d_work = 0;
+  double part_err = 0, part_lse_err = 0;
+  bool pack_ok = true;
+  for (int rk = 0; rk < cp; ++rk) {
+    const auto ks = st::context_split::checked(seq, cp, rk);
+    std::vector<T> k_qkv(n_qkv), kv(n_kv);
+    ks.take(whole.data(), k_qkv.data(), B, W);
+    k::attention_kv_pack(H, kv.data(), k_qkv.data(), s);
+    dvec<T> d_kqkv(k_qkv), d_kv(nan_vec<T>(n_kv));
+    k::attention_kv_pack(D, d_kv.get(), d_kqkv.get(), s);
+    pack_ok = pack_ok && bitwise_equal(d_kv.host(), kv);
+    std::vector<std::int64_t> k_pos(static_cast<std::size_t>(m));
+    for (std::int64_t j = 0; j < m; ++j) k_pos[std::size_t(j)] = ks.position(j);
+    dvec<std::int64_t> d_kpos(k_pos);
+    std::vector<float> part(n_out), part_lse(n_lse);
+    work += k::positioned_attention_forward(H, part.data(), part_lse.data(), qkv.data(), q_pos.data(), kv.data(),
+                                            k_pos.data(), m, s);
+    dvec<float> d_part(nan_vec<float>(n_out)), d_part_lse(nan_vec<float>(n_lse));
+    d_work += k::positioned_attention_forward(D, d_part.get(), d_part_lse.get(), d_qkv.get(), d_qpos.get(), d_kv.get(),
+                                              d_kpos.get(), m, s);
+    part_err = std::max(part_err, rel_error(d_part.host(), part));
+    part_lse_err = std::max(part_lse_err, lse_error(d_part_lse.host(), part_lse));
+    k::attention_merge(H, out.data(), lse.data(), part.data(), part_lse.data(), s);
+    k::attention_merge(D, d_out.get(), d_lse.get(), d_part.get(), d_part_lse.get(), s);
+    kvs.push_back(std::move(kv));
+    k_poss.push_back(std::move(k_pos));
+  }
+  check_true("attention_kv_pack", dt, sh, pack_ok, "bitwise, " + note);
+  check("positioned_attention_forward", dt, sh, part_err, tol_for<T>(), "each block, " + note);
+  check("positioned_attention_forward (lse)", "fp32", sh, part_lse_err, 1e-5, "each block, " + note);
+  check_true("positioned_attention_forward (work)", dt, sh, d_work == work,
+             "B·H·visible pairs " + std::to_string(d_work) + " vs " + std::to_string(work));
+  check("attention_merge", dt, sh, rel_error(d_out.host(), out), tol_for<T>(), "all blocks, " + note);
+  const auto got_lse = d_lse.host();
+  check("attention_merge (lse)", "fp32", sh, lse_error(got_lse, lse), 1e-5, "all blocks, " + note);
+
+  // Backward: D from the final output as a layer keeps it (rounded to T), then block by block.
+  std::vector<T> out_t(n_out);
+  for (std::size_t i = 0; i < n_out; ++i) out_t[i] = st::convert<T>(out[i]);
+  const auto dout = random_vec<T>(n_out, -1, 1, 241);
+  std::vector<float> delta(n_lse);
+  k::attention_delta(H, delta.data(), dout.data(), out_t.data(), s);
+  dvec<T> d_dout(dout), d_outt(out_t);
+  dvec<float> d_delta(nan_vec<float>(n_lse));
+  k::attention_delta(D, d_delta.get(), d_dout.get(), d_outt.get(), s);
+  check("attention_delta", "fp32", sh, rel_error(d_delta.host(), delta), 1e-5, note);
+
+  const auto dq0 = random_vec<float>(n_out, -1, 1, 242);
+  auto dq = dq0;
+  dvec<float> d_dq(dq0), d_dq2(dq0);
+  std::vector<float> dkv0_all, dkv_all, d_dkv_all, d_dkv2_all;
+  std::int64_t bwork = 0, d_bwork = 0;
+  for (int rk = 0; rk < cp; ++rk) {
+    const auto dkv0 = random_vec<float>(n_kv, -1, 1, std::uint64_t(243 + rk));
+    auto dkv = dkv0;
+    dvec<float> d_dkv(dkv0), d_dkv2(dkv0);
+    dvec<T> d_kv(kvs[std::size_t(rk)]);
+    dvec<std::int64_t> d_kpos(k_poss[std::size_t(rk)]);
+    bwork += k::positioned_attention_backward(H, dq.data(), dkv.data(), dout.data(), lse.data(), delta.data(),
+                                              qkv.data(), q_pos.data(), kvs[std::size_t(rk)].data(),
+                                              k_poss[std::size_t(rk)].data(), m, s);
+    d_bwork += k::positioned_attention_backward(D, d_dq.get(), d_dkv.get(), d_dout.get(), d_lse.get(), d_delta.get(),
+                                                d_qkv.get(), d_qpos.get(), d_kv.get(), d_kpos.get(), m, s);
+    k::positioned_attention_backward(D, d_dq2.get(), d_dkv2.get(), d_dout.get(), d_lse.get(), d_delta.get(),
+                                     d_qkv.get(), d_qpos.get(), d_kv.get(), d_kpos.get(), m, s);
+    const auto got = d_dkv.host(), got2 = d_dkv2.host();
+    dkv0_all.insert(dkv0_all.end(), dkv0.begin(), dkv0.end());
+    dkv_all.insert(dkv_all.end(), dkv.begin(), dkv.end());
+    d_dkv_all.insert(d_dkv_all.end(), got.begin(), got.end());
+    d_dkv2_all.insert(d_dkv2_all.end(), got2.begin(), got2.end());
+  }
+  const auto got_dq = d_dq.host();
+  check("positioned_attention_backward (dq)", dt, sh, increment_error(got_dq, dq, dq0), tol_for<T>(),
+        "added over all blocks, " + note);
+  check("positioned_attention_backward (dkv)", dt, sh, increment_error(d_dkv_all, dkv_all, dkv0_all), tol_for<T>(),
+        "added, each block, " + note);
+  check_true("positioned_attention_backward (work)", dt, sh, d_bwork == bwork,
+             "B·H·visible pairs " + std::to_string(d_bwork) + " vs " + std::to_string(bwork));
+  check_true("positioned_attention_backward (deterministic)", dt, sh,
+             bitwise_equal(got_dq, d_dq2.host()) && bitwise_equal(d_dkv_all, d_dkv2_all), "two runs bitwise equal");
 }
 
 template <class T>
@@ -1167,6 +1315,13 @@ int main(int argc, char** argv) {
     test_attention_gqa<bf16>(2, 200, 8, 1, 64, 0.2);    // MQA, tensor cores, custom scale, ragged
     test_attention_gqa<bf16>(1, 77, 8, 2, 40, 0.15);    // GQA, hd = 40: scalar path for bf16
     test_attention_gqa<fp16>(1, 130, 8, 2, 128, 0);     // GQA, tensor cores, hd = 128
+    // context parallelism's positioned attention: query rows of one rank against every rank's block
+    test_positioned_attention<float>(2, 256, 2, 0, 8, 2, 64, 0);    // cp 2, rank 0, GQA
+    test_positioned_attention<float>(2, 200, 4, 3, 4, 2, 33, 0.2);  // cp 4, last rank: ragged tiles, odd hd
+    test_positioned_attention<float>(1, 200, 4, 0, 4, 1, 24, 0);    // cp 4, rank 0, MQA
+    test_positioned_attention<bf16>(2, 256, 2, 1, 8, 2, 64, 0);     // cp 2, last rank, GQA
+    test_positioned_attention<bf16>(2, 200, 4, 0, 4, 4, 40, 0.15);  // cp 4, rank 0, MHA, ragged
+    test_positioned_attention<fp16>(1, 256, 4, 3, 8, 2, 128, 0);    // cp 4, last rank, hd = 128
     test_rmsnorm<float>(1000, 768);
     test_rmsnorm<bf16>(1000, 768);
     test_rmsnorm<bf16>(333, 100);  // C not a multiple of the pack: the scalar path

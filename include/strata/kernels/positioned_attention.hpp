@@ -7,9 +7,18 @@
 //   attention_delta(device, D, dout, out, shape)                   rowsum(dout · out)
 //   positioned_attention_backward(device, dq, dkv, dout, lse, D, qkv, q_pos, kv, k_pos, keys, shape)
 // (layouts in kernels/host/positioned_attention.hpp). What a caller includes to reach the op on
-// any device: the host overloads; a CUDA overload will join them here under nvcc, as
+// any device: the host overloads (kernels/host/positioned_attention.hpp) and, when nvcc compiles
+// the translation unit, the CUDA overloads (kernels/cuda/positioned_attention.cuh: the same
+// arguments, device pointers, positions as device int64 arrays), declared together as
 // kernels/attention.hpp does for the serial kernel.
+//
+// The CUDA kernels are checked against the host ones by tests/cuda/gpu_tests.cu; context
+// parallelism's layer path (layers/context_attention.hpp) still calls the host overloads only,
+// so the attention layer still refuses cp > 1 under a cuda policy.
 #pragma once
 
 #include "strata/kernels/attention_shape.hpp"
 #include "strata/kernels/host/positioned_attention.hpp"
+#if defined(__CUDACC__)
+#include "strata/kernels/cuda/positioned_attention.cuh"
+#endif
