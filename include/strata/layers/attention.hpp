@@ -227,7 +227,7 @@ class attention {
     auto& cp = scope.cp();
     STRATA_CHECK(cp.degree() == 1 || !(std::is_base_of_v<cuda, device>), scope.qualify_layer(),
                  ": context parallelism (cp=", cp.degree(),
-                 ") runs on the host only for now; its CUDA attention kernels are not written yet");
+                 ") runs on the host only: layers/context_attention.hpp calls the host kernels alone");
     if (cp.degree() > 1 && cp.form() == context_form::all_to_all) {
       const kernels::attention_shape local = shape_of(c, scope.tensor().degree(), 1, 1);
       STRATA_CHECK(context_attention<T>::heads_divide(local, cp.degree()), scope.qualify_layer(),

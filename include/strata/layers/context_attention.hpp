@@ -36,8 +36,10 @@
 // other scratch of a call to memory_category::workspace, both released when the call returns.
 //
 // Device: the host kernels (kernels/positioned_attention.hpp) on memory host code can address,
-// which is every strata::host run, emulated device memory included. There are no CUDA kernels
-// for it yet: the attention layer refuses context parallelism under a cuda policy at start-up.
+// which is every strata::host run, emulated device memory included. It keeps positions and
+// scratch in host memory and calls the host kernels only, so the attention layer refuses context
+// parallelism under a cuda policy at start-up (the CUDA overloads of the kernels exist; this class
+// does not call them).
 //
 // Traffic: context_attention_traffic below gives the bytes each rank sends per layer, forward
 // and backward, for either form (what the communicator's counters show: sends for the ring,
