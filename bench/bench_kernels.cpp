@@ -19,6 +19,7 @@
 
 #include "strata/kernels/host/blas_core.hpp"  // the CBLAS header of strata's BLAS
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -98,6 +99,48 @@ void BM_cblas_sgemm(benchmark::State& state) {
     benchmark::DoNotOptimize(c.data());
   }
   report_flops(state, 2.0 * M * Nn * K);
+}
+
+// --- Mixture of experts: the grouped GEMM against one dense GEMM of the same FLOPs ------------
+
+// The N tokens' top-2 pairs (2N rows) over 8 experts, unevenly (the busiest expert gets 5x the
+// idlest's rows, as an unbalanced router gives), through each expert's [OC, C] weight; and the
+// same 2N rows through one [OC, C] weight. Each iteration times both, so the ratio
+// "grouped/dense" (GFLOP/s of the grouped over the dense) comes from one run, on one machine state.
+template <class T_>
+void BM_grouped_linear_vs_dense(benchmark::State& state) {
+  constexpr std::int64_t E = 8, rows = 2 * N;
+  const std::int64_t OC = state.range(0);
+  const std::int64_t share[E] = {5, 1, 3, 2, 4, 1, 2, 2};  // out of 20
+  std::vector<std::int64_t> offsets{0};
+  for (std::int64_t e = 0; e < E; ++e) offsets.push_back(offsets.back() + rows * share[e] / 20);
+  offsets.back() = rows;
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  auto x = random_array<T_>(rows * C, 1);
+  std::vector<std::vector<T_>> weights;
+  std::vector<const T_*> w;
+  for (std::int64_t e = 0; e < E; ++e) {
+    weights.push_back(random_array<T_>(OC * C, 10 + std::uint64_t(e), 0.05));
+    w.push_back(weights.back().data());
+  }
+  std::vector<T_> y(static_cast<std::size_t>(rows * OC));
+  double grouped_s = 0, dense_s = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    k::grouped_linear_forward(host{}, ws, y.data(), x.data(), w.data(), offsets.data(), E, C, OC);
+    benchmark::DoNotOptimize(y.data());
+    const auto t1 = std::chrono::steady_clock::now();
+    k::linear_forward(host{}, ws, y.data(), x.data(), w[0], static_cast<const T_*>(nullptr), rows, C, OC);
+    benchmark::DoNotOptimize(y.data());
+    const auto t2 = std::chrono::steady_clock::now();
+    grouped_s += std::chrono::duration<double>(t1 - t0).count();
+    dense_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double flops = 2.0 * double(rows) * double(C) * double(OC) * double(state.iterations());
+  state.counters["grouped_GFLOPS"] = flops / grouped_s * 1e-9;
+  state.counters["dense_GFLOPS"] = flops / dense_s * 1e-9;
+  state.counters["grouped/dense"] = dense_s / grouped_s;
 }
 
 // --- Attention: causal loops over one logsumexp per row, FLOPs of the causal half -----------
@@ -487,6 +530,8 @@ BENCHMARK_TEMPLATE(BM_swiglu_forward, float)->Apply(timed_us);
 BENCHMARK_TEMPLATE(BM_swiglu_forward, bf16)->Apply(timed_us);
 BENCHMARK_TEMPLATE(BM_swiglu_backward, float)->Apply(timed_us);
 BENCHMARK_TEMPLATE(BM_swiglu_backward, bf16)->Apply(timed_us);
+BENCHMARK_TEMPLATE(BM_grouped_linear_vs_dense, float)->Arg(C)->Arg(4 * C)->Apply(timed_ms);
+BENCHMARK_TEMPLATE(BM_grouped_linear_vs_dense, bf16)->Arg(C)->Arg(4 * C)->Apply(timed_ms);
 BENCHMARK_TEMPLATE(BM_gelu_forward, float)->Apply(timed_us);
 BENCHMARK_TEMPLATE(BM_gelu_forward, bf16)->Apply(timed_us);
 BENCHMARK_TEMPLATE(BM_gelu_backward, float)->Apply(timed_us);

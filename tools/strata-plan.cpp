@@ -191,6 +191,7 @@ std::string precision_text(const std::string& precision) {
 
 using example_models::gpt2_family;
 using example_models::llama_family;
+using example_models::mixtral_family;
 
 // What Llama's layers would refuse of the shape flags, said in the flags' words.
 void check_llama_flags(const example_models::model_shape& s) {
@@ -369,6 +370,7 @@ step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, c
 // The parameter counts and model-state bytes, in the order both JSON outputs give them.
 void add_model_state_fields(nlohmann::ordered_json& out, const st::plan_result& r) {
   out["params_total"] = r.params_total;
+  out["params_active"] = r.params_active;
   out["params_per_rank"] = r.params_per_rank;
   out["params_bytes"] = r.params_bytes;
   out["grads_bytes"] = r.grads_bytes;
@@ -475,7 +477,10 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   const std::string context_text = cp ? printf_string("context parallel %s, ", o.cp_form.c_str()) : std::string();
   const std::string zero_text =
       printf_string("ZeRO-%d%s", o.zero, cp && o.zero > 0 ? printf_string(" over dp x cp = %d", replicas).c_str() : "");
-  std::printf("strata-plan: %s (%s parameters)\n", F::shape_text(m).c_str(), grouped(r.params_total).c_str());
+  if (r.params_active != r.params_total)
+    std::printf("strata-plan: %s (%s parameters, %s active per token)\n", F::shape_text(m).c_str(),
+                grouped(r.params_total).c_str(), grouped(r.params_active).c_str());
+  else std::printf("strata-plan: %s (%s parameters)\n", F::shape_text(m).c_str(), grouped(r.params_total).c_str());
   std::printf("layout:   dp %d%s x tp %d x pp %d = %d rank%s, %s%s, %s, recompute %s", o.dp, cp_text.c_str(), o.tp,
               o.pp, ranks, ranks == 1 ? "" : "s", context_text.c_str(), zero_text.c_str(),
               sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
@@ -796,8 +801,8 @@ int run_shape(const options& o, const st::hw::device_spec& d) {
 int main(int argc, char** argv) {
   options o;
   CLI::App app{
-      "strata-plan: memory, compute and communication per rank of a training layout of the example GPT-2 or\n"
-      "Llama (--model), before anything runs.\n"
+      "strata-plan: memory, compute and communication per rank of a training layout of the example GPT-2, Llama or\n"
+      "Mixtral (--model), before anything runs.\n"
       "Plan one layout (shape flags), estimate the model state of N parameters (--params), or rank every\n"
       "layout of --gpus devices that fits (--search). Exit codes: 0 done, 1 no plan, 2 bad flags."};
   app.footer(search_model_help);
@@ -807,8 +812,8 @@ int main(int argc, char** argv) {
   std::vector<CLI::Option*> shape_flags;
   shape_flags.push_back(app.add_option("--model", o.model,
                                        "the example model the shape flags describe: gpt2 "
-                                       "(examples/gpt2) or llama (examples/llama)")
-                            ->check(CLI::IsMember({"gpt2", "llama"}))
+                                       "(examples/gpt2), llama (examples/llama) or mixtral (examples/mixtral)")
+                            ->check(CLI::IsMember({"gpt2", "llama", "mixtral"}))
                             ->capture_default_str());
   shape_flags.push_back(app.add_option("--layers", o.shape.layers, "transformer blocks")->check(positive));
   shape_flags.push_back(app.add_option("--hidden", o.shape.d_model, "model width")->check(positive));
@@ -829,6 +834,17 @@ int main(int argc, char** argv) {
       app.add_flag("--tied", o.shape.tied, "llama: the LM head shares the token embedding's table (default: its own)");
   shape_flags.push_back(kv_heads);
   shape_flags.push_back(tied);
+  // Mixtral only (refused with the other models).
+  auto* experts = app.add_option("--experts", o.shape.experts, "mixtral: experts per block")
+                      ->check(positive)
+                      ->capture_default_str();
+  auto* top_k = app.add_option("--moe-top-k", o.shape.top_k, "mixtral: experts per token (at most --experts)")
+                    ->check(positive)
+                    ->capture_default_str();
+  auto* shared_ffn = app.add_option("--shared-ffn", o.shape.shared_ffn,
+                                    "mixtral: the width of a shared expert every token goes through (0: none)")
+                         ->check(cli_checks::integer_at_least(0));
+  for (auto* f : {experts, top_k, shared_ffn}) shape_flags.push_back(f);
   auto* global_batch =
       app.add_option("--global-batch", o.global_batch, "sequences per step over all ranks")->check(positive);
   shape_flags.push_back(global_batch);
@@ -918,11 +934,17 @@ int main(int argc, char** argv) {
 
   const st::hw::device_spec& device = *st::hw::find(o.hw);
   try {
-    if (o.model != "llama") {
+    if (o.model == "gpt2") {
       if (kv_heads->count() > 0)
-        throw usage_error("--kv-heads needs --model llama (GPT-2 has as many key/value heads as heads)");
-      if (tied->count() > 0) throw usage_error("--tied needs --model llama (GPT-2's head is always tied)");
+        throw usage_error("--kv-heads needs --model llama or mixtral (GPT-2 has as many key/value heads as heads)");
+      if (tied->count() > 0) throw usage_error("--tied needs --model llama or mixtral (GPT-2's head is always tied)");
     }
+    if (o.model != "mixtral")
+      for (auto* f : {experts, top_k, shared_ffn})
+        if (f->count() > 0) throw usage_error(f->get_name() + " needs --model mixtral");
+    if (o.model == "mixtral" && o.shape.top_k > o.shape.experts)
+      throw usage_error("--moe-top-k " + std::to_string(o.shape.top_k) + " is more than --experts " +
+                        std::to_string(o.shape.experts));
     if (!o.params.empty()) return run_model_state(o, device);
 
     // Plan and search need a shape and a batch.
@@ -939,8 +961,9 @@ int main(int argc, char** argv) {
                         "--search also --gpus; or give --params N for the model-state estimate); see --help");
     STRATA_CHECK(o.shape.d_model % o.shape.heads == 0, "--heads ", o.shape.heads, " does not divide --hidden ",
                  o.shape.d_model);
-    if (o.model != "llama") return run_shape<gpt2_family>(o, device);
+    if (o.model == "gpt2") return run_shape<gpt2_family>(o, device);
     check_llama_flags(o.shape);
+    if (o.model == "mixtral") return run_shape<mixtral_family>(o, device);
     return run_shape<llama_family>(o, device);
   } catch (const usage_error& e) {
     std::fprintf(stderr, "strata-plan: error: %s\n", e.what());

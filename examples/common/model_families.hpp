@@ -15,6 +15,7 @@
 
 #include "../gpt2/gpt2.hpp"
 #include "../llama/llama.hpp"
+#include "../mixtral/mixtral.hpp"
 
 namespace example_models {
 
@@ -25,6 +26,10 @@ struct model_shape {
   std::int64_t kv_heads = 0;                     // Llama: 0 as many as heads
   double rope_theta = 10000.0, norm_eps = 1e-5;  // Llama
   bool tied = false;                             // Llama: the head shares the embedding's table (GPT-2's always does)
+  std::int64_t experts = 8, top_k = 2;           // Mixtral: experts per block, and per token
+  std::int64_t shared_ffn = 0;                   // Mixtral: a shared expert's width (0: none)
+  double balance_coef = 0.01, z_coef = 0.0;      // Mixtral: the router's auxiliary losses' coefficients
+  double capacity_factor = 0.0;                  // Mixtral: 0 dropless
 };
 
 // GPT-2 (examples/gpt2/gpt2.hpp): learned positions, multi-head attention, a GELU MLP of width
@@ -81,6 +86,47 @@ struct llama_family {
   static nlohmann::ordered_json shape_json(const dims& m) {
     return {{"layers", m.layers},   {"hidden", m.d_model}, {"heads", m.heads}, {"kv_heads", m.kv()},
             {"ffn", m.ffn_width()}, {"seq", m.seq},        {"vocab", m.vocab}, {"tied", m.tied}};
+  }
+};
+
+// Mixtral (examples/mixtral/mixtral.hpp): the Llama with a mixture of `experts` SwiGLU experts of
+// width ffn in every block, top_k per token, an optional shared expert.
+struct mixtral_family {
+  static constexpr const char* name = "mixtral";
+  static constexpr const char* hf_class = "MixtralForCausalLM";
+  using dims = mixtral::dims;
+  template <class P>
+  using model = mixtral::model<P>;
+
+  static dims shape(const model_shape& s) {
+    return {.vocab = s.vocab,
+            .seq = s.seq,
+            .layers = s.layers,
+            .heads = s.heads,
+            .d_model = s.d_model,
+            .kv_heads = s.kv_heads,
+            .ffn = s.ffn,
+            .experts = s.experts,
+            .top_k = s.top_k,
+            .shared_ffn = s.shared_ffn,
+            .balance_coef = s.balance_coef,
+            .z_coef = s.z_coef,
+            .capacity_factor = s.capacity_factor,
+            .rope_theta = s.rope_theta,
+            .norm_eps = s.norm_eps,
+            .tied = s.tied};
+  }
+  static std::string shape_text(const dims& m) {
+    return "Mixtral: " + std::to_string(m.layers) + " layers, hidden " + std::to_string(m.d_model) + ", " +
+           std::to_string(m.heads) + " heads, " + std::to_string(m.kv()) + " kv heads, " + std::to_string(m.experts) +
+           " experts (top " + std::to_string(m.top_k) + ") of SwiGLU FFN " + std::to_string(m.ffn_width()) +
+           (m.shared_ffn > 0 ? ", shared expert " + std::to_string(m.shared_ffn) : std::string()) + ", seq " +
+           std::to_string(m.seq) + ", vocab " + std::to_string(m.vocab) + ", " + (m.tied ? "tied" : "untied") + " head";
+  }
+  static nlohmann::ordered_json shape_json(const dims& m) {
+    return {{"layers", m.layers},   {"hidden", m.d_model},  {"heads", m.heads}, {"kv_heads", m.kv()},
+            {"ffn", m.ffn_width()}, {"experts", m.experts}, {"top_k", m.top_k}, {"shared_ffn", m.shared_ffn},
+            {"seq", m.seq},         {"vocab", m.vocab},     {"tied", m.tied}};
   }
 };
 

@@ -1,9 +1,10 @@
-// gpt2_train - trains the example GPT-2 (or, with --model llama, the example Llama) on the CPU
-// or, with --device cuda, on GPUs (one per rank under mpirun, or several ranks sharing one).
+// gpt2_train - trains the example GPT-2 (or, with --model llama or mixtral, the example Llama or
+// Mixtral) on the CPU or, with --device cuda, on GPUs (one per rank under mpirun, or several ranks
+// sharing one; not yet the Mixtral, whose kernels run on the host only).
 //
 // With no flags: a small model on the generated corpus (byte-level tokens), one progress line
 // per step and a generated sample at the end. --data reads uint16 token shards instead. The
-// run is one strata::training of gpt2::model or llama::model under a policy whose layout the
+// run is one strata::training of the family's model under a policy whose layout the
 // flags fill in (train_run.hpp); every layout, precision, checkpoint and metrics flag means the
 // same for both models and on every device. --device emulated runs the host kernels on memory
 // that claims not to be host memory and counts what crosses it: the GPU path's bookkeeping,
@@ -13,6 +14,8 @@
 #include <cstdio>
 #include <exception>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include <strata/strata.hpp>
 
@@ -26,7 +29,12 @@ namespace {
 
 // The device's run: GPUs, or the host with its memory or the emulated device memory.
 int run_on_device(const run_options& o, st::world& world) {
-  if (o.device == "cuda") return train_on_gpus(o, world);
+  if (o.device == "cuda") {
+    STRATA_CHECK(o.model != "mixtral",
+                 "gpt2_train: --model mixtral runs on the host (--device host or emulated): "
+                 "the mixture-of-experts kernels have no CUDA form yet");
+    return train_on_gpus(o, world);
+  }
   device_hooks dev;
   if (o.device == "emulated") {
     dev.memory = &st::emulated_device_memory();
@@ -36,6 +44,7 @@ int run_on_device(const run_options& o, st::world& world) {
     };
     dev.step_suffix = " | emulated";
   }
+  if (o.model == "mixtral") return train_mixtral_on_host(o, world, dev);
   return o.model == "llama" ? train_llama_on_host(o, world, dev) : train_gpt2_on_host(o, world, dev);
 }
 
@@ -46,12 +55,14 @@ void check_dims(const run_options& o) {
                " (head_dim must be a whole number)");
   STRATA_CHECK(!o.sp || d.seq % o.tp == 0, o.model, ": sequence parallelism over tp=", o.tp,
                " needs --seq divisible by it, got ", d.seq);
-  if (o.model == "llama") {
-    STRATA_CHECK(d.kv_heads == 0 || d.heads % d.kv_heads == 0, "llama: --kv-heads ", d.kv_heads,
+  if (o.model != "gpt2") {
+    STRATA_CHECK(d.kv_heads == 0 || d.heads % d.kv_heads == 0, o.model, ": --kv-heads ", d.kv_heads,
                  " does not divide --heads ", d.heads);
-    STRATA_CHECK(d.d_model / d.heads % 2 == 0, "llama: the rotary embedding needs an even head size, --d-model ",
+    STRATA_CHECK(d.d_model / d.heads % 2 == 0, o.model, ": the rotary embedding needs an even head size, --d-model ",
                  d.d_model, " / --heads ", d.heads, " = ", d.d_model / d.heads);
   }
+  if (o.model == "mixtral")
+    STRATA_CHECK(d.top_k <= d.experts, "mixtral: --moe-top-k ", d.top_k, " is more than --experts ", d.experts);
 }
 
 }  // namespace
@@ -68,10 +79,12 @@ int main(int argc, char** argv) {
   }
   st::world& world = *started;
   run_options o;
-  CLI::App app{"gpt2_train: train the example GPT-2 or Llama with strata on the CPU or on GPUs"};
+  CLI::App app{"gpt2_train: train the example GPT-2, Llama or Mixtral with strata on the CPU or on GPUs"};
   const auto positive = cli_checks::integer_at_least(1), non_negative = cli_checks::integer_at_least(0);
-  app.add_option("--model", o.model, "the model: gpt2 (examples/gpt2) or llama (examples/llama)")
-      ->check(CLI::IsMember({"gpt2", "llama"}))
+  app.add_option("--model", o.model,
+                 "the model: gpt2 (examples/gpt2), llama (examples/llama) or mixtral (examples/mixtral: the "
+                 "Llama with a mixture of experts)")
+      ->check(CLI::IsMember({"gpt2", "llama", "mixtral"}))
       ->capture_default_str();
   app.add_option("--layers", o.shape.layers, "transformer blocks")->check(positive)->capture_default_str();
   app.add_option("--heads", o.shape.heads, "attention heads (must divide --d-model)")
@@ -98,6 +111,29 @@ int main(int argc, char** argv) {
   auto* norm_eps = app.add_option("--norm-eps", o.shape.norm_eps, "llama: RMSNorm's epsilon")
                        ->check(cli_checks::real_in(0, false))
                        ->capture_default_str();
+  // Mixtral only (refused with the other models).
+  std::vector<CLI::Option*> moe_flags{
+      app.add_option("--experts", o.shape.experts, "mixtral: experts per block")
+          ->check(positive)
+          ->capture_default_str(),
+      app.add_option("--moe-top-k", o.shape.top_k, "mixtral: experts per token (at most --experts)")
+          ->check(positive)
+          ->capture_default_str(),
+      app.add_option("--shared-ffn", o.shape.shared_ffn,
+                     "mixtral: a shared expert's width, every token through it "
+                     "(0: none)")
+          ->check(non_negative),
+      app.add_option("--balance-coef", o.shape.balance_coef, "mixtral: the load-balancing loss's coefficient")
+          ->check(cli_checks::real_in(0, true))
+          ->capture_default_str(),
+      app.add_option("--z-coef", o.shape.z_coef, "mixtral: the router z-loss's coefficient")
+          ->check(cli_checks::real_in(0, true))
+          ->capture_default_str(),
+      app.add_option("--capacity-factor", o.shape.capacity_factor,
+                     "mixtral: each expert keeps at most ceil(factor x seq x top-k / experts) of a sequence's "
+                     "tokens, the rest dropped (0: dropless)")
+          ->check(cli_checks::real_in(0, true))
+          ->capture_default_str()};
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(positive)->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per forward/backward (0: whole batch)")
       ->check(non_negative)
@@ -199,12 +235,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const bool llama_flags = kv_heads->count() + rope_theta->count() + norm_eps->count() > 0;
+  std::string moe_flag_given;
+  for (auto* f : moe_flags)
+    if (f->count() > 0 && moe_flag_given.empty()) moe_flag_given = f->get_name();
 
   return world.run(
       [&] {
-        STRATA_CHECK(o.model == "llama" || !llama_flags,
+        STRATA_CHECK(o.model != "gpt2" || !llama_flags,
                      "gpt2_train: --kv-heads, --rope-theta and --norm-eps apply to "
-                     "--model llama only");
+                     "--model llama and mixtral only");
+        STRATA_CHECK(o.model == "mixtral" || moe_flag_given.empty(), "gpt2_train: ", moe_flag_given,
+                     " applies to --model mixtral only");
         check_dims(o);
         STRATA_CHECK(prompt_text->count() == 0 || prompt_ids->count() == 0,
                      "gpt2_train: give --prompt (text) or --prompt-ids (token ids), not both");

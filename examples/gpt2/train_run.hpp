@@ -34,6 +34,7 @@ namespace st = strata;
 // The models gpt2_train trains (examples/common/model_families.hpp).
 using example_models::gpt2_family;
 using example_models::llama_family;
+using example_models::mixtral_family;
 
 // What a device adds to a run: where its memory is, and what is said about it.
 struct device_hooks {
@@ -244,7 +245,11 @@ void print_run_summary(const run_context& c, const typename Family::dims& dims, 
   const std::int64_t micro_batch =
       c.pipelined ? o.batch / layout.dp / layout.microbatches : (o.micro_batch ? o.micro_batch : o.batch / layout.dp);
   std::printf("gpt2_train: %s, %lld layers, %lld heads", Family::name, (long long)dims.layers, (long long)dims.heads);
-  if constexpr (std::is_same_v<Family, llama_family>) std::printf(" (%lld key/value)", (long long)dims.kv());
+  if constexpr (!std::is_same_v<Family, gpt2_family>) std::printf(" (%lld key/value)", (long long)dims.kv());
+  if constexpr (std::is_same_v<Family, mixtral_family>) {
+    std::printf(", %lld experts (top %lld)", (long long)dims.experts, (long long)dims.top_k);
+    if (dims.capacity_factor > 0) std::printf(" at capacity factor %g", dims.capacity_factor);
+  }
   std::printf(", d_model %lld, ffn %lld, seq %lld, vocab %lld: %lld parameters%s, %s\n", (long long)dims.d_model,
               (long long)dims.ffn_width(), (long long)dims.seq, (long long)dims.vocab,
               (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "",

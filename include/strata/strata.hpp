@@ -36,6 +36,7 @@
 #include "strata/kernels/all.hpp"
 
 #include "strata/layers/attention.hpp"
+#include "strata/layers/auxiliary_loss.hpp"
 #include "strata/layers/cached_forward.hpp"
 #include "strata/layers/context_attention.hpp"
 #include "strata/layers/context_parallel.hpp"
@@ -48,6 +49,7 @@
 #include "strata/layers/lm_head.hpp"
 #include "strata/layers/mlp.hpp"
 #include "strata/layers/module.hpp"
+#include "strata/layers/moe.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/layers/recompute.hpp"
 #include "strata/layers/rmsnorm.hpp"

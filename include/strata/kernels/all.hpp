@@ -21,6 +21,7 @@
 #include "strata/kernels/layernorm.hpp"
 #include "strata/kernels/linear.hpp"
 #include "strata/kernels/loss_scale.hpp"
+#include "strata/kernels/moe.hpp"
 #include "strata/kernels/positioned_attention.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/kernels/residual.hpp"

@@ -34,6 +34,7 @@ struct layer_cost {
   std::int64_t params = 0;       // parameter elements this rank registers
   std::int64_t tied_params = 0;  // elements of a parameter another layer owns (held again, as a
                                  // replica, where that layer sits on another pipeline stage)
+  std::int64_t idle_params = 0;  // of `params`, those a token does not use (experts it is not routed to)
   std::int64_t forward_flops = 0, backward_flops = 0;
   std::int64_t activation_bytes = 0;                           // kept from forward to backward
   std::int64_t output_bytes = 0;                               // the output alone: the next layer's input, and all that
@@ -54,6 +55,7 @@ struct layer_cost {
     layer_cost r;
     r.params = n * params;
     r.tied_params = n * tied_params;
+    r.idle_params = n * idle_params;
     r.forward_flops = n * forward_flops;
     r.backward_flops = n * backward_flops;
     r.activation_bytes = n * activation_bytes;
@@ -71,6 +73,7 @@ struct layer_cost {
     layer_cost r = *this;
     r.params += o.params;
     r.tied_params += o.tied_params;
+    r.idle_params += o.idle_params;
     r.forward_flops += o.forward_flops;
     r.backward_flops += o.backward_flops;
     r.activation_bytes += o.activation_bytes;

@@ -2,16 +2,19 @@
 //
 // A model owns one model_context: the parameter store, scratch space and the memory ledger
 // every buffer is charged to, the tensor-parallel group every layer of the model shards over,
-// the context-parallel group whose ranks share each sequence, and the recomputation mode. Layers receive a module_scope
-// - the same context plus a dotted name prefix - so each parameter gets a stable name ("h.3.mlp.fc.weight") that the
-// initializer, checkpoints and exports all key on. A layer takes its tensor split from the scope (split()), never from
-// its config: the policy and the launch decide it, in one place.
+// the context-parallel group whose ranks share each sequence, the recomputation mode, and the
+// auxiliary losses its layers add to the objective (layers/auxiliary_loss.hpp). Layers receive a
+// module_scope - the same context plus a dotted name prefix, and the index of the block it is in -
+// so each parameter gets a stable name ("h.3.mlp.fc.weight") that the initializer, checkpoints and
+// exports all key on. A layer takes its tensor split from the scope (split()), never from its
+// config: the policy and the launch decide it, in one place.
 #pragma once
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "strata/core/memory.hpp"
+#include "strata/layers/auxiliary_loss.hpp"
 #include "strata/layers/context_parallel.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/layers/tensor_parallel.hpp"
@@ -42,6 +45,11 @@ class model_context {
   const strata::context_parallel& cp() const { return cp_; }
   // What recompute<recompute_from_context, L> does in this model.
   recompute_mode recompute() const { return recompute_; }
+  // The terms layers add to the objective, and their statistics.
+  auxiliary_losses& auxiliary() { return aux_; }
+  // How many blocks the whole model has (every pipeline stage alike); 0 before the model says.
+  std::int64_t block_count() const { return blocks_; }
+  void set_block_count(std::int64_t n) { blocks_ = n; }
 
   // While on, layers built in this context reuse parameters already registered under the same
   // names instead of registering new ones: a pipeline stage builds one copy of its layers per
@@ -62,6 +70,8 @@ class model_context {
   strata::tensor_parallel tp_;
   strata::context_parallel cp_;
   recompute_mode recompute_;
+  auxiliary_losses aux_;
+  std::int64_t blocks_ = 0;
   bool share_ = false, replicas_ = false;
 };
 
@@ -73,8 +83,20 @@ class module_scope {
   module_scope(model_context<P>& ctx, std::string prefix = {}) : ctx_(&ctx), prefix_(std::move(prefix)) {}
 
   // A child scope: scope / "attn" names its parameters "<prefix>.attn.*".
-  module_scope operator/(std::string_view child) const { return {*ctx_, qualify(child)}; }
+  module_scope operator/(std::string_view child) const {
+    module_scope s{*ctx_, qualify(child)};
+    s.block_ = block_;
+    return s;
+  }
   module_scope operator/(int index) const { return *this / std::string_view(std::to_string(index)); }
+  // The same scope inside block `index` of the model's blocks (a stack numbers its copies so).
+  module_scope in_block(std::int64_t index) const {
+    module_scope s = *this;
+    s.block_ = index;
+    return s;
+  }
+  // The block this scope is in (its index in the whole model); -1 outside the blocks.
+  std::int64_t block() const { return block_; }
 
   std::string qualify(std::string_view leaf) const {
     return prefix_.empty() ? std::string(leaf) : prefix_ + "." + std::string(leaf);
@@ -140,6 +162,7 @@ class module_scope {
  private:
   model_context<P>* ctx_;
   std::string prefix_;
+  std::int64_t block_ = -1;
 };
 
 // Makes `buf` hold exactly `count` elements of `category`, reallocating only on a change:

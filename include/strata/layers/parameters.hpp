@@ -252,6 +252,9 @@ class parameter_store {
     if (grad_source_) return grad_source_(h);
     return grads_data() + info(h).offset;
   }
+  // Whether every weight stays where weights(h) points for as long as the store lives (no weight
+  // source that gathers them on demand and lets them go: ZeRO-3 keeps a few buckets at a time).
+  bool weights_resident() const { return !weight_source_; }
   T* weights_data() {
     materialize();
     STRATA_CHECK(!weights_released_,

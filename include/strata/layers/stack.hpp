@@ -40,7 +40,8 @@ class stack {
     STRATA_CHECK(Count == dynamic || count == Count, scope.qualify_layer(), ": layer count ", count,
                  " differs from the static count ", Count);
     layers_.reserve(static_cast<std::size_t>(count));
-    for (std::int64_t i = 0; i < count; ++i) layers_.emplace_back(scope / static_cast<int>(first + i), c);
+    for (std::int64_t i = 0; i < count; ++i)
+      layers_.emplace_back((scope / static_cast<int>(first + i)).in_block(first + i), c);
   }
 
   tensor_view<const T> forward(tensor_view<const T> x) {

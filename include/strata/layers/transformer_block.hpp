@@ -25,6 +25,21 @@
 
 namespace strata {
 
+namespace detail {
+// The settings a feed-forward block takes beyond its width (an MoE's router and experts: its
+// options_type), or none.
+struct no_ffn_options {};
+template <class F>
+struct ffn_options_of {
+  using type = no_ffn_options;
+};
+template <class F>
+requires requires { typename F::options_type; }
+struct ffn_options_of<F> {
+  using type = typename F::options_type;
+};
+}  // namespace detail
+
 template <class P, template <class> class Norm = layernorm, template <class> class FeedForward = mlp>
 class transformer_block {
  public:
@@ -39,6 +54,8 @@ class transformer_block {
     std::int64_t kv_heads = 0;    // key/value heads (grouped-query attention); 0: as many as heads
     double rope_theta = 0;        // rotary position embedding's base; 0: none
     bool bias = true;             // biases on the attention's projections
+    // The feed-forward block's own settings, where it has them (moe_options for st::moe).
+    typename detail::ffn_options_of<FeedForward<P>>::type ffn{};
   };
   using norm_type = Norm<P>;
   using ffn_type = FeedForward<P>;
@@ -56,7 +73,13 @@ class transformer_block {
             .proj_init_std = c.proj_init_std};
   }
   static constexpr typename ffn_type::config mlp_config(const config& c) {
-    return {.channels = c.channels, .hidden = c.hidden, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
+    if constexpr (requires { typename ffn_type::options_type; })
+      return {.channels = c.channels,
+              .hidden = c.hidden,
+              .init_std = c.init_std,
+              .proj_init_std = c.proj_init_std,
+              .options = c.ffn};
+    else return {.channels = c.channels, .hidden = c.hidden, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
   }
 
   static constexpr tensor_extent_list tensor_extents(const config& c) {

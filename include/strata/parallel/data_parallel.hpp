@@ -333,6 +333,9 @@ class data_parallel {
     group_->all_reduce(std::span<double>(&value, 1), reduce_op::avg);
     return value;
   }
+  // Per-rank values (a router's statistics) averaged, or summed, over the group, in place.
+  void mean_each(std::span<double> values) { group_->all_reduce(values, reduce_op::avg); }
+  void sum_each(std::span<double> values) { group_->all_reduce(values, reduce_op::sum); }
 
  private:
   using device = typename P::device;

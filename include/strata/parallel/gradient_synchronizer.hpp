@@ -11,6 +11,7 @@
 #pragma once
 #include <concepts>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,6 +94,8 @@ class no_sync {
   T* state_weights() { return nullptr; }
   void share_weights() {}
   double mean(double v) { return v; }
+  void mean_each(std::span<double>) {}
+  void sum_each(std::span<double>) {}
 
   std::vector<owned_segment> optimizer_segments() const { return whole_model_segments(*params_); }
   std::int64_t optimizer_elements() const { return params_->size(); }

@@ -146,6 +146,7 @@ class sequential_model {
         layers_(Model::layers(c)),
         place_(std::move(where)),
         ctx_(ledger, seed, place_.tensor, place_.recompute, place_.context) {
+    ctx_.set_block_count(layers_.blocks().count);
     const auto& pl = place_.pipeline;
     const bool piped = pl.pipelined();
     if (piped) exec_.emplace(*this, place_.pipeline_group, pl.shape, ledger);
@@ -271,6 +272,17 @@ class sequential_model {
     for (const param_handle h : tied_to_sum_)
       place_.embedding_group.all_reduce(std::span<T>(p.grads(h), std::size_t(p.info(h).numel)));
     return loss;
+  }
+
+  // The step's auxiliary losses and statistics (layers/auxiliary_loss.hpp), summed over the
+  // pipeline stages (each holds its blocks' rows); the model's sums start again from zero.
+  auxiliary_sums take_auxiliary() {
+    auxiliary_sums s = ctx_.auxiliary().take();
+    if (exec_ && place_.pipeline.shape.stages > 1) {
+      place_.pipeline_group.all_reduce(std::span<double>(&s.objective, 1));
+      if (!s.rows.empty()) place_.pipeline_group.all_reduce(std::span<double>(s.rows.data(), s.rows.size()));
+    }
+    return s;
   }
 
   // The executor's stage interface (parallel/pipeline.hpp).
@@ -439,6 +451,7 @@ class sequential_model {
 
   tensor_view<const T> run_forward(replica& r, tensor_view<const T> x, tensor_view<const std::int32_t> inputs,
                                    tensor_view<const std::int32_t> targets, double grad_scale, double& loss) {
+    ctx_.auxiliary().set_grad_scale(grad_scale);
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {

@@ -71,6 +71,7 @@ inline bool total_exceeds_device_memory() { return false; }
 
 struct plan_result {
   std::int64_t params_total = 0;     // Ψ of the whole model (serial, unpadded vocabulary)
+  std::int64_t params_active = 0;    // of Ψ, those one token uses (a mixture of experts: its k experts)
   std::int64_t params_per_rank = 0;  // the busiest rank's share, before ZeRO
   std::int64_t params_bytes = 0, grads_bytes = 0, master_bytes = 0, optimizer_bytes = 0, comm_buffer_bytes = 0;
   std::int64_t activation_bytes_per_microbatch = 0;  // one micro-batch on the busiest stage
@@ -222,6 +223,8 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
 
   plan_result r;
   r.params_total = plan_detail::costs_of<Model>(c, {}).before.params + layers * whole.block.params + whole.after.params;
+  r.params_active =
+      r.params_total - (whole.before.idle_params + layers * whole.block.idle_params + whole.after.idle_params);
   // The busiest stage: the first (the parts before the blocks), the last (the parts after them
   // and, when it is another stage, its replica of a tied parameter), or with one stage both.
   const std::int64_t replicas = p > 1 ? mine.before.tied_params + mine.after.tied_params : 0;

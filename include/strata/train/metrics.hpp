@@ -4,6 +4,8 @@
 //    "flops_per_s":1200000000,"mfu":null,"loss_scale":1,"skipped_steps":0,"applied":true,
 //    "mem":{"parameters":...,"gradients":...,...},"mem_peak":{...},
 //    "comm":{"world":{...},"dp":{"all_reduce":{"calls":..,"bytes_sent":..,"bytes_received":..}},...}}
+// A model with auxiliary terms (a mixture of experts) adds "aux_loss" and, per MoE block,
+//   "experts":[{"block":0,"balance":2.01,"z":3.2,"dropped":0,"tokens_min":..,"tokens_max":..,"tokens_mean":..},...]
 //
 // docs/metrics.md describes every field.
 #pragma once
@@ -17,6 +19,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/json_number.hpp"
 #include "strata/core/memory.hpp"
+#include "strata/layers/moe_statistics.hpp"
 #include "strata/train/trainer.hpp"
 
 namespace strata {
@@ -65,6 +68,19 @@ inline std::string metrics_line(const step_result& r, const memory_ledger& ledge
   line["loss_scale"] = json_number(r.loss_scale);
   line["skipped_steps"] = x.skipped_steps;
   line["applied"] = r.applied;
+  if (!r.auxiliary.empty() || r.aux_loss != 0) {
+    line["aux_loss"] = json_number(r.aux_loss);
+    nlohmann::ordered_json experts = nlohmann::ordered_json::array();
+    for (const expert_load& l : expert_loads(r.auxiliary))
+      experts.push_back({{"block", l.block},
+                         {"balance", json_number(l.balance)},
+                         {"z", json_number(l.z)},
+                         {"dropped", json_number(l.dropped)},
+                         {"tokens_min", json_number(l.tokens_min)},
+                         {"tokens_max", json_number(l.tokens_max)},
+                         {"tokens_mean", json_number(l.tokens_mean)}});
+    line["experts"] = std::move(experts);
+  }
   line["mem"] = detail::bytes_by_category(ledger, false);
   line["mem_peak"] = detail::bytes_by_category(ledger, true);
   if (!x.comm.empty()) line["comm"] = detail::json_object_field(x.comm, "comm");

@@ -21,6 +21,7 @@
 #include <string_view>
 
 #include "strata/core/error.hpp"
+#include "strata/layers/moe_statistics.hpp"
 #include "strata/train/trainer.hpp"
 
 namespace strata {
@@ -86,6 +87,23 @@ inline std::string progress_bar(const progress_step& p, int width = 20) {
   return s + buf + std::string(p.extra) + (p.applied ? "" : " | skipped");
 }
 
+// A mixture of experts' part of the line: the auxiliary terms, the busiest expert's load against
+// an even share (over the MoE blocks), and the pairs dropped over capacity when any were.
+inline std::string experts_text(const step_result& r) {
+  const auto loads = expert_loads(r.auxiliary);
+  if (loads.empty()) return {};
+  double worst = 0, dropped = 0;
+  for (const auto& l : loads) {
+    worst = std::max(worst, l.tokens_max / l.tokens_mean);
+    dropped += l.dropped;
+  }
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " | aux %.4f | expert load max %.2fx", r.aux_loss, worst);
+  std::string s = buf;
+  if (dropped > 0) s += " | dropped " + std::to_string(static_cast<long long>(dropped));
+  return s;
+}
+
 class progress {
  public:
   // `total`: the run's last step. The clock starts here; the ETA counts only the steps this
@@ -103,6 +121,7 @@ class progress {
     if (first_ < 0) first_ = step - 1;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     const int done = std::max(1, step - first_);
+    const std::string with_experts = std::string(extra) + experts_text(r);
     const progress_step p{.step = step,
                           .total = total_,
                           .loss = r.loss,
@@ -112,7 +131,7 @@ class progress {
                           .elapsed = elapsed,
                           .eta = elapsed / done * std::max(0, total_ - step),
                           .applied = r.applied,
-                          .extra = extra};
+                          .extra = with_experts};
     if (!bar_) {
       std::fprintf(out_, "%s\n", progress_line(p).c_str());
     } else {

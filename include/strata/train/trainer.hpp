@@ -23,20 +23,28 @@
 // naming both. A pipelined model runs its micro-batches itself, under its schedule
 // (train/trainable_model.hpp): the trainer splits this rank's rows into the schedule's count.
 //
+// Auxiliary terms (layers/auxiliary_loss.hpp: a router's load-balancing and z-losses) are part
+// of the objective the step minimises but not of `loss`, the language-model loss: step_result
+// reports them apart, averaged over micro-batches and data-parallel ranks, with the statistics
+// of each block (summed over the step's micro-batches and ranks where they are counts).
+//
 // train/training.hpp assembles model, synchronizer, optimizer and trainer from a policy.
 #pragma once
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/core/step_state.hpp"
 #include "strata/kernels/loss_scale.hpp"
 #include "strata/kernels/reduce.hpp"
+#include "strata/layers/auxiliary_loss.hpp"
 #include "strata/optim/adamw.hpp"
 #include "strata/optim/loss_scaler.hpp"
 #include "strata/optim/lr_schedule.hpp"
@@ -61,6 +69,10 @@ struct step_result {
   bool applied = true;  // false when a non-finite gradient (an fp16 overflow, or worse) skipped the update
   double seconds = 0;
   std::int64_t tokens = 0;
+  // The auxiliary terms' value (coefficients applied; 0 without any) and their blocks' statistics,
+  // each row's numbers as the layer that wrote them says (layers/moe.hpp: moe_row_*).
+  double aux_loss = 0;
+  auxiliary_sums auxiliary;
 };
 
 namespace detail {
@@ -147,6 +159,7 @@ class trainer {
       }
     }
     r.loss = sync_->mean(loss_sum / static_cast<double>(n_micro));
+    if constexpr (requires { model_->take_auxiliary(); }) take_auxiliary(r, n_micro);
 
     // Norm, skip decision, clip factor and loss-scale update are made where the model lives
     // (core/step_state.hpp): on a GPU the host queues the update without reading the norm.
@@ -194,6 +207,38 @@ class trainer {
   }
 
  private:
+  // The step's auxiliary sums into r: the terms and each row's first `averaged` columns (values)
+  // averaged over micro-batches and data-parallel ranks, the other columns (counts) summed. Only a
+  // model that reports rows (the same on every rank: its blocks) communicates; a model without
+  // auxiliary terms costs nothing.
+  void take_auxiliary(step_result& r, std::int64_t n_micro) requires requires(Model& m) { m.take_auxiliary(); }
+  {
+    auxiliary_sums a = model_->take_auxiliary();
+    r.aux_loss = a.objective / static_cast<double>(n_micro);
+    constexpr bool reduces_each = requires(Sync & s, std::span<double> v) {
+      s.mean_each(v);
+      s.sum_each(v);
+    };
+    if constexpr (!reduces_each)
+      STRATA_CHECK(a.empty(),
+                   "trainer: the gradient synchronizer has no mean_each/sum_each(std::span<double>) "
+                   "to reduce the model's auxiliary statistics over its ranks");
+    else if (!a.empty()) {
+      std::vector<double> totals = a.rows;
+      sync_->sum_each(std::span<double>(totals));
+      std::vector<double> values{r.aux_loss};
+      for (const double v : a.rows) values.push_back(v / static_cast<double>(n_micro));
+      sync_->mean_each(std::span<double>(values));
+      r.aux_loss = values[0];
+      for (std::int64_t b = 0; b < a.blocks; ++b)
+        for (std::int64_t i = 0; i < a.width; ++i) {
+          const std::size_t at = std::size_t(b * a.width + i);
+          a.rows[at] = i < a.averaged ? values[at + 1] : totals[at];
+        }
+    }
+    r.auxiliary = std::move(a);
+  }
+
   // `given` null: the trainer's own synchronizer of a single rank.
   trainer(Model& model, Optimizer& opt, trainer_options o, Sync* given)
       : model_(&model),
