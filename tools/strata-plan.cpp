@@ -12,6 +12,8 @@
 //               --vocab 128256 --seq 8192 --global-batch 512 --dp 8 --tp 8 [--json]
 //   strata-plan ... --seq 131072 --global-batch 8 --cp 2 --tp 4 [--cp-form ring|all_to_all]
 //       the plan of one layout: memory per rank by category, FLOPs, communication, bubble
+//   strata-plan --model mixtral ... --experts 8 --dp 8 --tp 8 --ep 8
+//       a mixture of experts with its experts shared out over ep ranks of the gradient group
 //   strata-plan --params 70e9 --precision bf16 --optimizer adamw [--master none] [--json]
 //       the back-of-envelope model state of N parameters
 //   strata-plan --search --gpus 64 --hw a100_80gb <shape flags> --global-batch 512 [--json]
@@ -157,6 +159,7 @@ struct options {
   std::int64_t global_batch = 0, micro_batch = 1;
   // layout
   int dp = 1, cp = 1, tp = 1, pp = 1, virtual_chunks = 1, zero = 0;
+  int ep = 1;  // Mixtral: experts shared out over ep ranks of the gradient group dp x cp (not a factor of the world)
   bool sp = false;
   std::string cp_form = "ring";
   std::string recompute = "none", precision = "bf16", optimizer = "adamw", schedule;
@@ -239,6 +242,12 @@ std::int64_t kv_heads_of(const Dims& m) {
 template <class Dims>
 std::string context_problem(const Dims& m, int tp, int cp, const std::string& form) {
   if (cp == 1) return {};
+  if constexpr (requires { m.experts; })
+    return printf_string(
+        "--cp %d: a mixture of experts under context parallelism is not supported yet (its "
+        "per-sequence router statistics would be split over the context group); the trainer "
+        "refuses it too",
+        cp);
   if (m.seq % (2 * cp) != 0)
     return printf_string("--cp %d cuts each sequence into 2 x %d = %d chunks, which do not divide --seq %lld", cp, cp,
                          2 * cp, (long long)m.seq);
@@ -259,13 +268,15 @@ std::string schedule_tag(st::pipeline_schedule_kind k) {
   }
 }
 
-// One layout as the planner takes it. microbatches: per step and data-parallel rank.
+// One layout as the planner takes it. microbatches: per step and data-parallel rank; ep: the
+// expert-parallel degree, within dp x cp.
 st::plan_setup make_setup(int dp, int cp, const std::string& cp_form, int tp, int pp, int v, int zero, bool sp,
                           std::int64_t microbatches, st::recompute_mode rc, st::optimizer_kind opt,
-                          st::pipeline_schedule_kind schedule) {
+                          st::pipeline_schedule_kind schedule, int ep) {
   st::plan_setup s;
   s.layout.dp = dp;
   s.layout.cp = cp;
+  s.layout.ep = ep;
   s.layout.context_form = cp_form;
   s.layout.tp = tp;
   s.layout.pp = pp;
@@ -306,10 +317,18 @@ st::plan_setup make_setup(int dp, int cp, const std::string& cp_form, int tp, in
 //                 forward (qkv to heads, the output back) and 2 backward, 4. Recomputation
 //                 (selective or full) runs the forward exchanges again: + cp-1, or + 2.
 //   T_pp        = comm_bytes.pp / bw(pp)
+//   T_ep        = comm_bytes.ep / bw(ep) + latency(ep) x steps x (layers / pp) x microbatches
+//                 (0 at ep 1; every block of the MoE model has its mixture). The expert group is
+//                 ep consecutive members of the gradient group: ep ranks of stride tp. steps: the
+//                 all-to-alls one block waits for per micro-batch (layers/moe.hpp): 3 forward
+//                 (the counts, the rows to their experts, the outputs back) and 2 backward (the
+//                 output gradients out, the input gradients back), 5; full recomputation runs
+//                 the forward's 3 again (selective recomputation does not redo the mixture).
 //   T_dp        = comm_bytes.dp / bw(dp)   (the gradient group dp x cp, whose members are tp
-//                 apart: placed as a group of dp·cp ranks of stride tp; not overlapped with
-//                 compute: conservative)
-//   T_step      = (T_compute + T_tp + T_cp + T_pp) / (1 - bubble) + T_dp
+//                 apart: placed as a group of dp·cp ranks of stride tp; under expert
+//                 parallelism the experts' reduction over the expert-data group is in the same
+//                 bytes, timed at the same bandwidth; not overlapped with compute: conservative)
+//   T_step      = (T_compute + T_tp + T_cp + T_pp + T_ep) / (1 - bubble) + T_dp
 //
 // comm_bytes are the plan's per-rank ring volumes per step; the embedding group's all-reduce of
 // the tied table is not part of the model, and neither is any overlap of the ring's transfers
@@ -319,9 +338,9 @@ st::plan_setup make_setup(int dp, int cp, const std::string& cp_form, int tp, in
 //   mfu            = tflops_per_gpu x 1e12 / peak
 
 struct step_estimate {
-  double compute_s = 0, tp_s = 0, cp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
+  double compute_s = 0, tp_s = 0, cp_s = 0, pp_s = 0, ep_s = 0, dp_s = 0, step_s = 0;
   double tokens_per_s = 0, tflops_per_gpu = 0, mfu = 0;
-  bool tp_intra = true, cp_intra = true, dp_intra = true, pp_intra = true;
+  bool tp_intra = true, cp_intra = true, dp_intra = true, pp_intra = true, ep_intra = true;
 };
 
 // Whether every copy of the group along one axis (members `stride` ranks apart, `size` of them)
@@ -339,6 +358,7 @@ template <class Dims>
 step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, const Dims& m, const st::batch& b,
                             const st::hw::device_spec& d, int storage_bytes, double efficiency) {
   const int tp = s.layout.tp, cp = s.layout.cp, dp = s.layout.dp, pp = s.layout.pp, gpus = tp * cp * dp * pp;
+  const int ep = s.layout.ep;
   const double peak = d.peak_flops(storage_bytes);
   step_estimate e;
   e.tp_intra = group_within_node(gpus, d.gpus_per_node, 1, tp);
@@ -346,6 +366,8 @@ step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, c
   // The gradient group dp x cp: cp and dp are adjacent in the rank order, so its members are tp apart.
   e.dp_intra = group_within_node(gpus, d.gpus_per_node, tp, dp * cp);
   e.pp_intra = group_within_node(gpus, d.gpus_per_node, tp * cp * dp, pp);
+  // The expert group: ep consecutive members of the gradient group, so tp apart too.
+  e.ep_intra = group_within_node(gpus, d.gpus_per_node, tp, ep);
   const auto bw = [&](bool intra) { return intra ? d.intra_node_bandwidth : d.inter_node_bandwidth; };
   const auto latency = [&](bool intra) { return intra ? d.intra_node_latency : d.inter_node_latency; };
   const double block_micro = double(m.layers / pp) * double(r.microbatches);  // blocks x micro-batches
@@ -359,8 +381,14 @@ step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, c
     e.cp_s = r.comm_bytes.cp / bw(e.cp_intra) + latency(e.cp_intra) * steps * block_micro;
   }
   if (pp > 1) e.pp_s = r.comm_bytes.pp / bw(e.pp_intra);
+  if (ep > 1) {
+    // Counts, rows out, outputs back forward; gradients out and back backward; full
+    // recomputation runs the forward's three again.
+    const double steps = 5.0 + (s.recompute == st::recompute_mode::full ? 3 : 0);
+    e.ep_s = r.comm_bytes.ep / bw(e.ep_intra) + latency(e.ep_intra) * steps * block_micro;
+  }
   if (dp * cp > 1) e.dp_s = r.comm_bytes.dp / bw(e.dp_intra);
-  e.step_s = (e.compute_s + e.tp_s + e.cp_s + e.pp_s) / (1.0 - r.bubble_fraction) + e.dp_s;
+  e.step_s = (e.compute_s + e.tp_s + e.cp_s + e.pp_s + e.ep_s) / (1.0 - r.bubble_fraction) + e.dp_s;
   e.tokens_per_s = double(b.global) * double(m.seq) / e.step_s;
   e.tflops_per_gpu = r.model_flops_per_step / e.step_s / double(gpus) / 1e12;
   e.mfu = e.tflops_per_gpu * 1e12 / peak;
@@ -372,6 +400,7 @@ void add_model_state_fields(nlohmann::ordered_json& out, const st::plan_result& 
   out["params_total"] = r.params_total;
   out["params_active"] = r.params_active;
   out["params_per_rank"] = r.params_per_rank;
+  out["expert_params_per_rank"] = r.expert_params_per_rank;
   out["params_bytes"] = r.params_bytes;
   out["grads_bytes"] = r.grads_bytes;
   out["master_bytes"] = r.master_bytes;
@@ -385,6 +414,7 @@ nlohmann::ordered_json estimate_json(const step_estimate& e) {
           {"tp_s", st::json_number(e.tp_s)},
           {"cp_s", st::json_number(e.cp_s)},
           {"pp_s", st::json_number(e.pp_s)},
+          {"ep_s", st::json_number(e.ep_s)},
           {"dp_s", st::json_number(e.dp_s)},
           {"tokens_per_s", st::json_number(e.tokens_per_s)},
           {"tflops_per_gpu", st::json_number(e.tflops_per_gpu)},
@@ -415,8 +445,13 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   const std::int64_t microbatches = o.global_batch % per_dp == 0 ? o.global_batch / per_dp : 1;
   const auto opt = o.optimizer == "sgd" ? st::optimizer_kind::sgd : st::optimizer_kind::adamw;
   if (const std::string why = context_problem(m, o.tp, o.cp, o.cp_form); !why.empty()) throw usage_error(why);
+  if ((o.dp * o.cp) % o.ep != 0)
+    throw usage_error(
+        printf_string("--ep %d does not divide --dp %d x --cp %d = %d (the expert group lies within the "
+                      "gradient group dp x cp)",
+                      o.ep, o.dp, o.cp, o.dp * o.cp));
   const st::plan_setup setup = make_setup(o.dp, o.cp, o.cp_form, o.tp, o.pp, o.virtual_chunks, o.zero, o.sp,
-                                          microbatches, st::parse_recompute_mode(o.recompute), opt, schedule);
+                                          microbatches, st::parse_recompute_mode(o.recompute), opt, schedule, o.ep);
   const st::plan_result r = plan_with<F>(o.precision, m, b, setup);
   const int storage = storage_bytes_of(o.precision);
   const bool fits = r.fits(d);
@@ -428,6 +463,7 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
     const nlohmann::ordered_json layout = {{"dp", o.dp},
                                            {"cp", o.cp},
                                            {"context_form", o.cp_form},
+                                           {"ep", o.ep},
                                            {"tp", o.tp},
                                            {"pp", o.pp},
                                            {"virtual", o.virtual_chunks},
@@ -461,7 +497,8 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
                          {"cp", st::json_number(r.comm_bytes.cp)},
                          {"tp", st::json_number(r.comm_bytes.tp)},
                          {"pp", st::json_number(r.comm_bytes.pp)},
-                         {"embedding", st::json_number(r.comm_bytes.embedding)}};
+                         {"embedding", st::json_number(r.comm_bytes.embedding)},
+                         {"ep", st::json_number(r.comm_bytes.ep)}};
     out["bubble_fraction"] = st::json_number(r.bubble_fraction);
     out["estimate"] = estimate_json(e);
     out["efficiency"] = st::json_number(o.efficiency);
@@ -475,14 +512,20 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   // The context axis appears where it splits (as layout_config::degrees_text writes it).
   const std::string cp_text = cp ? printf_string(" x cp %d", o.cp) : std::string();
   const std::string context_text = cp ? printf_string("context parallel %s, ", o.cp_form.c_str()) : std::string();
+  // Expert parallelism: ep ranks of the gradient group share each block's experts out; the ranks
+  // ep apart hold the same experts (the expert-data group), over which ZeRO shards them.
+  const bool ep = o.ep > 1;
+  const int expert_replicas = replicas / o.ep;
+  const std::string expert_text =
+      ep ? printf_string("expert parallel ep %d within dp%s = %d, ", o.ep, cp ? " x cp" : "", replicas) : std::string();
   const std::string zero_text =
       printf_string("ZeRO-%d%s", o.zero, cp && o.zero > 0 ? printf_string(" over dp x cp = %d", replicas).c_str() : "");
   if (r.params_active != r.params_total)
     std::printf("strata-plan: %s (%s parameters, %s active per token)\n", F::shape_text(m).c_str(),
                 grouped(r.params_total).c_str(), grouped(r.params_active).c_str());
   else std::printf("strata-plan: %s (%s parameters)\n", F::shape_text(m).c_str(), grouped(r.params_total).c_str());
-  std::printf("layout:   dp %d%s x tp %d x pp %d = %d rank%s, %s%s, %s, recompute %s", o.dp, cp_text.c_str(), o.tp,
-              o.pp, ranks, ranks == 1 ? "" : "s", context_text.c_str(), zero_text.c_str(),
+  std::printf("layout:   dp %d%s x tp %d x pp %d = %d rank%s, %s%s%s, %s, recompute %s", o.dp, cp_text.c_str(), o.tp,
+              o.pp, ranks, ranks == 1 ? "" : "s", context_text.c_str(), expert_text.c_str(), zero_text.c_str(),
               sp ? "sequence parallel" : "no sequence parallelism", o.recompute.c_str());
   if (o.pp > 1 || o.virtual_chunks > 1)
     std::printf(", %s schedule, %d chunk%s per stage", std::string(st::schedule_label(schedule)).c_str(),
@@ -495,14 +538,20 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   std::printf("device:   %s\n", device_text(d, storage).c_str());
 
   const auto shard = [&](int from_stage) {
-    return o.zero >= from_stage && replicas > 1 ? printf_string(", ZeRO-%d shard of %d", o.zero, replicas)
-                                                : std::string();
+    if (o.zero < from_stage || replicas == 1) return std::string();
+    return printf_string(", ZeRO-%d shard of %d", o.zero, replicas) +
+           (ep ? printf_string(", experts over %d", expert_replicas) : std::string());
   };
-  const auto row = [&](const std::string& label, double bytes) {
-    std::printf("  %-50s %10s %8s\n", label.c_str(), gb(bytes).c_str(), percent(bytes / mem).c_str());
-  };
-  std::printf("\nmemory per rank (the busiest)%*s %10s %8s\n", 24, "", "GB", "of dev");
+  // The rows first, then printed with the labels in one column (wider where the ZeRO notes of
+  // expert parallelism make a label longer than 50). A row without bytes is a note.
+  std::vector<std::pair<std::string, double>> rows;
+  const auto row = [&](const std::string& label, double bytes) { rows.emplace_back(label, bytes); };
   row("parameters (" + grouped(r.params_per_rank) + " on this rank" + shard(3) + ")", double(r.params_bytes));
+  if (r.expert_params_per_rank > 0)
+    row(printf_string("  of them experts: %s (%lld of the %lld per block, ep %d)",
+                      grouped(r.expert_params_per_rank).c_str(), (long long)(o.shape.experts / o.ep),
+                      (long long)o.shape.experts, o.ep),
+        -1);
   row("gradients" + (shard(2).empty() ? std::string() : " (" + shard(2).substr(2) + ")"), double(r.grads_bytes));
   row(r.master_bytes ? "master weights (fp32" + shard(1) + ")" : std::string("master weights (none)"),
       double(r.master_bytes));
@@ -514,6 +563,14 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
       double(r.activation_bytes));
   row("communication buffers", double(r.comm_buffer_bytes));
   row("total", double(r.total_bytes()));
+  int width = 50;
+  for (const auto& [label, bytes] : rows)
+    if (bytes >= 0) width = std::max(width, int(label.size()));
+  std::printf("\nmemory per rank (the busiest)%*s %10s %8s\n", width - 26, "", "GB", "of dev");
+  for (const auto& [label, bytes] : rows) {
+    if (bytes < 0) std::printf("  %s\n", label.c_str());
+    else std::printf("  %-*s %10s %8s\n", width, label.c_str(), gb(bytes).c_str(), percent(bytes / mem).c_str());
+  }
   if (fits)
     std::printf("  fits %s: yes, %s GB to spare\n", std::string(d.name).c_str(),
                 gb(mem - double(r.total_bytes())).c_str());
@@ -531,23 +588,29 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
       cp ? "per rank (busiest stage over its dp x cp x tp ranks)" : "per rank (busiest stage over its dp x tp ranks)",
       r.flops_per_rank);
 
-  std::printf("\ncommunication per rank per step%*s %10s\n", 22, "", "GB");
-  const auto comm_row = [&](const std::string& label, double bytes) {
-    std::printf("  %-50s %10s\n", label.c_str(), gb(bytes).c_str());
-  };
-  comm_row(printf_string("dp%s (%d rank%s, %s)", cp ? " x cp" : "", replicas, replicas == 1 ? "" : "s",
+  // As the memory rows: collected, then printed in one column at least 50 wide.
+  std::vector<std::pair<std::string, double>> comm_rows;
+  const auto comm_row = [&](const std::string& label, double bytes) { comm_rows.emplace_back(label, bytes); };
+  comm_row(printf_string("dp%s (%d rank%s, %s%s)", cp ? " x cp" : "", replicas, replicas == 1 ? "" : "s",
                          o.zero >= 3   ? "gathers and reduce-scatters per micro-batch"
                          : o.zero == 2 ? "reduce-scatter per micro-batch, gather once"
-                                       : "gradient all-reduce"),
+                                       : "gradient all-reduce",
+                         ep ? printf_string("; experts over %d", expert_replicas).c_str() : ""),
            r.comm_bytes.dp);
   comm_row(printf_string("cp (%d rank%s%s)", o.cp, o.cp == 1 ? "" : "s", cp ? (", " + o.cp_form).c_str() : ""),
            r.comm_bytes.cp);
+  if (ep) comm_row(printf_string("ep (%d ranks, all-to-alls of the experts' rows)", o.ep), r.comm_bytes.ep);
   comm_row(printf_string("tp (%d rank%s%s)", o.tp, o.tp == 1 ? "" : "s", sp ? ", sequence parallel" : ""),
            r.comm_bytes.tp);
   comm_row(printf_string("pp (%d stage%s, activations and their gradients)", o.pp, o.pp == 1 ? "" : "s"),
            r.comm_bytes.pp);
   comm_row("embedding (tied table, first and last stage)", r.comm_bytes.embedding);
   comm_row("total", r.comm_bytes.total());
+  int comm_width = 50;
+  for (const auto& [label, bytes] : comm_rows) comm_width = std::max(comm_width, int(label.size()));
+  std::printf("\ncommunication per rank per step%*s %10s\n", comm_width - 28, "", "GB");
+  for (const auto& [label, bytes] : comm_rows)
+    std::printf("  %-*s %10s\n", comm_width, label.c_str(), gb(bytes).c_str());
 
   std::printf("\npipeline bubble: %s", percent(r.bubble_fraction).c_str());
   if (o.pp > 1)
@@ -672,6 +735,7 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
         if ((G / (tp * cp)) % pp || m.layers % pp) continue;
         const int dp = G / (tp * cp * pp);
         if (B % dp) continue;
+        if ((dp * cp) % o.ep) continue;  // --ep stays as given: its expert group lies within dp x cp
         for (const int v : {1, 2, 4}) {
           if (v > 1 && (pp == 1 || m.layers % (pp * v))) continue;
           const auto schedule =
@@ -688,7 +752,7 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
                 for (const auto rc :
                      {st::recompute_mode::none, st::recompute_mode::selective, st::recompute_mode::full}) {
                   candidate c{dp, cp, tp, pp, v, zero, form, micro, sp, rc, {}, {}};
-                  const st::plan_setup s = make_setup(dp, cp, form, tp, pp, v, zero, sp, M, rc, opt, schedule);
+                  const st::plan_setup s = make_setup(dp, cp, form, tp, pp, v, zero, sp, M, rc, opt, schedule, o.ep);
                   const st::batch b{.micro = micro, .global = B};
                   try {
                     c.plan = plan_with<F>(o.precision, m, b, s);
@@ -734,6 +798,7 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
                      {"dp", c.dp},
                      {"cp", c.cp},
                      {"context_form", c.cp_form},
+                     {"ep", o.ep},
                      {"tp", c.tp},
                      {"pp", c.pp},
                      {"virtual", c.v},
@@ -756,6 +821,11 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
   std::printf("%s, %s; step-time model: compute at %g of peak, ranks placed tp, cp, dp, pp (see --help)\n",
               precision_text(o.precision).c_str(), opt == st::optimizer_kind::adamw ? "AdamW" : "SGD with momentum",
               o.efficiency);
+  if (o.ep > 1)
+    std::printf(
+        "expert parallel ep %d in every layout (within dp x cp: those where it does not divide dp x cp are not "
+        "considered)\n",
+        o.ep);
   std::printf("%lld layouts considered, %zu fit; the best %zu:\n\n", (long long)considered, fitting.size(), shown);
   std::printf("%3s %4s %3s %-10s %3s %3s %3s %4s %3s %3s %-9s %9s %12s %11s %6s %9s %7s\n", "#", "dp", "cp", "form",
               "tp", "pp", "v", "zero", "mb", "sp", "recompute", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "GB/rank",
@@ -784,8 +854,12 @@ Search step-time model (ranks the layouts; an estimate, not a measurement):
            steps per block: ring 2 x cp - 1 (cp - 1 forward, cp backward), all_to_all 4;
            recomputation adds the forward's again (cp - 1, or 2)
   T_pp   = comm_bytes.pp / bw(pp)
-  T_dp   = comm_bytes.dp / bw(dp x cp)     (the gradient group; not overlapped)
-  T_step = (T_compute + T_tp + T_cp + T_pp) / (1 - bubble) + T_dp
+  T_ep   = comm_bytes.ep / bw(ep) + latency(ep) x steps x layers/pp x micro-batches
+           (mixtral --ep N > 1: the expert group, ep ranks tp apart within dp x cp); steps per
+           block: 5 all-to-alls (3 forward, 2 backward), full recomputation 3 more
+  T_dp   = comm_bytes.dp / bw(dp x cp)     (the gradient group, experts' reduction included;
+           not overlapped)
+  T_step = (T_compute + T_tp + T_cp + T_pp + T_ep) / (1 - bubble) + T_dp
   tokens/s = global batch x seq / T_step; TFLOP/s per GPU = model FLOPs / T_step / GPUs
 )";
 
@@ -845,6 +919,12 @@ int main(int argc, char** argv) {
                                     "mixtral: the width of a shared expert every token goes through (0: none)")
                          ->check(cli_checks::integer_at_least(0));
   for (auto* f : {experts, top_k, shared_ffn}) shape_flags.push_back(f);
+  // Mixtral's layout: with --search too (every layout keeps it), not with --params.
+  auto* expert_parallel = app.add_option("--ep", o.ep,
+                                         "mixtral: expert-parallel degree: each block's experts shared out over ep "
+                                         "ranks of the gradient group dp x cp (divides dp x cp and --experts)")
+                              ->check(positive)
+                              ->capture_default_str();
   auto* global_batch =
       app.add_option("--global-batch", o.global_batch, "sequences per step over all ranks")->check(positive);
   shape_flags.push_back(global_batch);
@@ -921,6 +1001,7 @@ int main(int argc, char** argv) {
     search->excludes(f);
   }
   params->excludes(search);
+  params->excludes(expert_parallel);
   params->excludes(efficiency);
   search->excludes(dp);
   search->excludes(zero);
@@ -940,11 +1021,15 @@ int main(int argc, char** argv) {
       if (tied->count() > 0) throw usage_error("--tied needs --model llama or mixtral (GPT-2's head is always tied)");
     }
     if (o.model != "mixtral")
-      for (auto* f : {experts, top_k, shared_ffn})
+      for (auto* f : {experts, top_k, shared_ffn, expert_parallel})
         if (f->count() > 0) throw usage_error(f->get_name() + " needs --model mixtral");
     if (o.model == "mixtral" && o.shape.top_k > o.shape.experts)
       throw usage_error("--moe-top-k " + std::to_string(o.shape.top_k) + " is more than --experts " +
                         std::to_string(o.shape.experts));
+    if (o.model == "mixtral" && o.shape.experts % o.ep != 0)
+      throw usage_error("--ep " + std::to_string(o.ep) + " does not divide --experts " +
+                        std::to_string(o.shape.experts) +
+                        " (each rank of the expert group holds --experts / --ep of a block's experts)");
     if (!o.params.empty()) return run_model_state(o, device);
 
     // Plan and search need a shape and a batch.
@@ -959,6 +1044,9 @@ int main(int argc, char** argv) {
       throw usage_error("missing " + missing +
                         " (a plan needs --layers, --hidden, --heads, --seq, --vocab and --global-batch; "
                         "--search also --gpus; or give --params N for the model-state estimate); see --help");
+    if (o.search && o.gpus % o.ep != 0)
+      throw usage_error("--ep " + std::to_string(o.ep) + " does not divide --gpus " + std::to_string(o.gpus) +
+                        " (the expert group lies within dp x cp, which divides the GPUs)");
     STRATA_CHECK(o.shape.d_model % o.shape.heads == 0, "--heads ", o.shape.heads, " does not divide --hidden ",
                  o.shape.d_model);
     if (o.model == "gpt2") return run_shape<gpt2_family>(o, device);

@@ -9,9 +9,11 @@
 // (h.N.attn.bias), h.N.attn.masked_bias, rotary inv_freq buffers - are skipped, and
 // skipped_note() names them in one line ("skipped 24 tensors strata does not use:
 // h.{0..11}.attn.bias, h.{0..11}.attn.masked_bias (BOOL)"). A tensor that is used keeps every
-// check: it must be there, with the model's shape and a dtype strata converts.
+// check: it must be there, with the model's shape, a dtype strata converts and finite values
+// (the first NaN or infinity is refused, naming the tensor and its flat index).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -157,7 +159,15 @@ class hf_file {
     STRATA_CHECK(fits, model_, ": '", path(), "': tensor '", e->name, "' has shape ", shape_text(e->shape),
                  ", the model expects ", shape_text(want));
     used_.insert(e->name);
-    return file_.read(*e);
+    st::named_tensor t = file_.read(*e);
+    // A NaN or an infinity would make every gradient non-finite: each step skipped, and the
+    // poisoned weights checkpointed as if trained.
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      const double x = t.at(i);
+      STRATA_CHECK(std::isfinite(x), model_, ": '", path(), "': tensor '", e->name, "' holds ", x, " at flat index ", i,
+                   " of its ", t.numel(), " values; weights must be finite numbers");
+    }
+    return t;
   }
 
   // Marks a tensor the importer looked at and need not load (e.g. a head equal to the embedding).

@@ -133,6 +133,11 @@ int main(int argc, char** argv) {
                      "mixtral: each expert keeps at most ceil(factor x seq x top-k / experts) of a sequence's "
                      "tokens, the rest dropped (0: dropless)")
           ->check(cli_checks::real_in(0, true))
+          ->capture_default_str(),
+      app.add_option("--ep", o.ep,
+                     "mixtral: expert parallelism, each rank of a group of ep data-parallel ranks holding "
+                     "1/ep of the experts (divides dp x cp and --experts)")
+          ->check(positive)
           ->capture_default_str()};
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(positive)->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per forward/backward (0: whole batch)")
@@ -227,6 +232,9 @@ int main(int argc, char** argv) {
       ->check(non_negative)
       ->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --save DIR, under any layout");
+  app.add_flag("--resume-with-changes", o.resume_with_changes,
+               "with --resume: continue under training settings (--lr, --steps, --batch, ...) other than those the "
+               "checkpoint was saved with, which changes the steps from there on");
   app.add_option("--hw", o.hw,
                  "check at start-up that the plan fits this device (a100_40gb, a100_80gb, h100_80gb, "
                  "h200_141gb)");
@@ -257,6 +265,7 @@ int main(int argc, char** argv) {
                        o.shape.vocab);
         STRATA_CHECK(!o.resume || !o.save_dir.empty(),
                      "gpt2_train: --resume needs --save DIR (where the checkpoints are)");
+        STRATA_CHECK(!o.resume_with_changes || o.resume, "gpt2_train: --resume-with-changes needs --resume");
         STRATA_CHECK(o.save_every == 0 || !o.save_dir.empty(), "gpt2_train: --save-every needs --save DIR");
         if (o.micro_batch > 0)
           STRATA_CHECK(o.batch % o.micro_batch == 0, "gpt2_train: --batch ", o.batch,

@@ -57,7 +57,7 @@ struct run_options {
   std::vector<std::int32_t> prompt_ids;  // token ids instead of text
   double temperature = 0.8;              // 0: greedy
   std::int64_t top_k = 0;                // 0: every token
-  int dp = st::dynamic, zero = 0, tp = 1, cp = 1;
+  int dp = st::dynamic, zero = 0, tp = 1, cp = 1, ep = 1;
   bool sp = false;
   std::string cp_form = "ring";
   std::string recompute = "none";
@@ -65,7 +65,7 @@ struct run_options {
   std::string schedule = "1f1b", hw, export_path, init_from;
   std::string save_dir, data_order = "shuffled", device = "host";
   int save_every = 0, keep = 0;
-  bool resume = false;
+  bool resume = false, resume_with_changes = false;
   std::vector<std::int64_t> stage_layers;
   std::int64_t bucket_elems = 1 << 20;
   std::string progress = "auto";
@@ -102,18 +102,19 @@ std::string pipeline_json(Model& model, st::mpi_communicator& pp) {
   return pipeline.dump();
 }
 
-// Every setting of the layout comes from the flags: degrees, ZeRO stage, context form, sequence
-// parallelism, schedule, micro-batches and chunks are all left to the launch.
+// Every setting of the layout comes from the flags: degrees (the expert degree too), ZeRO stage,
+// context form, sequence parallelism, schedule, micro-batches and chunks are all left to the launch.
 using flag_layout =
     st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::context<st::dynamic, st::dynamic_context_form>,
                  st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
-                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
+                 st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>, st::expert<st::dynamic>>;
 
 inline st::layout_overrides layout_flags(const run_options& o) {
   return {.dp = o.dp,
           .cp = o.cp,
           .tp = o.tp,
           .pp = o.pp,
+          .ep = o.ep,
           .microbatches = o.microbatches > 0 ? o.microbatches : 1,
           .zero_stage = o.zero,
           .sequence_parallel = o.sp ? 1 : 0,
@@ -208,6 +209,20 @@ std::vector<double> read_initial_weights(const run_context& c, const typename Fa
   return weights;
 }
 
+// The training settings each checkpoint records and --resume compares (docs/checkpoints.md):
+// the optimizer's and trainer's, and what the flags add - the batch, the data, and the steps the
+// run plans (only steps both the saved run and this one take are held to the saved settings).
+template <class Run>
+st::training_settings run_settings(const run_options& o, const Run& run) {
+  st::training_settings s = st::settings_of(run.options().optimizer, run.options().trainer);
+  s.values[st::planned_steps] = o.steps;
+  s.free.push_back(st::planned_steps);  // itself; the schedule's length (total_steps) is not
+  s.values["batch"] = o.batch;
+  s.values["data"] = o.data.empty() ? "generated corpus" : o.data;
+  s.values["data_order"] = o.data_order;
+  return s;
+}
+
 // Where the steps start: the checkpoints of --save (none without it) and the first step to run.
 struct run_start {
   std::optional<st::checkpointer> checkpoints;
@@ -215,14 +230,16 @@ struct run_start {
 };
 
 // Checkpoints: every rank saves its pieces; --resume continues from the newest complete one,
-// whatever layout saved it, with the data where that step left it. Without --resume the
-// directory must hold no other run's.
+// whatever layout saved it, with the data where that step left it, and says which training
+// settings changed (refusing those that change the steps without --resume-with-changes).
+// Without --resume the directory must hold no other run's. The checkpointer locks the directory
+// for as long as it lives: the whole run.
 template <class Run>
 run_start open_checkpoints(const run_context& c, Run& run, st::token_stream& data) {
   const run_options& o = c.o;
   run_start start;
   if (o.save_dir.empty()) return start;
-  start.checkpoints.emplace(run.make_checkpointer({o.save_dir, o.keep}));
+  start.checkpoints.emplace(run.make_checkpointer({o.save_dir, o.keep, run_settings(o, run), o.resume_with_changes}));
   if (!o.resume) {
     start.checkpoints->start_new_run();
   } else if (const auto loaded = run.resume(*start.checkpoints)) {
@@ -255,10 +272,12 @@ void print_run_summary(const run_context& c, const typename Family::dims& dims, 
               (long long)model.parameters().size(), layout.tp > 1 || layout.pp > 1 ? " per rank" : "",
               o.precision.c_str());
   std::printf(
-      "data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d, ZeRO-%d; tp %d%s; %s"
+      "data: %s (%zu tokens); batch %lld x %lld tokens, micro-batch %lld; dp %d%s, ZeRO-%d; tp %d%s; %s"
       "recompute %s\n",
       o.data.empty() ? "generated corpus" : o.data.c_str(), data.size(), (long long)o.batch, (long long)dims.seq,
-      (long long)micro_batch, layout.dp, layout.zero_stage, layout.tp, o.sp ? " + sequence parallel" : "",
+      (long long)micro_batch, layout.dp,
+      layout.ep > 1 ? (" (experts over ep " + std::to_string(layout.ep) + ")").c_str() : "", layout.zero_stage,
+      layout.tp, o.sp ? " + sequence parallel" : "",
       layout.cp > 1 ? ("cp " + std::to_string(layout.cp) + " (" + layout.context_form + "); ").c_str() : "",
       o.recompute.c_str());
   if (c.pipelined) {

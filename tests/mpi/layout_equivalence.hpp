@@ -25,7 +25,8 @@ using any_layout =
     strata::parallel<strata::data<strata::dynamic, strata::zero<strata::dynamic>>,
                      strata::context<strata::dynamic, strata::dynamic_context_form>,
                      strata::tensor<strata::dynamic, strata::dynamic_sequence_parallel>,
-                     strata::pipeline<strata::dynamic, strata::dynamic_schedule, strata::dynamic, strata::dynamic>>;
+                     strata::pipeline<strata::dynamic, strata::dynamic_schedule, strata::dynamic, strata::dynamic>,
+                     strata::expert<strata::dynamic>>;
 template <class Precision>
 using launch_policy = strata::policy<strata::host, any_layout, Precision>;
 
@@ -42,6 +43,7 @@ struct layout_case {
   const char* schedule;
   int cp = 1;                         // context parallelism...
   const char* context_form = "ring";  // ...and its form
+  int ep = 1;                         // expert parallelism, inside dp x cp
 };
 
 struct losses_and_weights {
@@ -71,6 +73,7 @@ inline strata::training_options launch(const layout_case& c, const equivalence_s
                                         .cp = c.cp,
                                         .tp = c.tp,
                                         .pp = c.pp,
+                                        .ep = c.ep,
                                         .microbatches = c.microbatches,
                                         .zero_stage = c.zero,
                                         .sequence_parallel = c.sp,

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <set>
 #include <string>
@@ -103,6 +104,53 @@ TEST_CASE("mesh_position_of: dp=2 x cp=2 x tp=2 by hand") {
   CHECK(m.gradient_rank == 2);
   CHECK_THROWS_WITH_AS(strata::mesh_position_of(cfg, 6, 0),
                        "layout dp=2 x cp=2 x tp=2 x pp=1 = 8 ranks does not match the world size 6", strata::error);
+}
+
+TEST_CASE("mesh_position_of: the expert groups cut the gradient group, dp=4 x cp=2 x tp=2, ep=4 by hand") {
+  auto cfg = shape(1, 4, 2);
+  cfg.cp = 2;
+  cfg.ep = 4;
+  // World rank 13: dp 3, cp 0, tp 1; its gradient group (tp 1) is {1,3,5,...,15}, where it is 6th.
+  const auto m = strata::mesh_position_of(cfg, 16, 13);
+  CHECK(m.gradient_group == std::vector<int>{1, 3, 5, 7, 9, 11, 13, 15});
+  CHECK(m.gradient_rank == 6);
+  CHECK(m.ep_rank == 2);
+  CHECK(m.expert_data_rank == 1);
+  CHECK(m.expert_group == std::vector<int>{9, 11, 13, 15});  // 4 consecutive members
+  CHECK(m.expert_data_group == std::vector<int>{5, 13});     // those 4 apart: the same experts
+  // Every rank's groups: a partition of each gradient group, the colors telling them apart.
+  std::map<int, std::vector<int>> by_expert_color, by_data_color;
+  for (int r = 0; r < 16; ++r) {
+    const auto q = strata::mesh_position_of(cfg, 16, r);
+    by_expert_color[q.expert_color].push_back(r);
+    by_data_color[q.expert_data_color].push_back(r);
+    CHECK(q.expert_group[std::size_t(q.ep_rank)] == r);
+    CHECK(q.expert_data_group[std::size_t(q.expert_data_rank)] == r);
+  }
+  CHECK(by_expert_color.size() == 4);  // 2 gradient groups x 2 expert groups
+  CHECK(by_data_color.size() == 8);    // 2 gradient groups x 4 expert ranks
+}
+
+TEST_CASE("process_mesh: the expert groups equal the pure placement") {
+  auto& w = world();
+  const int n = w.size(), r = w.rank();
+  for (auto cfg : factorisations4(n)) {
+    const int grads = cfg.dp * cfg.cp;
+    for (int ep = 2; ep <= grads; ++ep) {
+      if (grads % ep) continue;
+      cfg.ep = ep;
+      CAPTURE(name_of(cfg) + " cp=" + std::to_string(cfg.cp) + " ep=" + std::to_string(ep));
+      strata::process_mesh mesh(w, cfg);
+      const auto expect = strata::mesh_position_of(cfg, n, r);
+      REQUIRE(mesh.experts() != nullptr);
+      CHECK(mesh.experts()->name() == "ep");
+      CHECK(mesh.experts()->world_ranks() == expect.expert_group);
+      CHECK(mesh.experts()->rank() == expect.ep_rank);
+      CHECK(mesh.expert_data().name() == "edp");
+      CHECK(mesh.expert_data().world_ranks() == expect.expert_data_group);
+      CHECK(mesh.expert_data().rank() == expect.expert_data_rank);
+    }
+  }
 }
 
 TEST_CASE("process_mesh: the context and gradient groups equal the pure placement") {

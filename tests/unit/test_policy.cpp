@@ -68,7 +68,7 @@ constexpr bool same_traits() {
          std::is_same_v<typename A::canonical, typename B::canonical>;
 }
 static_assert(same_traits<dtp, pdt>() && same_traits<dtp, tpd>());
-static_assert(std::is_same_v<dtp::canonical, st::parallel<D, st::context<1>, T, P>> &&
+static_assert(std::is_same_v<dtp::canonical, st::parallel<D, st::context<1>, T, P, st::expert<1>>> &&
               std::is_same_v<pdt::canonical, dtp::canonical>);
 static_assert(dtp::dp == st::dynamic && dtp::tp == 2 && dtp::pp == 2 && dtp::zero_stage == 1);
 static_assert(dtp::sequence_parallel && std::is_same_v<dtp::schedule, st::interleaved_1f1b>);
@@ -291,4 +291,25 @@ TEST_CASE("resolve_layout: the context axis") {
                           {"context form 'star'", "ring or all_to_all"});
   check_throws_containing([] { (void)st::resolve_layout<dct>(8, {.context_form = "all_to_all"}); },
                           {"fixes the context form ring but all_to_all was given"});
+}
+
+TEST_CASE("resolve_layout: the expert degree, inside dp x cp") {
+  using E = st::parallel<st::data<st::dynamic>, st::expert<st::dynamic>>;
+  static_assert(E::ep == st::dynamic && st::parallel<>::ep == 1 && st::parallel<st::expert<4>>::ep == 4);
+  CHECK(st::resolve_layout<E>(8).ep == 1);  // not given: 1
+  const st::layout_config c = st::resolve_layout<E>(8, {.ep = 4});
+  CHECK(c.ep == 4);
+  CHECK(c.dp == 8);
+  CHECK(c.ranks() == 8);  // not a factor of the world size
+  CHECK(c.expert_data_ranks() == 2);
+  CHECK(c.degrees_text() == "dp=8 x tp=1 x pp=1 (ep=4)");
+  // With context parallelism the group is dp x cp.
+  using EC = st::parallel<st::context<2>, st::expert<st::dynamic>>;
+  CHECK(st::resolve_layout<EC>(4, {.ep = 4}).expert_data_ranks() == 1);
+  check_throws_containing([] { (void)st::resolve_layout<E>(6, {.ep = 4}); },
+                          {"layout ep=4 does not divide dp x cp = 6"});
+  check_throws_containing([] { (void)st::resolve_layout<st::parallel<st::expert<2>>>(4, {.ep = 4}); },
+                          {"the layout fixes ep=2 but ep=4 was given at launch"});
+  check_throws_containing([] { (void)st::resolve_layout<E>(4, {.ep = 0}); },
+                          {"layout ep=0 given at launch must be >= 1"});
 }

@@ -27,6 +27,8 @@
 #include <strata/train/corpus.hpp>
 #include <strata/train/trainer.hpp>
 
+#include "../support/tiny_checkpoint_model.hpp"
+
 namespace st = strata;
 namespace fs = std::filesystem;
 namespace cf = strata::checkpoint_files;
@@ -34,21 +36,8 @@ namespace cf = strata::checkpoint_files;
 namespace {
 
 // A small model: embedding, one block, LayerNorm, tied head.
-struct dims {
-  std::int64_t vocab = 256, seq = 8, d_model = 16;
-};
-template <class P>
-struct tiny_model {
-  using policy = P;
-  using config = dims;
-  static constexpr auto layers(const dims& d) {
-    return st::sequential(
-        st::layer<st::embedding<P>>("", {.vocab = d.vocab, .max_seq = d.seq, .channels = d.d_model}),
-        st::blocks<st::transformer_block<P>>("h", 1, {.channels = d.d_model, .heads = 2, .hidden = 2 * d.d_model}),
-        st::layer<st::layernorm<P>>("ln_f", {.channels = d.d_model}),
-        st::layer<st::lm_head<P>>("lm_head", {.vocab = d.vocab, .channels = d.d_model, .tied_to = "wte"}));
-  }
-};
+using dims = strata_test::tiny_dims;
+using strata_test::tiny_model;
 
 using P32 = st::policy<st::host, st::serial, st::fp32>;
 using PBF16 = st::policy<st::host, st::serial, st::mixed<st::bf16, float>>;

@@ -115,6 +115,8 @@ class run_groups<Device> {
         dp_(mesh.gradients(), engine_, dp_stream_, compute_),
         pp_(mesh.pp(), gpu_comm_engine::mpi_staged, compute_, compute_) {
     if (mesh.embedding()) embedding_.emplace(*mesh.embedding(), engine_, compute_, compute_);
+    STRATA_CHECK(mesh.layout().ep == 1, "expert parallelism (ep=", mesh.layout().ep,
+                 ") runs on the host only so far: the mixture-of-experts kernels have no CUDA version yet");
   }
   run_groups(const run_groups&) = delete;
   run_groups& operator=(const run_groups&) = delete;
@@ -125,6 +127,9 @@ class run_groups<Device> {
   group_ref pp() { return group_ref(pp_); }
   group_ref embedding() { return embedding_ ? group_ref(*embedding_) : group_ref(); }
   bool has_embedding() const { return embedding_.has_value(); }
+  // Without expert parallelism (refused above): a group of one, and the gradient group.
+  group_ref ep() { return group_ref(); }
+  gpu_communicator& expert_dp() { return dp_; }
 
   std::string counters_json() const {
     return comm_json({&mesh_->world().counters(), &dp_.counters(), mesh_->layout().cp > 1 ? &cp_.counters() : nullptr,

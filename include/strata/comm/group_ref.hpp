@@ -56,6 +56,22 @@ class group_ref {
       std::copy(in.begin(), in.end(), out.begin());
     }
   }
+  // Uneven blocks: send_counts[r] elements of `in` (in rank order) go to rank r; recv_counts[r]
+  // elements of `out` came from rank r. A group of one keeps its one block.
+  template <comm_scalar T>
+  void all_to_all_v(std::span<const T> in, std::span<const std::size_t> send_counts, std::span<T> out,
+                    std::span<const std::size_t> recv_counts) {
+    const std::size_t n = static_cast<std::size_t>(size());
+    STRATA_CHECK(send_counts.size() == n && recv_counts.size() == n, "group_ref::all_to_all_v on ", name(), ": ",
+                 send_counts.size(), " send and ", recv_counts.size(), " receive counts for ", n, " ranks");
+    if (impl_ && n > 1) {
+      impl_->all_to_all_v(in.data(), in.size(), send_counts, out.data(), out.size(), recv_counts, comm_dtype_of<T>);
+    } else {
+      STRATA_CHECK(in.size() == out.size(), "group_ref::all_to_all_v on ", name(), ": a group of one keeps its ",
+                   in.size(), " elements, the output holds ", out.size());
+      if (out.data() != in.data()) std::copy(in.begin(), in.end(), out.begin());
+    }
+  }
   // From `root` to every rank, in place.
   template <comm_scalar T>
   void broadcast(std::span<T> data, int root) {
@@ -101,6 +117,8 @@ class group_ref {
     virtual void all_gather(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
     virtual void reduce_scatter(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
     virtual void all_to_all(const void* in, void* out, std::size_t n_each, comm_dtype d) = 0;
+    virtual void all_to_all_v(const void* in, std::size_t in_n, std::span<const std::size_t> send_counts, void* out,
+                              std::size_t out_n, std::span<const std::size_t> recv_counts, comm_dtype d) = 0;
     virtual void broadcast(void* data, std::size_t n, comm_dtype d, int root) = 0;
     virtual comm_handle send(const void* data, std::size_t n, comm_dtype d, int peer, int tag) = 0;
     virtual comm_handle recv(void* data, std::size_t n, comm_dtype d, int peer, int tag) = 0;
@@ -137,6 +155,14 @@ class group_ref {
         using T = typename decltype(id)::type;
         const std::size_t n = n_each * static_cast<std::size_t>(comm->size());
         comm->all_to_all(std::span<const T>(static_cast<const T*>(in), n), std::span<T>(static_cast<T*>(out), n));
+      });
+    }
+    void all_to_all_v(const void* in, std::size_t in_n, std::span<const std::size_t> send_counts, void* out,
+                      std::size_t out_n, std::span<const std::size_t> recv_counts, comm_dtype d) override {
+      visit_dtype(d, [&](auto id) {
+        using T = typename decltype(id)::type;
+        comm->all_to_all_v(std::span<const T>(static_cast<const T*>(in), in_n), send_counts,
+                           std::span<T>(static_cast<T*>(out), out_n), recv_counts);
       });
     }
     void broadcast(void* data, std::size_t n, comm_dtype d, int root) override {

@@ -12,7 +12,8 @@
 // collective over the world: it splits the world communicator into one group per axis of
 // policy/mesh_axes.hpp (named "tp", "cp", "dp", "pp"), the gradient group over the axes that
 // replicate parameters ("dp_cp"; the dp group itself when cp = 1) and the embedding group of
-// first and last stages ("embedding"; empty on middle stages). The mesh owns those
+// first and last stages ("embedding"; empty on middle stages); under expert parallelism the
+// expert group ("ep") and the expert-data group ("edp") inside the gradient group. The mesh owns those
 // communicators and is passed to whoever needs a group; nothing is global.
 //
 // When the degrees do not multiply to the world size, the constructor throws strata::error with
@@ -41,6 +42,10 @@ class process_mesh {
     dp_ = world_comm.split(pos_.dp_color, pos_.dp_rank, "dp");
     pp_ = world_comm.split(pos_.pp_color, pos_.pp_rank, "pp");
     if (cfg.cp > 1) gradients_.emplace(world_comm.split(pos_.gradient_color, pos_.gradient_rank, "dp_cp"));
+    if (cfg.ep > 1) {
+      experts_.emplace(world_comm.split(pos_.expert_color, pos_.ep_rank, "ep"));
+      expert_data_.emplace(world_comm.split(pos_.expert_data_color, pos_.expert_data_rank, "edp"));
+    }
     mpi_communicator emb = world_comm.split(pos_.embedding_color, pos_.pp_rank, "embedding");
     if (emb.valid()) embedding_.emplace(std::move(emb));
   }
@@ -61,6 +66,10 @@ class process_mesh {
   mpi_communicator& pp() { return pp_; }
   // Over the axes that replicate parameters (dp × cp): where gradients are reduced.
   mpi_communicator& gradients() { return gradients_ ? *gradients_ : dp_; }
+  // The ranks that share out the experts (nullptr without expert parallelism), and those that
+  // hold the same experts, where their gradients are reduced (the gradient group when ep = 1).
+  mpi_communicator* experts() { return experts_ ? &*experts_ : nullptr; }
+  mpi_communicator& expert_data() { return expert_data_ ? *expert_data_ : gradients(); }
   // The first and last stages of this rank's pipeline; nullptr on a middle stage.
   mpi_communicator* embedding() { return embedding_ ? &*embedding_ : nullptr; }
   const mpi_communicator& world() const { return *world_; }
@@ -76,13 +85,14 @@ class process_mesh {
   int next_stage() const { return pos_.next_stage; }
 
   // The metrics' `comm` object for this rank: {"world":{...},"dp":{...},"tp":{...},"pp":{...},
-  // "embedding":{...}}, with "cp" and "dp_cp" under context parallelism (embedding only where
-  // this rank is in it).
+  // "embedding":{...}}, with "cp" and "dp_cp" under context parallelism and "ep" and "edp" under
+  // expert parallelism (embedding only where this rank is in it).
   std::string counters_json() const {
     const bool context = layout_.cp > 1;
     return comm_json({&world_->counters(), &dp_.counters(), context ? &cp_.counters() : nullptr,
                       gradients_ ? &gradients_->counters() : nullptr, &tp_.counters(), &pp_.counters(),
-                      embedding_ ? &embedding_->counters() : nullptr});
+                      embedding_ ? &embedding_->counters() : nullptr, experts_ ? &experts_->counters() : nullptr,
+                      expert_data_ ? &expert_data_->counters() : nullptr});
   }
   void reset_counters() {
     world_->reset_counters();
@@ -92,6 +102,8 @@ class process_mesh {
     tp_.reset_counters();
     pp_.reset_counters();
     if (embedding_) embedding_->reset_counters();
+    if (experts_) experts_->reset_counters();
+    if (expert_data_) expert_data_->reset_counters();
   }
 
  private:
@@ -101,6 +113,7 @@ class process_mesh {
   mpi_communicator tp_, cp_, dp_, pp_;
   std::optional<mpi_communicator> gradients_;  // only when cp > 1: dp_ otherwise
   std::optional<mpi_communicator> embedding_;
+  std::optional<mpi_communicator> experts_, expert_data_;  // only when ep > 1
 };
 
 }  // namespace strata

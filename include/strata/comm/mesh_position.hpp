@@ -13,7 +13,10 @@
 //
 // A group spans a set of axes: the ranks that share every other coordinate. One per axis (tp,
 // cp, dp, pp), and the gradient group over the axes that replicate parameters (dp × cp), in
-// which a rank's place is its dp and cp coordinates in rank order (cp fastest).
+// which a rank's place is its dp and cp coordinates in rank order (cp fastest). Expert
+// parallelism cuts the gradient group in two ways (Megatron-Core's layout): the expert group is ep
+// consecutive ranks of it (place g: group g / ep, rank g % ep) and the expert-data group the
+// ranks ep apart (group g % ep, rank g / ep), those that hold the same experts.
 // mesh_position_of() computes one rank's coordinates, the world ranks of its groups (in
 // group-rank order), its pipeline neighbours, and its embedding group: the first and last stage
 // of its pipeline, which hold the tied input embedding and LM head (just the rank itself when
@@ -49,7 +52,9 @@ struct mesh_position {
   // shards. Its rank is dp_rank · cp + cp_rank.
   std::vector<int> gradient_group;
   int gradient_rank = 0;
-  std::vector<int> embedding_group;  // world ranks of the first and last stage
+  int ep = 1, ep_rank = 0, expert_data_rank = 0;
+  std::vector<int> expert_group, expert_data_group;  // world ranks, in group-rank order
+  std::vector<int> embedding_group;                  // world ranks of the first and last stage
   bool in_embedding_group = false;
 
   // Pipeline neighbours as stages, i.e. ranks in the pp group (no_stage at the ends), and as
@@ -61,6 +66,7 @@ struct mesh_position {
 
   // The colors that split the world into these groups (one per group; -1: not a member).
   int tp_color = 0, cp_color = 0, dp_color = 0, pp_color = 0, gradient_color = 0, embedding_color = -1;
+  int expert_color = 0, expert_data_color = 0;
 
   bool is_first_stage() const { return pp_rank == 0; }
   bool is_last_stage() const { return pp_rank == pp - 1; }
@@ -163,6 +169,19 @@ inline mesh_position mesh_position_of(const layout_config& cfg, int world_size, 
   m.gradient_group = std::move(grad.ranks);
   m.gradient_rank = grad.rank;
   m.gradient_color = grad.color;
+
+  STRATA_CHECK(cfg.ep >= 1 && int(m.gradient_group.size()) % cfg.ep == 0, "layout ep=", cfg.ep,
+               " does not divide dp x cp = ", m.gradient_group.size());
+  m.ep = cfg.ep;
+  const int expert_groups = int(m.gradient_group.size()) / cfg.ep;
+  m.ep_rank = m.gradient_rank % cfg.ep;
+  m.expert_data_rank = m.gradient_rank / cfg.ep;
+  for (int q = 0; q < cfg.ep; ++q)
+    m.expert_group.push_back(m.gradient_group[std::size_t(m.expert_data_rank * cfg.ep + q)]);
+  for (int q = 0; q < expert_groups; ++q)
+    m.expert_data_group.push_back(m.gradient_group[std::size_t(q * cfg.ep + m.ep_rank)]);
+  m.expert_color = m.gradient_color * expert_groups + m.expert_data_rank;
+  m.expert_data_color = m.gradient_color * cfg.ep + m.ep_rank;
 
   m.embedding_group.push_back(m.pp_group.front());
   if (cfg.pp > 1) m.embedding_group.push_back(m.pp_group.back());

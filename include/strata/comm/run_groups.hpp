@@ -8,8 +8,8 @@
 //   st::cuda    comm/gpu_groups.cuh: NCCL, or MPI staged through pinned host memory, on CUDA
 //               streams (include it, with nvcc, before instantiating a run under a cuda policy).
 // Each gives: dp() (the synchronizer's communicator over the gradient group, dp × cp; its type
-// is dp_comm), tp(), cp(), pp(), embedding() as group_refs for the layers, and the counters of
-// what those calls moved.
+// is dp_comm), expert_dp() (the same type, over the ranks holding the same experts), tp(), cp(),
+// pp(), ep(), embedding() as group_refs for the layers, and the counters of what those calls moved.
 #pragma once
 #include <string>
 #include <type_traits>
@@ -41,6 +41,9 @@ class run_groups {
   // The first and last stages' group for a tied embedding; empty (a group of one) elsewhere.
   group_ref embedding() { return mesh_->embedding() ? group_ref(*mesh_->embedding()) : group_ref(); }
   bool has_embedding() const { return mesh_->embedding() != nullptr; }
+  // The expert group (a group of one without expert parallelism), and the expert-data group.
+  group_ref ep() { return mesh_->experts() ? group_ref(*mesh_->experts()) : group_ref(); }
+  mpi_communicator& expert_dp() { return mesh_->expert_data(); }
 
   // The metrics' `comm` object: what each group moved since the last reset.
   std::string counters_json() const { return mesh_->counters_json(); }

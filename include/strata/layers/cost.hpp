@@ -22,6 +22,7 @@ struct cost_scope {
   recompute_mode recompute = recompute_mode::none;  // what recompute<recompute_from_context, L> does
   int cp = 1;                                       // context-parallel degree
   context_form form = context_form::ring;           // how attention reaches the other context ranks
+  int ep = 1;                                       // expert-parallel degree: a mixture holds 1/ep of its experts
 
   // This rank's tokens of each sequence, and of the micro-batch.
   constexpr std::int64_t local_seq() const { return seq / cp; }
@@ -31,10 +32,12 @@ struct cost_scope {
 };
 
 struct layer_cost {
-  std::int64_t params = 0;       // parameter elements this rank registers
-  std::int64_t tied_params = 0;  // elements of a parameter another layer owns (held again, as a
-                                 // replica, where that layer sits on another pipeline stage)
-  std::int64_t idle_params = 0;  // of `params`, those a token does not use (experts it is not routed to)
+  std::int64_t params = 0;         // parameter elements this rank registers
+  std::int64_t tied_params = 0;    // elements of a parameter another layer owns (held again, as a
+                                   // replica, where that layer sits on another pipeline stage)
+  std::int64_t idle_params = 0;    // of `params`, those a token does not use (experts it is not routed to)
+  std::int64_t expert_params = 0;  // of `params`, a mixture's experts (this rank's share under expert
+                                   // parallelism, which ZeRO cuts over the dp·cp/ep ranks holding them)
   std::int64_t forward_flops = 0, backward_flops = 0;
   std::int64_t activation_bytes = 0;                           // kept from forward to backward
   std::int64_t output_bytes = 0;                               // the output alone: the next layer's input, and all that
@@ -43,6 +46,7 @@ struct layer_cost {
   std::int64_t core_flops = 0;                                 // ...and what recomputing it costs
   double tensor_forward_bytes = 0, tensor_backward_bytes = 0;  // sent per rank in the tensor group
   double context_forward_bytes = 0, context_backward_bytes = 0;  // sent per rank in the context group
+  double expert_forward_bytes = 0, expert_backward_bytes = 0;    // sent per rank in the expert group
 
   // `next` runs after this: everything adds up, the output is next's.
   constexpr layer_cost then(const layer_cost& next) const {
@@ -56,6 +60,7 @@ struct layer_cost {
     r.params = n * params;
     r.tied_params = n * tied_params;
     r.idle_params = n * idle_params;
+    r.expert_params = n * expert_params;
     r.forward_flops = n * forward_flops;
     r.backward_flops = n * backward_flops;
     r.activation_bytes = n * activation_bytes;
@@ -66,6 +71,8 @@ struct layer_cost {
     r.tensor_backward_bytes = double(n) * tensor_backward_bytes;
     r.context_forward_bytes = double(n) * context_forward_bytes;
     r.context_backward_bytes = double(n) * context_backward_bytes;
+    r.expert_forward_bytes = double(n) * expert_forward_bytes;
+    r.expert_backward_bytes = double(n) * expert_backward_bytes;
     return r;
   }
   // Side by side (two branches over the same input): everything adds up, outputs included.
@@ -74,6 +81,7 @@ struct layer_cost {
     r.params += o.params;
     r.tied_params += o.tied_params;
     r.idle_params += o.idle_params;
+    r.expert_params += o.expert_params;
     r.forward_flops += o.forward_flops;
     r.backward_flops += o.backward_flops;
     r.activation_bytes += o.activation_bytes;
@@ -84,10 +92,13 @@ struct layer_cost {
     r.tensor_backward_bytes += o.tensor_backward_bytes;
     r.context_forward_bytes += o.context_forward_bytes;
     r.context_backward_bytes += o.context_backward_bytes;
+    r.expert_forward_bytes += o.expert_forward_bytes;
+    r.expert_backward_bytes += o.expert_backward_bytes;
     return r;
   }
   constexpr double tensor_bytes() const { return tensor_forward_bytes + tensor_backward_bytes; }
   constexpr double context_bytes() const { return context_forward_bytes + context_backward_bytes; }
+  constexpr double expert_bytes() const { return expert_forward_bytes + expert_backward_bytes; }
   bool operator==(const layer_cost&) const = default;
 };
 

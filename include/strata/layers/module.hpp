@@ -2,7 +2,8 @@
 //
 // A model owns one model_context: the parameter store, scratch space and the memory ledger
 // every buffer is charged to, the tensor-parallel group every layer of the model shards over,
-// the context-parallel group whose ranks share each sequence, the recomputation mode, and the
+// the context-parallel group whose ranks share each sequence, the expert group whose ranks share
+// out a mixture's experts, the recomputation mode, and the
 // auxiliary losses its layers add to the objective (layers/auxiliary_loss.hpp). Layers receive a
 // module_scope - the same context plus a dotted name prefix, and the index of the block it is in -
 // so each parameter gets a stable name ("h.3.mlp.fc.weight") that the initializer, checkpoints and
@@ -13,9 +14,11 @@
 #include <string_view>
 #include <utility>
 
+#include "strata/comm/group_ref.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/layers/auxiliary_loss.hpp"
 #include "strata/layers/context_parallel.hpp"
+#include "strata/layers/expert_dispatch.hpp"
 #include "strata/layers/parameters.hpp"
 #include "strata/layers/tensor_parallel.hpp"
 #include "strata/layers/tensor_split.hpp"
@@ -30,8 +33,14 @@ class model_context {
   using T = typename P::storage;
 
   model_context(memory_ledger& ledger, strata::seed s, strata::tensor_parallel tp = {},
-                recompute_mode recompute = recompute_mode::none, strata::context_parallel cp = {})
-      : params_(ledger, s), workspace_(ledger), tp_(std::move(tp)), cp_(std::move(cp)), recompute_(recompute) {}
+                recompute_mode recompute = recompute_mode::none, strata::context_parallel cp = {},
+                group_ref experts = {})
+      : params_(ledger, s),
+        workspace_(ledger),
+        tp_(std::move(tp)),
+        cp_(std::move(cp)),
+        experts_(std::move(experts)),
+        recompute_(recompute) {}
   model_context(const model_context&) = delete;
   model_context& operator=(const model_context&) = delete;
 
@@ -43,6 +52,11 @@ class model_context {
   // The context-parallel group (cp: the group's ranks hold chunks of the same sequences).
   strata::context_parallel& cp() { return cp_; }
   const strata::context_parallel& cp() const { return cp_; }
+  // The expert group (ep: each rank holds 1/ep of every mixture's experts); a group of one
+  // without expert parallelism.
+  group_ref& experts() { return experts_; }
+  // What this rank's MoE blocks sent to each expert under expert parallelism.
+  expert_dispatch_log& dispatch_log() { return dispatch_; }
   // What recompute<recompute_from_context, L> does in this model.
   recompute_mode recompute() const { return recompute_; }
   // The terms layers add to the objective, and their statistics.
@@ -69,6 +83,8 @@ class model_context {
   strata::workspace workspace_;
   strata::tensor_parallel tp_;
   strata::context_parallel cp_;
+  group_ref experts_;
+  expert_dispatch_log dispatch_;
   recompute_mode recompute_;
   auxiliary_losses aux_;
   std::int64_t blocks_ = 0;
@@ -157,6 +173,7 @@ class module_scope {
   memory_ledger& ledger() const { return ctx_->ledger(); }
   strata::tensor_parallel& tensor() const { return ctx_->tensor(); }
   strata::context_parallel& cp() const { return ctx_->cp(); }
+  group_ref& experts() const { return ctx_->experts(); }
   const std::string& prefix() const { return prefix_; }
 
  private:

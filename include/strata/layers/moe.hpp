@@ -24,12 +24,21 @@
 //
 // Layouts: parameters replicated over tensor parallelism (every rank of the group routes the
 // same tokens through the same experts), the shared SwiGLU split as an ordinary feed-forward
-// block. Refused, by name, at start-up: sequence parallelism, context parallelism, the CUDA device.
+// block. Under sequence parallelism a rank's tokens are gathered over the tensor group first
+// (and the output gradients in backward), so every rank runs the whole micro-batch as without
+// it - whole sequences for the per-sequence statistics and the capacity, the same gradients on
+// every rank - and keeps its own rows of the output and of the input gradient. Expert parallelism (the scope's expert
+// group of ep ranks): a rank holds experts [r·E/ep, (r+1)·E/ep), named as in the serial model. Each rank routes its own
+// tokens; the sorted pairs of each expert travel to its rank (an all-to-all of the per-expert counts, then an
+// all_to_all_v of the rows), are regrouped there expert by expert for the grouped GEMMs, and go
+// back the same way; backward sends the output gradients along the same path. Refused, by name,
+// at start-up: context parallelism, the CUDA device.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -46,6 +55,7 @@
 #include "strata/layers/linear.hpp"
 #include "strata/layers/module.hpp"
 #include "strata/layers/moe_statistics.hpp"
+#include "strata/layers/tensor_parallel.hpp"
 #include "strata/layers/swiglu.hpp"
 
 namespace strata {
@@ -107,9 +117,13 @@ class moe {
   // Router (its logits kept), the routing (p, logsumexp, choices, weights, the dispatch plan,
   // the per-sequence statistics), then per (token, slot) pair: the permuted input, the first
   // projection's output, the activation and the expert's output; the combined output. Parameters
-  // a token does not use: the E - k experts it is not routed to.
+  // a token does not use: the E - k experts it is not routed to. Under expert parallelism (ep > 1)
+  // the rank holds E/ep experts and, routing taken as even (each rank's experts run as many
+  // pairs as it routes), also keeps the arrived rows and the two row maps; it sends a share
+  // (ep-1)/ep of its pairs' rows out and as many back, forward and backward, and the counts once.
   static constexpr layer_cost cost(const config& c, const cost_scope& s) {
     const std::int64_t n = s.rows(), E = c.options.experts, k = c.options.top_k, C = c.channels, F = c.hidden;
+    const std::int64_t L = E / s.ep;
     const std::int64_t pairs = n * k, st = sizeof(T), sa = sizeof(A), si = sizeof(std::int32_t), s64 = 8;
     layer_cost routing;
     routing.forward_flops = 4 * n * E;
@@ -117,22 +131,42 @@ class moe {
     routing.activation_bytes =
         n * E * sa + n * sa + pairs * (2 * si + sa) + pairs * si + (2 * E + 1) * s64 + s.batch * (2 * E + 1) * sa;
     layer_cost experts;
-    experts.params = E * expert_params(c);
-    experts.idle_params = (E - k) * expert_params(c);
+    experts.params = L * expert_params(c);
+    experts.idle_params = std::max<std::int64_t>(L - k, 0) * expert_params(c);
     experts.forward_flops = 2 * pairs * C * (first_rows(c) + F) + (gated(c) ? 4 : 8) * pairs * F + 2 * pairs * C;
     experts.backward_flops = 2 * experts.forward_flops;
     experts.output_bytes = n * C * st;
     experts.activation_bytes = pairs * (C + first_rows(c) + F + C) * st + experts.output_bytes;
+    experts.expert_params = experts.params;
+    if (s.ep > 1) {
+      experts.activation_bytes += pairs * C * st + 2 * pairs * si + (L + 1) * s64;
+      const double rows_out = double(pairs) * double(s.ep - 1) / double(s.ep);
+      experts.expert_backward_bytes = 2 * rows_out * double(C * st);
+      experts.expert_forward_bytes = experts.expert_backward_bytes + double((s.ep - 1) * L * 8);
+    }
     layer_cost r = linear<P>::cost(router_config(c), s).then(routing).then(experts);
+    if (s.tp.sequence_parallel) {
+      // The gathered input, kept (the router reads it in backward), and the two gathers.
+      const double whole = double(n * C * st);
+      r.activation_bytes += n * C * st;
+      r.tensor_forward_bytes += tensor_edge_bytes::enter_forward(s.tp, whole);
+      r.tensor_backward_bytes += tensor_edge_bytes::leave_backward(s.tp, whole);
+    }
     if (c.options.shared_hidden > 0) r = r + swiglu<P>::cost(shared_config(c), s);
     r.output_bytes = experts.output_bytes;
     return r;
   }
 
   moe(module_scope<P> scope, const config& c)
-      : scope_(scope), cfg_(validated(scope, c)), router_(scope / "router", router_config(c)) {
+      : scope_(scope),
+        cfg_(validated(scope, c)),
+        router_(scope / "router", router_config(c)),
+        ep_(scope.experts().size()),
+        local_experts_(c.options.experts / ep_),
+        first_expert_(scope.experts().rank() * local_experts_) {
     const auto experts = scope / "experts";
-    for (std::int64_t e = 0; e < c.options.experts; ++e) {
+    auto& params = scope.params();
+    for (std::int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {
       const auto one = experts / static_cast<int>(e);
       first_.push_back(
           (one / (gated(c) ? "gate_up" : "fc"))
@@ -140,6 +174,10 @@ class moe {
       down_.push_back(
           (one / (gated(c) ? "down" : "proj"))
               .add_parameter("weight", shape{c.channels, c.hidden}, init_rule::normal_with_std(c.proj_init_std), true));
+      if (ep_ > 1) {
+        params.mark_expert(first_.back());
+        params.mark_expert(down_.back());
+      }
     }
     if (c.options.shared_hidden > 0) shared_.emplace(scope / "shared", shared_config(c));
   }
@@ -149,10 +187,12 @@ class moe {
     const auto& o = cfg_.options;
     STRATA_CHECK(x.shape.rank == 3 && x.shape[2] == cfg_.channels, scope_.qualify("forward"),
                  ": expected [batch, seq, ", cfg_.channels, "], got ", x.shape.str());
+    const tensor_view<const T> local = x;
+    auto& tp = scope_.tensor();
+    x = tp.enter_forward(x, gathered_, scope_.ledger());  // every token, under sequence parallelism
     batch_ = x.shape[0];
     seq_ = x.shape[1];
     rows_ = batch_ * seq_;
-    input_ = x;
     grad_scale_ = scope_.context().auxiliary().grad_scale();
     const std::int64_t E = o.experts, k = o.top_k, C = cfg_.channels, F = cfg_.hidden, pairs = rows_ * k;
     auto& ledger = scope_.ledger();
@@ -176,20 +216,39 @@ class moe {
     offsets_.download(&kept_, 1, std::size_t(E));
 
     ensure_size(permuted_, ledger, act, pairs * C);
-    ensure_size(first_out_, ledger, act, pairs * first_rows(cfg_));
-    ensure_size(hidden_, ledger, act, pairs * F);
+    if (ep_ == 1) {
+      ensure_size(first_out_, ledger, act, pairs * first_rows(cfg_));
+      ensure_size(hidden_, ledger, act, pairs * F);
+    }
     ensure_size(expert_out_, ledger, act, pairs * C);
     ensure_size(out_, ledger, act, rows_ * C);
     kernels::moe_permute_forward(device{}, permuted_.data(), x.data, row_token_.data(), kept_, C);
-    experts_forward(first_, first_out_.data(), permuted_.data(), C, first_rows(cfg_));
-    experts_forward(down_, expert_out_.data(), activate(), F, C);
+    if (ep_ == 1) {
+      expert_rows_ = kept_;
+      experts_forward(first_, first_out_.data(), permuted_.data(), C, first_rows(cfg_), offsets_.data());
+      experts_forward(down_, expert_out_.data(), activate(), F, C, offsets_.data());
+    } else {
+      // The pairs to their experts' ranks, through the local experts, and back.
+      plan_exchange();
+      const std::int64_t R = expert_rows_;
+      ensure_size(received_, ledger, act, R * C);
+      ensure_size(first_out_, ledger, act, R * first_rows(cfg_));
+      ensure_size(hidden_, ledger, act, R * F);
+      exchange_to_experts(received_.data(), permuted_.data());
+      experts_forward(first_, first_out_.data(), received_.data(), C, first_rows(cfg_), local_offsets_.data());
+      buffer<T> local_out(ledger, act, std::size_t(R * C), uninitialized);
+      experts_forward(down_, local_out.data(), activate(), F, C, local_offsets_.data());
+      exchange_from_experts(expert_out_.data(), local_out.data());
+    }
     kernels::moe_combine_forward(device{}, out_.data(), expert_out_.data(), weight_.data(), slot_row_.data(), rows_, k,
                                  C);
+    // This rank's rows: all of them, or its slice under sequence parallelism.
+    T* mine = out_.data() + (local.data == x.data ? 0 : tp.rank() * local.numel());
     if (shared_) {
-      auto s = shared_->forward(x);
-      kernels::residual_forward(device{}, out_.data(), out_.data(), s.data, rows_ * C);
+      auto s = shared_->forward(local);  // the shared SwiGLU takes the split as any feed-forward block
+      kernels::residual_forward(device{}, mine, mine, s.data, local.numel());
     }
-    return {out_.data(), x.shape};
+    return {mine, local.shape};
   }
 
   // Generation: the new tokens through their experts, dropless whatever the capacity (a capacity
@@ -202,13 +261,16 @@ class moe {
   }
   void release_cache() {}
 
-  buffer<T> backward(const buffer<T>& dout) {
+  buffer<T> backward(const buffer<T>& dlocal) {
     STRATA_PROFILE("moe.backward");
     const auto& o = cfg_.options;
     const std::int64_t E = o.experts, k = o.top_k, C = cfg_.channels, F = cfg_.hidden, pairs = rows_ * k;
+    auto& ledger = scope_.ledger();
+    auto& tp = scope_.tensor();
+    buffer<T> gathered;
+    const buffer<T>& dout = tp.leave_backward(dlocal, gathered, ledger);  // every token's
     STRATA_CHECK(static_cast<std::int64_t>(dout.size()) == rows_ * C, scope_.qualify("backward"), ": expected ",
                  rows_ * C, " output gradients, got ", dout.size());
-    auto& ledger = scope_.ledger();
     auto& p = scope_.params();
     constexpr auto act = memory_category::activations;
 
@@ -216,13 +278,30 @@ class moe {
     buffer<A> dweight(ledger, act, std::size_t(pairs), uninitialized);
     kernels::moe_combine_backward(device{}, dexpert.data(), dweight.data(), dout.data(), expert_out_.data(),
                                   weight_.data(), slot_row_.data(), rows_, k, C);
-    buffer<T> dhidden(ledger, act, std::size_t(pairs * F), uninitialized);
-    experts_backward(down_, dhidden.data(), dexpert.data(), hidden_.data(), F, C);
-    buffer<T> dfirst(ledger, act, std::size_t(pairs * first_rows(cfg_)), uninitialized);
-    if (gated(cfg_)) kernels::swiglu_backward(device{}, dfirst.data(), dhidden.data(), first_out_.data(), kept_, F);
-    else kernels::gelu_backward(device{}, dfirst.data(), first_out_.data(), dhidden.data(), kept_ * F);
+    // Under expert parallelism the output gradients go to the experts' ranks and the input
+    // gradients come back, as the rows did in forward.
+    const std::int64_t R = expert_rows_;
+    buffer<T> dlocal_out;
+    if (ep_ > 1) {
+      dlocal_out = buffer<T>(ledger, act, std::size_t(R * C), uninitialized);
+      exchange_to_experts(dlocal_out.data(), dexpert.data());
+    }
+    const std::int64_t* offsets = ep_ == 1 ? offsets_.data() : local_offsets_.data();
+    buffer<T> dhidden(ledger, act, std::size_t(std::max(pairs, R) * F), uninitialized);
+    experts_backward(down_, dhidden.data(), ep_ == 1 ? dexpert.data() : dlocal_out.data(), hidden_.data(), F, C,
+                     offsets);
+    dlocal_out = buffer<T>();
+    buffer<T> dfirst(ledger, act, std::size_t(std::max(pairs, R) * first_rows(cfg_)), uninitialized);
+    if (gated(cfg_)) kernels::swiglu_backward(device{}, dfirst.data(), dhidden.data(), first_out_.data(), R, F);
+    else kernels::gelu_backward(device{}, dfirst.data(), first_out_.data(), dhidden.data(), R * F);
     buffer<T> dpermuted(ledger, act, std::size_t(pairs * C), uninitialized);
-    experts_backward(first_, dpermuted.data(), dfirst.data(), permuted_.data(), C, first_rows(cfg_));
+    if (ep_ == 1) {
+      experts_backward(first_, dpermuted.data(), dfirst.data(), permuted_.data(), C, first_rows(cfg_), offsets);
+    } else {
+      buffer<T> dreceived(ledger, act, std::size_t(R * C), uninitialized);
+      experts_backward(first_, dreceived.data(), dfirst.data(), received_.data(), C, first_rows(cfg_), offsets);
+      exchange_from_experts(dpermuted.data(), dreceived.data());
+    }
     for (std::size_t e = 0; e < first_.size(); ++e) {
       p.grad_written(first_[e]);
       p.grad_written(down_[e]);
@@ -241,9 +320,15 @@ class moe {
     report();
     buffer<T> drouter = router_.backward(dlogits);
     kernels::residual_forward(device{}, dx.data(), dx.data(), drouter.data(), rows_ * C);
+    // Every rank computed the whole input gradient alike: under sequence parallelism it keeps its rows.
+    if (&dout != &dlocal) {
+      buffer<T> mine(ledger, act, dlocal.size(), uninitialized);
+      mine.copy_within(dx.data() + tp.rank() * std::int64_t(dlocal.size()), dlocal.size());
+      dx = std::move(mine);
+    }
     if (shared_) {
-      buffer<T> dshared = shared_->backward(dout);
-      kernels::residual_forward(device{}, dx.data(), dx.data(), dshared.data(), rows_ * C);
+      buffer<T> dshared = shared_->backward(dlocal);
+      kernels::residual_forward(device{}, dx.data(), dx.data(), dshared.data(), std::int64_t(dlocal.size()));
     }
     return dx;
   }
@@ -255,7 +340,10 @@ class moe {
     for (auto* b : {&choice_, &slot_row_, &row_token_}) *b = buffer<std::int32_t>();
     offsets_ = buffer<std::int64_t>();
     dropped_ = buffer<std::int64_t>();
-    for (auto* b : {&permuted_, &first_out_, &hidden_, &expert_out_, &out_}) *b = buffer<T>();
+    for (auto* b : {&permuted_, &first_out_, &hidden_, &expert_out_, &out_, &received_, &gathered_}) *b = buffer<T>();
+    local_offsets_ = buffer<std::int64_t>();
+    to_expert_major_ = buffer<std::int32_t>();
+    to_source_major_ = buffer<std::int32_t>();
   }
 
   template <class Fn>
@@ -268,6 +356,18 @@ class moe {
     if (shared_) shared_->visit_parameters(f);
   }
   const config& cfg() const { return cfg_; }
+  // Under expert parallelism: the experts this rank holds, [first, first + count).
+  std::int64_t first_local_expert() const { return first_expert_; }
+  std::int64_t local_experts() const { return local_experts_; }
+  // The last forward's (token, slot) pairs per expert (all E) from this rank's tokens: what it
+  // sent to each expert's rank.
+  std::vector<std::int64_t> routed_pairs() const {
+    std::vector<std::int64_t> off(std::size_t(cfg_.options.experts + 1));
+    offsets_.download(off.data(), off.size());
+    std::vector<std::int64_t> n(std::size_t(cfg_.options.experts));
+    for (std::size_t e = 0; e < n.size(); ++e) n[e] = off[e + 1] - off[e];
+    return n;
+  }
 
   // This micro-batch's statistics (host memory): balance and z before their coefficients, pairs
   // dropped, pairs per expert. What backward reports.
@@ -308,9 +408,8 @@ class moe {
                  scope.qualify_layer(), ": balance_coef (", o.balance_coef, "), z_coef (", o.z_coef,
                  "), capacity_factor (", o.capacity_factor, ") and shared_hidden (", o.shared_hidden,
                  ") must not be negative");
-    STRATA_CHECK(!scope.tensor().split().sequence_parallel, scope.qualify_layer(),
-                 ": a mixture of experts under sequence parallelism is not supported yet (its router statistics "
-                 "would be partial over the tensor group); run tensor parallelism without --sp");
+    STRATA_CHECK(o.experts % scope.experts().size() == 0, scope.qualify_layer(),
+                 ": expert parallelism ep=", scope.experts().size(), " does not divide the experts (", o.experts, ")");
     STRATA_CHECK(scope.cp().degree() == 1, scope.qualify_layer(),
                  ": a mixture of experts under context parallelism (cp=", scope.cp().degree(),
                  ") is not supported yet (its per-sequence statistics would be split over the context group)");
@@ -323,26 +422,28 @@ class moe {
   // One projection of every expert over the kept pairs: one grouped GEMM where the weights stay
   // put, one expert at a time where they are gathered on demand (ZeRO-3 holds a few buckets at
   // once, and E experts' weights may span more).
-  void experts_forward(const std::vector<param_handle>& hs, T* y, const T* x, std::int64_t in, std::int64_t out) {
+  // `offsets`: where each of this rank's experts' rows start in x (and y), and the end.
+  void experts_forward(const std::vector<param_handle>& hs, T* y, const T* x, std::int64_t in, std::int64_t out,
+                       const std::int64_t* offsets) {
     auto& p = scope_.params();
     auto& ws = scope_.workspace();
-    const std::int64_t E = cfg_.options.experts;
+    const auto E = static_cast<std::int64_t>(hs.size());
     if (p.weights_resident()) {
       std::vector<const T*> w;
       for (const param_handle h : hs) w.push_back(p.weights(h));
-      kernels::grouped_linear_forward(device{}, ws, y, x, w.data(), offsets_.data(), E, in, out);
+      kernels::grouped_linear_forward(device{}, ws, y, x, w.data(), offsets, E, in, out);
       return;
     }
     for (std::int64_t e = 0; e < E; ++e) {
       const T* w = p.weights(hs[std::size_t(e)]);
-      kernels::grouped_linear_forward(device{}, ws, y, x, &w, offsets_.data() + e, 1, in, out);
+      kernels::grouped_linear_forward(device{}, ws, y, x, &w, offsets + e, 1, in, out);
     }
   }
   void experts_backward(const std::vector<param_handle>& hs, T* dx, const T* dy, const T* x, std::int64_t in,
-                        std::int64_t out) {
+                        std::int64_t out, const std::int64_t* offsets) {
     auto& p = scope_.params();
     auto& ws = scope_.workspace();
-    const std::int64_t E = cfg_.options.experts;
+    const auto E = static_cast<std::int64_t>(hs.size());
     if (p.weights_resident()) {
       std::vector<const T*> w;
       std::vector<T*> g;
@@ -350,21 +451,89 @@ class moe {
         w.push_back(p.weights(h));
         g.push_back(p.grads(h));
       }
-      kernels::grouped_linear_backward(device{}, ws, dx, g.data(), dy, x, w.data(), offsets_.data(), E, in, out);
+      kernels::grouped_linear_backward(device{}, ws, dx, g.data(), dy, x, w.data(), offsets, E, in, out);
       return;
     }
     for (std::int64_t e = 0; e < E; ++e) {
       const T* w = p.weights(hs[std::size_t(e)]);
       T* g = p.grads(hs[std::size_t(e)]);
-      kernels::grouped_linear_backward(device{}, ws, dx, &g, dy, x, &w, offsets_.data() + e, 1, in, out);
+      kernels::grouped_linear_backward(device{}, ws, dx, &g, dy, x, &w, offsets + e, 1, in, out);
     }
   }
-  // The experts' activation on the kept pairs (its input stays, for backward): the down
-  // projection's input.
+  // The experts' activation on the rows this rank's experts ran (its input stays, for
+  // backward): the down projection's input.
   const T* activate() {
-    if (gated(cfg_)) kernels::swiglu_forward(device{}, hidden_.data(), first_out_.data(), kept_, cfg_.hidden);
-    else kernels::gelu_forward(device{}, hidden_.data(), first_out_.data(), kept_ * cfg_.hidden);
+    const std::int64_t R = expert_rows_;
+    if (gated(cfg_)) kernels::swiglu_forward(device{}, hidden_.data(), first_out_.data(), R, cfg_.hidden);
+    else kernels::gelu_forward(device{}, hidden_.data(), first_out_.data(), R * cfg_.hidden);
     return hidden_.data();
+  }
+
+  // Expert parallelism: who sends how many rows to whom, from this forward's dispatch plan. The
+  // counts per expert go around first (an all-to-all of ep blocks of E/ep counts), then each
+  // rank knows what it receives: from source s, its rows for local expert j, source-major. The
+  // grouped GEMMs want them expert-major, so two row maps go between the orders.
+  void plan_exchange() {
+    auto& group = scope_.experts();
+    const std::int64_t L = local_experts_, C = cfg_.channels;
+    const auto routed = routed_pairs();
+    if (scope_.block() >= 0) scope_.context().dispatch_log().add(scope_.block(), routed);
+    std::vector<double> mine(routed.begin(), routed.end()), theirs(mine.size());
+    group.all_to_all(std::span<const double>(mine), std::span<double>(theirs));
+    send_counts_.assign(std::size_t(ep_), 0);
+    recv_counts_.assign(std::size_t(ep_), 0);
+    for (int r = 0; r < ep_; ++r)
+      for (std::int64_t j = 0; j < L; ++j) {
+        send_counts_[std::size_t(r)] += std::size_t(routed[std::size_t(r * L + j)] * C);
+        recv_counts_[std::size_t(r)] += std::size_t(theirs[std::size_t(r * L + j)]) * std::size_t(C);
+      }
+    // Source-major: source s's block at source_start[s], its expert j's rows after its j' < j.
+    std::vector<std::int64_t> source_start(std::size_t(ep_) + 1, 0);
+    for (int s = 0; s < ep_; ++s)
+      source_start[std::size_t(s) + 1] = source_start[std::size_t(s)] + std::int64_t(recv_counts_[std::size_t(s)]) / C;
+    const std::int64_t R = source_start.back();
+    expert_rows_ = R;
+    std::vector<std::int64_t> local_offsets(std::size_t(L) + 1, 0);
+    std::vector<std::int32_t> to_expert(static_cast<std::size_t>(R)), to_source(static_cast<std::size_t>(R));
+    std::int64_t row = 0;
+    for (std::int64_t j = 0; j < L; ++j) {
+      for (int s = 0; s < ep_; ++s) {
+        std::int64_t at = source_start[std::size_t(s)];
+        for (std::int64_t jj = 0; jj < j; ++jj) at += std::int64_t(theirs[std::size_t(s * L + jj)]);
+        const auto n = std::int64_t(theirs[std::size_t(s * L + j)]);
+        for (std::int64_t i = 0; i < n; ++i, ++row) {
+          to_expert[std::size_t(row)] = std::int32_t(at + i);
+          to_source[std::size_t(at + i)] = std::int32_t(row);
+        }
+      }
+      local_offsets[std::size_t(j) + 1] = row;
+    }
+    auto& ledger = scope_.ledger();
+    constexpr auto act = memory_category::activations;
+    ensure_size(local_offsets_, ledger, act, L + 1);
+    ensure_size(to_expert_major_, ledger, act, R);
+    ensure_size(to_source_major_, ledger, act, R);
+    local_offsets_.upload(local_offsets.data(), local_offsets.size());
+    if (R > 0) {
+      to_expert_major_.upload(to_expert.data(), to_expert.size());
+      to_source_major_.upload(to_source.data(), to_source.size());
+    }
+  }
+  // [kept, C] rows sorted by expert here -> [R, C] rows of this rank's experts, expert-major.
+  void exchange_to_experts(T* to, const T* from) {
+    const std::int64_t C = cfg_.channels, R = expert_rows_;
+    buffer<T> arrived(scope_.ledger(), memory_category::activations, std::size_t(R * C), uninitialized);
+    scope_.experts().all_to_all_v(std::span<const T>(from, std::size_t(kept_ * C)), std::span(send_counts_),
+                                  std::span<T>(arrived.data(), arrived.size()), std::span(recv_counts_));
+    kernels::moe_permute_forward(device{}, to, arrived.data(), to_expert_major_.data(), R, C);
+  }
+  // The inverse: [R, C] expert-major rows here -> [kept, C] rows sorted by expert on their ranks.
+  void exchange_from_experts(T* to, const T* from) {
+    const std::int64_t C = cfg_.channels, R = expert_rows_;
+    buffer<T> leaving(scope_.ledger(), memory_category::activations, std::size_t(R * C), uninitialized);
+    kernels::moe_permute_forward(device{}, leaving.data(), from, to_source_major_.data(), R, C);
+    scope_.experts().all_to_all_v(std::span<const T>(leaving.data(), leaving.size()), std::span(recv_counts_),
+                                  std::span<T>(to, std::size_t(kept_ * C)), std::span(send_counts_));
   }
 
   // d objective / d p for every token of sequence s: balance_coef · E · f[s,e] / (B · T), f the
@@ -393,14 +562,21 @@ class moe {
   linear<P> router_;
   std::vector<param_handle> first_, down_;
   std::optional<swiglu<P>> shared_;
-  tensor_view<const T> input_;
+  int ep_ = 1;                                         // the expert group's size
+  std::int64_t local_experts_ = 0, first_expert_ = 0;  // the experts this rank holds
   std::int64_t batch_ = 0, seq_ = 0, rows_ = 0, kept_ = 0;
+  std::int64_t expert_rows_ = 0;  // rows this rank's experts ran: kept_, or what the exchange brought
+  std::vector<std::size_t> send_counts_, recv_counts_;  // elements to and from each expert rank
   double grad_scale_ = 1.0;
   bool generating_ = false;
   buffer<A> probs_, lse_, weight_, stats_;
   buffer<std::int32_t> choice_, slot_row_, row_token_;
   buffer<std::int64_t> offsets_, dropped_;
   buffer<T> permuted_, first_out_, hidden_, expert_out_, out_;
+  buffer<T> gathered_;                                      // sp: every token's input
+  buffer<T> received_;                                      // ep: the rows this rank's experts ran
+  buffer<std::int64_t> local_offsets_;                      // ep: where each local expert's rows start
+  buffer<std::int32_t> to_expert_major_, to_source_major_;  // ep: the row maps between the orders
 };
 
 }  // namespace strata

@@ -168,6 +168,8 @@ struct param_info {
   bool replica = false;       // a copy of a parameter another pipeline stage owns (a tied table on
                               // the last stage): its gradient is summed with the owner's and it
                               // counts once, there
+  bool expert = false;        // one of the experts this rank holds under expert parallelism: its
+                              // gradient is reduced over the ranks holding the same experts
 };
 
 template <class T>
@@ -207,6 +209,12 @@ class parameter_store {
   void mark_replica(param_handle h) {
     info(h);
     entries_[static_cast<std::size_t>(h.index)].replica = true;
+  }
+
+  // One of this rank's share of a mixture's experts (expert parallelism).
+  void mark_expert(param_handle h) {
+    info(h);
+    entries_[static_cast<std::size_t>(h.index)].expert = true;
   }
 
   // Another layer's backward also adds to this parameter's gradient (a tied table).

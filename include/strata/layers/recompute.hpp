@@ -77,6 +77,7 @@ class recompute {
         r.backward_flops += r.forward_flops;
         r.tensor_backward_bytes += r.tensor_forward_bytes;
         r.context_backward_bytes += r.context_forward_bytes;
+        r.expert_backward_bytes += r.expert_forward_bytes;
         r.core_bytes = r.core_flops = 0;
         break;
       case recompute_mode::selective:

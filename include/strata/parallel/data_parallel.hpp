@@ -26,6 +26,14 @@
 // parallelism (options.pipeline_group) each stage holds its own layers: the squares are summed
 // over the stages, a stage's copy of a parameter another stage owns (a tied table) counting 0.
 //
+// Expert parallelism (the constructor with an expert-data group): a rank holds only its share of a
+// mixture's experts, having run every token of its expert group through them, so their
+// gradients are reduced over the ranks holding the same experts (dp·cp/ep of them) and ZeRO cuts
+// their buckets over those. The average over that group is divided by ep once more, so an
+// expert's gradient is the mean over all dp·cp ranks' batches, as a dense parameter's. In the
+// gradient norm each expert counts once: its pieces (or, under ZeRO-0, its copies weighted
+// 1/copies) summed over the gradient group.
+//
 // Overlap: during the last micro-batch's backward the parameter store reports each parameter
 // whose gradient is final (layers call grad_written); the bucket whose last parameter that was
 // is posted at once, asynchronously, and pending buckets are nudged along each time another
@@ -71,11 +79,23 @@ class data_parallel {
   using T = typename P::storage;
 
   data_parallel(parameter_store<T>& params, Comm& group, data_parallel_options o)
+      : data_parallel(params, group, group, o) {}
+  // With expert parallelism: `expert_group` holds the ranks of `group` with the same experts as
+  // this one (the parameters marked expert); `group` itself when there is none.
+  data_parallel(parameter_store<T>& params, Comm& group, Comm& expert_group, data_parallel_options o)
       : params_(&params),
         group_(&group),
+        experts_(&expert_group),
         opt_(with_stage(o)),
-        layout_(params.entries(), group.size(), group.rank(), o.bucket_elems) {
+        layout_(params.entries(), group.size(), group.rank(), o.bucket_elems, expert_group.size(),
+                expert_group.rank()) {
     o = opt_;
+    STRATA_CHECK(group.size() % expert_group.size() == 0, "data_parallel: an expert-data group of ",
+                 expert_group.size(), " ranks does not divide the gradient group of ", group.size());
+    expert_degree_ = group.size() / expert_group.size();
+    for (const auto& e : params.entries())
+      STRATA_CHECK(!e.expert || expert_degree_ > 1 || &expert_group == &group, "data_parallel: '", e.name,
+                   "' is one of a rank's share of experts, but no expert-data group was given");
     STRATA_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "data_parallel: ZeRO stage ", o.zero_stage,
                  " does not exist (stages 0, 1, 2 and 3 do)");
     // ZeRO-1 keeps its reduced pieces beside the full gradients (a communication buffer); under
@@ -100,7 +120,7 @@ class data_parallel {
     std::int64_t state = 0;
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       state_offset_[b] = state;
-      state += static_cast<std::int64_t>(buckets[b].owned(layout_.rank()).size());
+      state += static_cast<std::int64_t>(layout_.owned(buckets[b]).size());
     }
     params.set_grad_ready_hook([this](param_handle h) { on_grad_ready(h); });
     if (o.zero_stage >= 2) {
@@ -139,8 +159,9 @@ class data_parallel {
   // ("over dp=2 x cp=2" under context parallelism).
   std::string description() const {
     const std::string cp = opt_.context_degree > 1 ? " x cp=" + std::to_string(opt_.context_degree) : "";
+    const std::string ep = expert_degree_ > 1 ? ", experts over ep=" + std::to_string(expert_degree_) : "";
     return detail::concat("data_parallel ZeRO-", opt_.zero_stage, " over dp=", group_->size() / opt_.context_degree, cp,
-                          " (this rank updates ", optimizer_elements(), " of ", params_->size(), " elements)");
+                          ep, " (this rank updates ", optimizer_elements(), " of ", params_->size(), " elements)");
   }
 
   // The rows of a global batch of `batch` sequences this rank trains on: the context ranks of
@@ -213,12 +234,13 @@ class data_parallel {
     }
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
       const auto& bucket = layout_.buckets()[b];
-      const flat_range mine = bucket.owned(layout_.rank());
+      const flat_range mine = layout_.owned(bucket);
       shard_.download(out.data() + mine.begin, static_cast<std::size_t>(mine.size()),
                       static_cast<std::size_t>(state_offset_[b]));
-      group_->all_gather(std::span<const T>(out.data() + mine.begin, static_cast<std::size_t>(mine.size())),
-                         std::span<T>(out.data() + bucket.range.begin, static_cast<std::size_t>(bucket.range.size())),
-                         std::span<const std::size_t>(bucket.counts));
+      group_of(bucket).all_gather(
+          std::span<const T>(out.data() + mine.begin, static_cast<std::size_t>(mine.size())),
+          std::span<T>(out.data() + bucket.range.begin, static_cast<std::size_t>(bucket.range.size())),
+          std::span<const std::size_t>(bucket.counts));
     }
     return out;
   }
@@ -257,7 +279,7 @@ class data_parallel {
     auto& tp = opt_.tensor_group;
     auto& pp = opt_.pipeline_group;
     const std::span<double> sum(out, 1);
-    if (tp.size() == 1 && pp.size() == 1) {
+    if (tp.size() == 1 && pp.size() == 1 && expert_degree_ == 1) {
       if (opt_.zero_stage == 0) {
         kernels::sum_of_squares_into(device{}, params_->grads_data(), params_->size(), out);
         return;
@@ -271,8 +293,14 @@ class data_parallel {
     // added to a sum that starts at 0 (an empty sum writes it).
     kernels::sum_of_squares_into(device{}, static_cast<const T*>(nullptr), 0, out);
     if (opt_.zero_stage == 0) {
+      // Every rank holds whole copies: under expert parallelism each counts 1/copies, summed over
+      // the gradient group (without it, the copies are alike and one rank's sum is the sum).
       const T* g = params_->grads_data();
-      for (const auto& e : params_->entries()) add_weighted_squares(e, g + e.offset, 0, e.numel, out);
+      for (const auto& e : params_->entries()) {
+        const double copies = expert_degree_ == 1 ? 1.0 : double(e.expert ? experts_->size() : group_->size());
+        add_weighted_squares(e, g + e.offset, 0, e.numel, out, 1.0 / copies);
+      }
+      if (expert_degree_ > 1) group_->all_reduce(sum, reduce_op::sum);
     } else {
       for (const auto& seg : layout_.owned_segments()) {
         const param_info& e = entry_at(seg.flat);
@@ -294,10 +322,10 @@ class data_parallel {
     T* w = params_->weights_data();
     std::vector<comm_handle> pending;
     for (const auto& b : layout_.buckets()) {
-      const flat_range mine = b.owned(layout_.rank());
+      const flat_range mine = layout_.owned(b);
       std::span<const T> in(w + mine.begin, static_cast<std::size_t>(mine.size()));
       std::span<T> out(w + b.range.begin, static_cast<std::size_t>(b.range.size()));
-      pending.push_back(group_->all_gather_async(in, out, std::span<const std::size_t>(b.counts)));
+      pending.push_back(group_of(b).all_gather_async(in, out, std::span<const std::size_t>(b.counts)));
     }
     for (auto& h : pending) h.wait();
   }
@@ -315,16 +343,16 @@ class data_parallel {
   // *out += the weighted squares of e's gradient elements [first, first + count), held at `g`: an
   // element that several ranks of the tensor group hold alike (a shared key/value head) counts
   // 1/holders on each of them.
-  void add_weighted_squares(const param_info& e, const T* g, std::int64_t first, std::int64_t count,
-                            double* out) const {
+  void add_weighted_squares(const param_info& e, const T* g, std::int64_t first, std::int64_t count, double* out,
+                            double factor = 1.0) const {
     if (!e.shard.has_shared_pieces()) {
-      kernels::sum_of_squares_into(device{}, g, count, out, true, norm_weight(e));
+      kernels::sum_of_squares_into(device{}, g, count, out, true, factor * norm_weight(e));
       return;
     }
     for (const auto& run : e.shard.holder_runs()) {
       const std::int64_t begin = std::max(run.begin, first), end = std::min(run.end, first + count);
       if (begin < end)
-        kernels::sum_of_squares_into(device{}, g + (begin - first), end - begin, out, true, 1.0 / run.holders);
+        kernels::sum_of_squares_into(device{}, g + (begin - first), end - begin, out, true, factor / run.holders);
     }
   }
 
@@ -355,6 +383,9 @@ class data_parallel {
     clock::time_point posted, done;
   };
 
+  // The group that reduces bucket b's gradients and gathers its weights.
+  Comm& group_of(const dp_bucket& b) { return b.expert ? *experts_ : *group_; }
+
   void on_grad_ready(param_handle h) {
     const std::size_t b = bucket_of_[static_cast<std::size_t>(h.index)];
     if (--left_[b] == 0) post(b);
@@ -376,13 +407,14 @@ class data_parallel {
   void post(std::size_t b) {
     const auto& bucket = layout_.buckets()[b];
     timing_[b].posted = clock::now();
-    const auto mine = static_cast<std::size_t>(bucket.owned(layout_.rank()).size());
+    const auto mine = static_cast<std::size_t>(layout_.owned(bucket).size());
+    Comm& group = group_of(bucket);
     if (opt_.zero_stage >= 2) {
       if (staging_[b].empty()) bucket_gradient(param_handle{first_param_of(b)});  // untouched: zeros
       pieces_[b] = buffer<T>(params_->ledger(), memory_category::communication, mine);
-      pending_[b] = group_->reduce_scatter_async(std::span<const T>(staging_[b].data(), staging_[b].size()),
-                                                 std::span<T>(pieces_[b].data(), mine),
-                                                 std::span<const std::size_t>(bucket.counts), reduce_op::avg);
+      pending_[b] = group.reduce_scatter_async(std::span<const T>(staging_[b].data(), staging_[b].size()),
+                                               std::span<T>(pieces_[b].data(), mine),
+                                               std::span<const std::size_t>(bucket.counts), reduce_op::avg);
       // Bound the buckets alive at once: with more than max_in_flight reductions outstanding,
       // finish the oldest before backward goes on.
       in_flight_.push_back(b);
@@ -396,19 +428,32 @@ class data_parallel {
       T* g = params_->grads_data();
       std::span<T> grads(g + bucket.range.begin, static_cast<std::size_t>(bucket.range.size()));
       if (opt_.zero_stage == 0) {
-        pending_[b] = group_->all_reduce_async(grads, reduce_op::avg);
+        pending_[b] = group.all_reduce_async(grads, reduce_op::avg);
       } else {
         std::span<T> out(reduced_.data() + state_offset_[b], mine);
-        pending_[b] = group_->reduce_scatter_async(std::span<const T>(grads), out,
-                                                   std::span<const std::size_t>(bucket.counts), reduce_op::avg);
+        pending_[b] = group.reduce_scatter_async(std::span<const T>(grads), out,
+                                                 std::span<const std::size_t>(bucket.counts), reduce_op::avg);
       }
     }
     posted_[b] = true;
   }
 
-  // A bucket's reduction finished: note the time; ZeRO-2 adds its piece and frees the buffers.
+  // A bucket's reduction finished (once per post): note the time; an expert bucket's average
+  // divided by ep; ZeRO-2 adds its piece and frees the buffers.
   void complete(std::size_t b) {
-    if (timing_[b].done == clock::time_point{}) timing_[b].done = clock::now();
+    if (timing_[b].done != clock::time_point{}) return;
+    timing_[b].done = clock::now();
+    const auto& bucket = layout_.buckets()[b];
+    if (bucket.expert && expert_degree_ > 1) {
+      const double f = 1.0 / expert_degree_;
+      if (opt_.zero_stage >= 2) {
+        kernels::scale_in_place(device{}, pieces_[b].data(), std::int64_t(pieces_[b].size()), f);
+      } else if (opt_.zero_stage == 1) {
+        kernels::scale_in_place(device{}, reduced_.data() + state_offset_[b], layout_.owned(bucket).size(), f);
+      } else {
+        kernels::scale_in_place(device{}, params_->grads_data() + bucket.range.begin, bucket.range.size(), f);
+      }
+    }
     if (opt_.zero_stage < 2 || staging_[b].empty()) return;
     kernels::residual_forward(device{}, reduced_.data() + state_offset_[b], reduced_.data() + state_offset_[b],
                               pieces_[b].data(), static_cast<std::int64_t>(pieces_[b].size()));
@@ -448,13 +493,13 @@ class data_parallel {
     }
     gathered_[b] =
         buffer<T>(params_->ledger(), memory_category::parameters, static_cast<std::size_t>(bucket.range.size()));
-    const flat_range mine = bucket.owned(layout_.rank());
+    const flat_range mine = layout_.owned(bucket);
     T* slot = gathered_[b].data() + (mine.begin - bucket.range.begin);
     gathered_[b].copy_within(shard_.data() + state_offset_[b], static_cast<std::size_t>(mine.size()),
                              static_cast<std::size_t>(mine.begin - bucket.range.begin));
-    prefetch_[b] = group_->all_gather_async(std::span<const T>(slot, static_cast<std::size_t>(mine.size())),
-                                            std::span<T>(gathered_[b].data(), gathered_[b].size()),
-                                            std::span<const std::size_t>(bucket.counts));
+    prefetch_[b] = group_of(bucket).all_gather_async(std::span<const T>(slot, static_cast<std::size_t>(mine.size())),
+                                                     std::span<T>(gathered_[b].data(), gathered_[b].size()),
+                                                     std::span<const std::size_t>(bucket.counts));
     if (!pinned_[b]) resident_.push_back(b);
   }
 
@@ -485,6 +530,8 @@ class data_parallel {
 
   parameter_store<T>* params_;
   Comm* group_;
+  Comm* experts_;          // the expert-data group (group_ without expert parallelism)
+  int expert_degree_ = 1;  // ep: group_'s ranks per expert-data rank
   data_parallel_options opt_;
   dp_layout layout_;
   buffer<T> reduced_;                        // ZeRO-1: this rank's reduced gradient pieces

@@ -57,17 +57,24 @@ std::vector<double> gather_full_weights(const parameter_store<T>& store, std::sp
 }
 
 // The whole model in the serial order `names` (with each parameter's element count), from the
-// stages of the pipeline group `pp` and the pieces of the tensor group `tp`: each parameter
-// comes from the first stage that owns it (not a replica), broadcast to every stage.
+// stages of the pipeline group `pp`, the pieces of the tensor group `tp` and, under expert
+// parallelism, the expert ranks of `ep` (each holds its share of the experts): each parameter
+// comes from the first stage that owns it (not a replica), and within it from the first expert
+// rank that holds it, broadcast to every rank.
 template <class T>
 std::vector<double> gather_model_weights(const parameter_store<T>& store, std::span<const T> weights,
                                          const std::vector<std::pair<std::string, std::int64_t>>& names, group_ref& tp,
-                                         group_ref& pp) {
+                                         group_ref& pp, group_ref ep = {}) {
   std::vector<double> out;
   for (const auto& [name, count] : names) {
     const param_handle h = store.find(name);
     const bool mine = h.valid() && !store.info(h).replica;
-    double owner = mine ? double(pp.size() - pp.rank()) : 0.0;  // the lowest stage that owns it wins
+    // The ranks of an expert group sit on one stage: settle the expert rank there first.
+    double holder = mine ? double(ep.size() - ep.rank()) : 0.0;  // the lowest expert rank holding it wins
+    ep.all_reduce(std::span<double>(&holder, 1), reduce_op::max);
+    const bool stage_holds = holder > 0;
+    const int ep_root = ep.size() - static_cast<int>(holder);
+    double owner = stage_holds ? double(pp.size() - pp.rank()) : 0.0;  // the lowest stage that owns it wins
     pp.all_reduce(std::span<double>(&owner, 1), reduce_op::max);
     STRATA_CHECK(owner > 0, "gather_model_weights: no pipeline stage holds '", name, "'");
     const int root = pp.size() - static_cast<int>(owner);
@@ -76,8 +83,9 @@ std::vector<double> gather_model_weights(const parameter_store<T>& store, std::s
       auto whole = gather_full_parameter(store.info(h), weights, tp);
       STRATA_CHECK(static_cast<std::int64_t>(whole.size()) == count, "gather_model_weights: '", name, "' has ",
                    whole.size(), " elements here, ", count, " in the serial model");
-      if (pp.rank() == root) values = std::move(whole);
+      if (pp.rank() == root && ep.rank() == ep_root) values = std::move(whole);
     }
+    if (stage_holds) ep.broadcast(std::span<double>(values), ep_root);
     pp.broadcast(std::span<double>(values), root);
     out.insert(out.end(), values.begin(), values.end());
   }

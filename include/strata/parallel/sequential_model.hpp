@@ -101,6 +101,7 @@ struct pipeline_placement {
 struct model_placement {
   tensor_parallel tensor{};
   context_parallel context{};  // the ranks sharing each sequence (cp), and the attention form
+  group_ref experts{};         // the ranks sharing out each mixture's experts (ep)
   recompute_mode recompute = recompute_mode::none;
   pipeline_placement pipeline{};
   group_ref pipeline_group{};   // the stages in order
@@ -145,7 +146,7 @@ class sequential_model {
       : cfg_(c),
         layers_(Model::layers(c)),
         place_(std::move(where)),
-        ctx_(ledger, seed, place_.tensor, place_.recompute, place_.context) {
+        ctx_(ledger, seed, place_.tensor, place_.recompute, place_.context, place_.experts) {
     ctx_.set_block_count(layers_.blocks().count);
     const auto& pl = place_.pipeline;
     const bool piped = pl.pipelined();

@@ -57,10 +57,12 @@ struct plan_setup {
 };
 
 // Per-rank bytes communicated per step, by process group (ring volumes, as counters.hpp).
-// `dp` is the gradient group's (dp × cp: parameters are replicated over both).
+// `dp` is the gradient group's (dp × cp: parameters are replicated over both; under expert
+// parallelism a rank's experts are reduced over the expert-data group instead, counted here too);
+// `ep` is the expert group's all-to-all.
 struct comm_plan {
-  double dp = 0, cp = 0, tp = 0, pp = 0, embedding = 0;
-  constexpr double total() const { return dp + cp + tp + pp + embedding; }
+  double dp = 0, cp = 0, tp = 0, pp = 0, embedding = 0, ep = 0;
+  constexpr double total() const { return dp + cp + tp + pp + embedding + ep; }
 };
 
 // Non-constexpr on purpose: a constant-evaluated fits() that calls one fails to compile, and the
@@ -70,9 +72,10 @@ inline bool activations_exceed_device_memory() { return false; }
 inline bool total_exceeds_device_memory() { return false; }
 
 struct plan_result {
-  std::int64_t params_total = 0;     // Ψ of the whole model (serial, unpadded vocabulary)
-  std::int64_t params_active = 0;    // of Ψ, those one token uses (a mixture of experts: its k experts)
-  std::int64_t params_per_rank = 0;  // the busiest rank's share, before ZeRO
+  std::int64_t params_total = 0;            // Ψ of the whole model (serial, unpadded vocabulary)
+  std::int64_t params_active = 0;           // of Ψ, those one token uses (a mixture of experts: its k experts)
+  std::int64_t params_per_rank = 0;         // the busiest rank's share, before ZeRO
+  std::int64_t expert_params_per_rank = 0;  // of it, a mixture's experts (its share under expert parallelism)
   std::int64_t params_bytes = 0, grads_bytes = 0, master_bytes = 0, optimizer_bytes = 0, comm_buffer_bytes = 0;
   std::int64_t activation_bytes_per_microbatch = 0;  // one micro-batch on the busiest stage
   std::int64_t activation_bytes = 0;                 // at the schedule's peak in flight
@@ -193,7 +196,7 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   using Precision = typename P::precision;
   using T = typename P::storage;
   const layout_config& L = setup.layout;
-  const int t = L.tp, p = L.pp, dp = L.dp, cp = L.cp, V = L.virtual_chunks;
+  const int t = L.tp, p = L.pp, dp = L.dp, cp = L.cp, V = L.virtual_chunks, ep = L.ep;
   const bool sp = L.sequence_parallel == 1 && t > 1;
   const std::int64_t s = plan_detail::sequence_length(c, b);
   const context_form form = L.context_form == "all_to_all" ? context_form::all_to_all : context_form::ring;
@@ -208,6 +211,8 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   STRATA_CHECK(b.global % (dp * b.micro) == 0, "plan: the global batch ", b.global, " does not split into dp=", dp,
                " x micro-batches of ", b.micro);
   STRATA_CHECK(p == 1 || L.zero_stage <= 1, "plan: pipeline parallelism works with ZeRO 0 or 1, not ", L.zero_stage);
+  STRATA_CHECK(ep >= 1 && (dp * cp) % ep == 0, "plan: expert parallelism ep=", ep,
+               " does not divide dp x cp = ", dp * cp);
   const std::int64_t M = b.global / (dp * b.micro);
   STRATA_CHECK(V == 1 || setup.schedule == pipeline_schedule_kind::interleaved, "plan: ", V,
                " virtual chunks per stage need the interleaved schedule");
@@ -217,7 +222,8 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   const tensor_split split{t, sp};
   const std::int64_t per_stage = layers / p, per_chunk = layers / (p * V);
   // One micro-batch on this rank, and the whole model unsplit over the global batch (FLOPs).
-  const plan_detail::part_costs mine = plan_detail::costs_of<Model>(c, {split, b.micro, s, setup.recompute, cp, form});
+  const plan_detail::part_costs mine =
+      plan_detail::costs_of<Model>(c, {split, b.micro, s, setup.recompute, cp, form, ep});
   const plan_detail::part_costs whole = plan_detail::costs_of<Model>(c, {{}, b.global, s, setup.recompute});
   const plan_detail::part_costs plain = plan_detail::costs_of<Model>(c, {{}, b.global, s, recompute_mode::none});
 
@@ -232,20 +238,29 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   const std::int64_t last = mine.after.params + (p > 1 ? mine.after.tied_params : 0);
   const std::int64_t blocks = per_stage * mine.block.params;
   r.params_per_rank = p == 1 ? first + blocks + last : std::max(first + blocks, blocks + last);
+  r.expert_params_per_rank = per_stage * mine.block.expert_params;
 
-  // Model state, ZeRO over the gradient group dp × cp (pieces rounded up: rank 0 holds the largest).
-  const int replicas_n = dp * cp;
-  const std::int64_t psi = r.params_per_rank, owned = plan_detail::ceil_div(psi, replicas_n);
+  // Model state, ZeRO over the gradient group dp × cp (pieces rounded up: rank 0 holds the
+  // largest); a rank's experts over the expert-data group, dp·cp/ep ranks.
+  const int replicas_n = dp * cp, expert_replicas = replicas_n / ep;
+  // Without expert parallelism experts share buckets with the rest: one group, one rounding.
+  const std::int64_t psi = r.params_per_rank, experts_psi = ep > 1 ? r.expert_params_per_rank : 0;
+  const std::int64_t dense_psi = psi - experts_psi;
+  const std::int64_t owned =
+      plan_detail::ceil_div(dense_psi, replicas_n) + plan_detail::ceil_div(experts_psi, expert_replicas);
   const int z = L.zero_stage;
   const std::int64_t storage = sizeof(T);
   {
     constexpr int master = sizeof(typename Precision::master);
-    const auto state = model_state_plan(
-        psi, {int(storage), Precision::keeps_master_copy ? master : 0, master, setup.optimizer, replicas_n, z});
-    r.params_bytes = state.params_bytes;
-    r.grads_bytes = state.grads_bytes;
-    r.master_bytes = state.master_bytes;
-    r.optimizer_bytes = state.optimizer_bytes;
+    const auto state_of = [&](std::int64_t n, int over) {
+      return model_state_plan(
+          n, {int(storage), Precision::keeps_master_copy ? master : 0, master, setup.optimizer, over, z});
+    };
+    const auto dense = state_of(dense_psi, replicas_n), experts = state_of(experts_psi, expert_replicas);
+    r.params_bytes = dense.params_bytes + experts.params_bytes;
+    r.grads_bytes = dense.grads_bytes + experts.grads_bytes;
+    r.master_bytes = dense.master_bytes + experts.master_bytes;
+    r.optimizer_bytes = dense.optimizer_bytes + experts.optimizer_bytes;
   }
   r.comm_buffer_bytes = z == 1 && replicas_n > 1 ? owned * storage : 0;
 
@@ -298,18 +313,19 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   // Communication per rank per step (bytes).
   {
     const double S = double(storage);
-    const double psi_b = double(psi) * S;
     const int n_micro = int(M);
-    switch (z) {
-      case 0:
-      case 1: r.comm_bytes.dp = ring_all_reduce_bytes(psi_b, replicas_n); break;  // RS + AG = AR
-      case 2:                                                                     // RS per micro-batch, AG once
-        r.comm_bytes.dp = (n_micro + 1) * ring_gather_bytes(psi_b, replicas_n);
-        break;
-      default:  // 2 AG + RS per micro-batch
-        r.comm_bytes.dp = 3.0 * n_micro * ring_gather_bytes(psi_b, replicas_n);
-        break;
-    }
+    const auto gradient_bytes = [&](double bytes, int n) {
+      switch (z) {
+        case 0:
+        case 1: return ring_all_reduce_bytes(bytes, n);               // RS + AG = AR
+        case 2: return (n_micro + 1) * ring_gather_bytes(bytes, n);   // RS per micro-batch, AG once
+        default: return 3.0 * n_micro * ring_gather_bytes(bytes, n);  // 2 AG + RS per micro-batch
+      }
+    };
+    r.comm_bytes.dp =
+        gradient_bytes(double(dense_psi) * S, replicas_n) + gradient_bytes(double(experts_psi) * S, expert_replicas);
+    // Expert parallel: the busiest stage's MoE blocks' all-to-alls, per micro-batch.
+    r.comm_bytes.ep = ep > 1 ? double(per_stage) * mine.block.expert_bytes() * n_micro : 0.0;
     // Tensor parallel: what the layers of the busiest stage send, per micro-batch.
     const double block_tp = double(per_stage) * mine.block.tensor_bytes();
     const double first_tp = block_tp + mine.before.tensor_bytes(), last_tp = block_tp + mine.after.tensor_bytes();
@@ -341,6 +357,7 @@ constexpr plan_setup static_plan_setup(recompute_mode r, optimizer_kind o) {
   plan_setup setup;
   setup.layout.dp = L::dp;
   setup.layout.cp = L::cp;
+  setup.layout.ep = L::ep;
   setup.layout.context_form = context_form_name<typename L::context_form>;
   setup.layout.tp = L::tp;
   setup.layout.pp = L::pp;

@@ -1,4 +1,4 @@
-// strata/policy/axes.hpp - the parallel axes as tags: data, context, tensor and pipeline.
+// strata/policy/axes.hpp - the parallel axes as tags: data, context, tensor, pipeline and expert.
 //
 // Each axis is an empty template whose arguments are its settings; a layout is a list of them
 // (see parallel.hpp). A degree is a number fixed at compile time or strata::dynamic, read at
@@ -102,6 +102,11 @@ constexpr bool check_context_form() {
   return true;
 }
 template <int Degree>
+constexpr bool check_expert_degree() {
+  static_assert(is_valid_extent(Degree), "strata::expert: a degree must be >= 1 or strata::dynamic");
+  return true;
+}
+template <int Degree>
 constexpr bool check_pipeline_degree() {
   static_assert(is_valid_extent(Degree), "strata::pipeline: a degree must be >= 1 or strata::dynamic");
   return true;
@@ -192,6 +197,18 @@ struct pipeline {
   static constexpr int virtual_chunks = Virtual;
 };
 
+// ---- expert: shard a mixture of experts' experts over Degree ranks (expert parallelism) ----
+// Not a dimension of its own: the expert group is Degree consecutive ranks of the gradient group
+// (dp x cp), as Megatron-Core forms it, so Degree must divide dp·cp. Each rank of the group holds
+// E/Degree experts, and tokens travel to their experts' ranks by all-to-all (layers/moe.hpp).
+// An expert's gradient is reduced over the ranks holding the same experts: the expert-data group,
+// dp·cp/Degree ranks. A dynamic degree the launch does not give is 1.
+template <int Degree = 1>
+struct expert {
+  static_assert(detail::check_expert_degree<Degree>());
+  static constexpr int degree = Degree;
+};
+
 // ---- Recognizers, used by the parser in parallel.hpp ----
 template <class T>
 struct is_data_axis : std::false_type {};
@@ -213,6 +230,13 @@ template <int D, class... O>
 struct is_tensor_axis<tensor<D, O...>> : std::true_type {};
 template <class T>
 inline constexpr bool is_tensor_axis_v = is_tensor_axis<T>::value;
+
+template <class T>
+struct is_expert_axis : std::false_type {};
+template <int D>
+struct is_expert_axis<expert<D>> : std::true_type {};
+template <class T>
+inline constexpr bool is_expert_axis_v = is_expert_axis<T>::value;
 
 template <class T>
 struct is_pipeline_axis : std::false_type {};

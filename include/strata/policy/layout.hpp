@@ -15,6 +15,8 @@
 //     context form or schedule takes the value given; not given is an error (but for the context
 //     form at cp = 1, where there is nothing to choose: ring);
 //   - a dynamic dp takes the value given, or else what is left of the world: world / (cp·tp·pp);
+//   - a dynamic ep takes the value given, or else 1; it must divide dp·cp (the expert group is
+//     formed inside the gradient group, policy/axes.hpp);
 //   - a static value may be given again at launch, but only the same number;
 //   - the degrees (policy/mesh_axes.hpp) must multiply to the world size;
 //   - interleaved 1F1B needs microbatches divisible by pp (checked here when either was dynamic).
@@ -33,6 +35,7 @@ namespace strata {
 // the schedule "dynamic").
 struct layout_config {
   int dp = 1, cp = 1, tp = 1, pp = 1;  // one degree per axis of policy/mesh_axes.hpp
+  int ep = 1;                          // experts sharded over ep ranks of dp x cp (no axis of its own)
   int zero_stage = 0;
   int sequence_parallel = 0;          // 1 on, 0 off (strata::dynamic while open)
   std::string context_form = "ring";  // context_form_name of the tag: ring or all_to_all
@@ -58,12 +61,16 @@ struct layout_config {
     return n;
   }
   int ranks() const { return dp * cp * tp * pp; }
+  // Ranks of the expert-data group: those holding the same experts (dp·cp / ep).
+  int expert_data_ranks() const { return dp * cp / ep; }
   // "dp=2 x tp=2 x pp=1" for messages: every axis in the order people write them (data first),
-  // the context axis only when it splits.
+  // the context axis only when it splits, the expert degree (not a factor) after the product.
   std::string degrees_text() const {
     std::string s = "dp=" + std::to_string(dp);
     if (cp != 1) s += " x cp=" + std::to_string(cp);
-    return s + " x tp=" + std::to_string(tp) + " x pp=" + std::to_string(pp);
+    s += " x tp=" + std::to_string(tp) + " x pp=" + std::to_string(pp);
+    if (ep != 1) s += " (ep=" + std::to_string(ep) + ")";
+    return s;
   }
   bool operator==(const layout_config&) const = default;
 };
@@ -75,6 +82,7 @@ struct layout_overrides {
   int cp = dynamic;
   int tp = dynamic;
   int pp = dynamic;
+  int ep = dynamic;
   int microbatches = dynamic;
   int zero_stage = dynamic;
   int sequence_parallel = dynamic;  // 0 or 1
@@ -91,6 +99,7 @@ template <parallel_layout Layout>
   c.cp = Layout::cp;
   c.tp = Layout::tp;
   c.pp = Layout::pp;
+  c.ep = Layout::ep;
   c.zero_stage = Layout::zero_stage;
   c.sequence_parallel = Layout::sequence_parallel;
   c.context_form = context_form_name<typename Layout::context_form>;
@@ -142,6 +151,8 @@ inline std::string canonical_context_form(const std::string& s) {
   c.tp = detail::resolve_one("tp", declared.tp, given.tp);
   c.pp = detail::resolve_one("pp", declared.pp, given.pp);
   c.dp = detail::resolve_one("dp", declared.dp, given.dp);
+  c.ep = detail::resolve_one("ep", declared.ep, given.ep);
+  if (is_dynamic(c.ep)) c.ep = 1;
   c.microbatches = detail::resolve_one("microbatches", declared.microbatches, given.microbatches);
   c.virtual_chunks = detail::resolve_one("virtual", declared.virtual_chunks, given.virtual_chunks);
   c.zero_stage = detail::resolve_one("zero", declared.zero_stage, given.zero_stage, 0);
@@ -195,6 +206,8 @@ inline std::string canonical_context_form(const std::string& s) {
   }
   STRATA_CHECK(c.ranks() == world_size, "layout ", c.degrees_text(), " = ", c.ranks(),
                " ranks does not match the world size ", world_size);
+  STRATA_CHECK((c.dp * c.cp) % c.ep == 0, "layout ep=", c.ep, " does not divide dp x cp = ", c.dp * c.cp,
+               " (the expert group is formed inside the data- and context-parallel ranks)");
 
   if (c.schedule == schedule_name<interleaved_1f1b>) {
     STRATA_CHECK(c.microbatches % c.pp == 0, "interleaved 1F1B needs microbatches (", c.microbatches,

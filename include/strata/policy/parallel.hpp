@@ -1,11 +1,12 @@
 // strata/policy/parallel.hpp - a parallel layout as one type: strata::parallel<Axes...>.
 //
-// The axes (data, context, tensor, pipeline; see axes.hpp) may come in any order, each at most
-// once; a missing one takes its default: data<dynamic, zero<0>> (DP over whatever ranks are
-// left), context<1>, tensor<1>, pipeline<1>. The parser reads them Kokkos-style and exposes flat traits, so code
-// below never cares how the user spelled the layout:
+// The axes (data, context, tensor, pipeline, expert; see axes.hpp) may come in any order, each at
+// most once; a missing one takes its default: data<dynamic, zero<0>> (DP over whatever ranks are
+// left), context<1>, tensor<1>, pipeline<1>, expert<1>. The parser reads them Kokkos-style and
+// exposes flat traits, so code below never cares how the user spelled the layout:
 //   using L = st::parallel<st::tensor<2, st::sequence_parallel>, st::data<st::dynamic, st::zero<1>>>;
-//   L::dp == st::dynamic, L::cp == 1, L::tp == 2, L::pp == 1, L::zero_stage == 1, L::sequence_parallel
+//   L::dp == st::dynamic, L::cp == 1, L::tp == 2, L::pp == 1, L::ep == 1, L::zero_stage == 1,
+//   L::sequence_parallel == 1
 // A repeated axis or a tag that is not an axis fails to compile, naming what went wrong.
 // Dynamic degrees get their values at start-up through resolve_layout (layout.hpp).
 #pragma once
@@ -31,9 +32,10 @@ struct first_or<Pred, Default, T, Ts...> {
 
 template <class Tag>
 constexpr bool check_parallel_tag() {
-  static_assert(is_data_axis_v<Tag> || is_context_axis_v<Tag> || is_tensor_axis_v<Tag> || is_pipeline_axis_v<Tag>,
+  static_assert(is_data_axis_v<Tag> || is_context_axis_v<Tag> || is_tensor_axis_v<Tag> || is_pipeline_axis_v<Tag> ||
+                    is_expert_axis_v<Tag>,
                 "strata::parallel: unknown tag; expected strata::data<...>, strata::context<...>, "
-                "strata::tensor<...> or strata::pipeline<...>");
+                "strata::tensor<...>, strata::pipeline<...> or strata::expert<...>");
   return true;
 }
 
@@ -46,20 +48,23 @@ struct parallel {
   static_assert((0 + ... + int(is_context_axis_v<Axes>)) <= 1, "strata::parallel: the context axis is given twice");
   static_assert((0 + ... + int(is_tensor_axis_v<Axes>)) <= 1, "strata::parallel: the tensor axis is given twice");
   static_assert((0 + ... + int(is_pipeline_axis_v<Axes>)) <= 1, "strata::parallel: the pipeline axis is given twice");
+  static_assert((0 + ... + int(is_expert_axis_v<Axes>)) <= 1, "strata::parallel: the expert axis is given twice");
 
   using data_axis = typename detail::first_or<is_data_axis, data<dynamic, zero<0>>, Axes...>::type;
   using context_axis = typename detail::first_or<is_context_axis, context<1>, Axes...>::type;
   using tensor_axis = typename detail::first_or<is_tensor_axis, tensor<1>, Axes...>::type;
   using pipeline_axis = typename detail::first_or<is_pipeline_axis, pipeline<1>, Axes...>::type;
+  using expert_axis = typename detail::first_or<is_expert_axis, expert<1>, Axes...>::type;
 
   // The same layout with the axes in one fixed order: equal layouts have equal canonical types.
-  using canonical = parallel<data_axis, context_axis, tensor_axis, pipeline_axis>;
+  using canonical = parallel<data_axis, context_axis, tensor_axis, pipeline_axis, expert_axis>;
 
   // Degrees; each may be strata::dynamic.
   static constexpr int dp = data_axis::degree;
   static constexpr int cp = context_axis::degree;
   static constexpr int tp = tensor_axis::degree;
   static constexpr int pp = pipeline_axis::degree;
+  static constexpr int ep = expert_axis::degree;  // inside dp x cp: not a factor of the world size
 
   // Each may be left to the launch: strata::dynamic, or dynamic_schedule.
   static constexpr int zero_stage = data_axis::zero_stage;
@@ -70,7 +75,8 @@ struct parallel {
   static constexpr int virtual_chunks = pipeline_axis::virtual_chunks;
 
   // True when every degree is known at compile time, so the world size is too.
-  static constexpr bool is_static = !is_dynamic(dp) && !is_dynamic(cp) && !is_dynamic(tp) && !is_dynamic(pp);
+  static constexpr bool is_static =
+      !is_dynamic(dp) && !is_dynamic(cp) && !is_dynamic(tp) && !is_dynamic(pp) && !is_dynamic(ep);
   // True when, besides the degrees, the ZeRO stage, sequence parallelism, the context form, the
   // schedule and the virtual chunks are fixed: all a plan needs but the batch.
   static constexpr bool is_fully_static = is_static && !is_dynamic(zero_stage) && !is_dynamic(sequence_parallel) &&
@@ -90,7 +96,7 @@ template <class T>
 concept parallel_layout = is_parallel_v<T>;
 
 // One rank does everything: the reference every other layout is tested against.
-using serial = parallel<data<1>, context<1>, tensor<1>, pipeline<1>>;
+using serial = parallel<data<1>, context<1>, tensor<1>, pipeline<1>, expert<1>>;
 static_assert(parallel_layout<serial> && serial::is_static);
 
 }  // namespace strata

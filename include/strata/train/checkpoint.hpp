@@ -15,15 +15,23 @@
 // moments, each piece described in the file's metadata by its parameter name, its place in the
 // rank's tensor-parallel shard, and that shard's split of the full tensor. Copies are saved
 // once: replicated parameters by tensor rank 0, everything by data-parallel rank 0 when ZeRO
-// does not split the optimizer, nothing a pipeline stage holds as a replica of another's.
+// does not split the optimizer (a rank's share of the experts by expert-data rank 0), nothing a
+// pipeline stage holds as a replica of another's.
 //
 // Loading rebuilds each of this rank's parameters whole from every piece that holds part of it
 // (whatever layout wrote them) and keeps its own part: model state exactly (values travel in
 // their own dtype), optimizer state re-sharded to the segments this rank now owns. Each rank
 // reads every rank file, so loading costs the whole checkpoint's bytes per rank; all ranks must
 // see DIR (a shared filesystem).
+//
+// One run at a time writes DIR: rank 0 holds an exclusive lock on DIR/run.lock for the
+// checkpointer's life (train/directory_lock.hpp), and a second process is refused at start-up,
+// on every rank, naming the holder's host and process id.
 #pragma once
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -31,10 +39,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -45,8 +55,10 @@
 #include "strata/layers/parameters.hpp"
 #include "strata/optim/adamw.hpp"
 #include "strata/optim/loss_scaler.hpp"
+#include "strata/train/directory_lock.hpp"
 #include "strata/train/durable_file.hpp"
 #include "strata/train/fault.hpp"
+#include "strata/train/run_settings.hpp"
 #include "strata/train/safetensors.hpp"
 #include "strata/train/untrusted_json.hpp"
 
@@ -55,6 +67,7 @@ namespace strata {
 // Where a rank sits, to decide which of several identical copies it saves.
 struct checkpoint_place {
   int dp_rank = 0, tp_rank = 0, zero_stage = 0;
+  int expert_data_rank = 0;  // among the ranks holding the same experts (expert parallelism)
 };
 
 // What a checkpoint restores besides tensors. strata's random streams are counter-based
@@ -77,6 +90,11 @@ struct train_state_ref {
 struct checkpoint_options {
   std::string dir;
   int keep = 0;  // newest complete checkpoints kept; 0 keeps every one
+  // The run's training settings (run_settings.hpp; settings_of() gives st::training's), recorded
+  // in every manifest. resume() prints each that differs from the loaded checkpoint's, and
+  // refuses a change that makes the steps differ from the saved run's unless allowed here.
+  training_settings settings{};
+  bool allow_setting_changes = false;
 };
 
 struct loaded_checkpoint {
@@ -215,6 +233,20 @@ inline void check_manifest_values(const nlohmann::json& m, const std::string& pa
     const json& run = field({"run"}, name);
     STRATA_CHECK(run.is_string() && !run.get<std::string>().empty() && run.get<std::string>().size() <= 64,
                  "checkpoint manifest '", path, "': run is ", shown(run), "; expected a run id");
+  }
+  // The training settings: names to numbers, strings or booleans, shown in messages as they are.
+  if (m.contains("settings")) {
+    std::string name;
+    const json& settings = field({"settings"}, name);
+    STRATA_CHECK(settings.is_object() && settings.size() <= 1024, "checkpoint manifest '", path, "': settings is ",
+                 shown(settings), "; expected an object of named settings");
+    for (auto it = settings.begin(); it != settings.end(); ++it) {
+      const json& v = it.value();
+      const bool ok = (v.is_number() && std::isfinite(v.get<double>())) || v.is_boolean() ||
+                      (v.is_string() && v.get<std::string>().size() <= 1024);
+      STRATA_CHECK(ok && !it.key().empty() && it.key().size() <= 64, "checkpoint manifest '", path, "': settings.",
+                   it.key().substr(0, 64), " is ", shown(v), "; expected a finite number, a string or a boolean");
+    }
   }
   // One entry per world rank, in order, each naming that rank's file: a name is never a path
   // elsewhere ("../x"), and the loader can trust sizes and CRCs to be what they claim.
@@ -366,13 +398,25 @@ class checkpointer {
     if (world_.rank() == 0) run_id_ = new_run_id();
     STRATA_CHECK(!opt_.dir.empty(), "checkpoint: no directory given");
     STRATA_CHECK(opt_.keep >= 0, "checkpoint: keep (", opt_.keep, ") must be >= 0");
-    // At start-up, not hours later at the first save: the directory must be writable.
-    on_rank0_or_fail("cannot write checkpoints under '" + opt_.dir + "'", [&] {
-      std::filesystem::create_directories(opt_.dir);
-      const std::string probe = (std::filesystem::path(opt_.dir) / ".strata-write-test").string();
-      write_file_durably(probe, std::string("ok\n"));
-      std::filesystem::remove(probe);
+    // Before anything in the directory is read, written or deleted: one run at a time. Two runs
+    // share a run id when both resume one run, so only the lock tells them apart; each would
+    // delete the other's unfinished saves. The write test waits until resume() has cleared
+    // what a crash left (a full disk may be full of it): start_new_run(), resume(), save().
+    const std::string refusal = rank0_verdict([&]() -> std::string {
+      try {
+        std::filesystem::create_directories(opt_.dir);
+        std::string holder;
+        lock_ = directory_lock::take(opt_.dir, holder);
+        if (lock_) return {};
+        return "checkpoint directory '" + opt_.dir + "' is in use by another run: " + holder + " holds its lock '" +
+               (std::filesystem::path(opt_.dir) / directory_lock::file_name).string() +
+               "' (two runs saving there would delete each other's checkpoints); let that run end, or save under "
+               "another directory";
+      } catch (const std::exception& e) {
+        return "checkpoint: cannot write checkpoints under '" + opt_.dir + "': " + e.what();
+      }
     });
+    if (!refusal.empty()) fail(refusal);
   }
 
   const std::string& dir() const { return opt_.dir; }
@@ -393,6 +437,7 @@ class checkpointer {
       return {};
     });
     if (!refusal.empty()) fail(refusal);
+    check_writable();
   }
 
   // Writes the checkpoint of step `at.step`; returns its directory once it is complete.
@@ -403,6 +448,7 @@ class checkpointer {
     // The first save claims the directory for this run, before anything in it is touched; one
     // that another run owns is refused (a run that neither resumed nor called start_new_run()).
     if (!claimed_) {
+      check_writable();  // a program that neither resumed nor called start_new_run()
       const std::string refusal = rank0_verdict([&] { return claim<P>(); });
       if (!refusal.empty()) fail(refusal);
       claimed_ = true;
@@ -426,8 +472,11 @@ class checkpointer {
       fault_injection::die("while writing its checkpoint shard");
     }
     double mine[3] = {1.0, double(bytes.size()), double(crc32_of(bytes))};
+    const bool disk_full = fault_.disk_full_during_save == at.step && fault_.targets(rank, ranks);
+    if (fault_.slow_save_ms >= 0 && fault_.targets(rank, ranks))
+      std::this_thread::sleep_for(std::chrono::milliseconds(fault_.slow_save_ms));
     try {
-      write_file_durably(path, bytes);
+      write_file_durably(path, bytes, disk_full ? bytes.size() / 2 : SIZE_MAX);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "checkpoint: rank %d: %s\n", rank, e.what());
       mine[0] = 0;
@@ -452,6 +501,7 @@ class checkpointer {
       m["loss_scaler"] = {
           {"scale", at.scaler.scale}, {"clean_steps", at.scaler.clean_steps}, {"skipped", at.scaler.skipped}};
       m["data"] = {{"seed", at.seed}, {"position", at.data_position}};
+      m["settings"] = opt_.settings.values;
       m["files"] = nlohmann::json::array();
       for (int r = 0; r < ranks; ++r)
         m["files"].push_back(
@@ -478,8 +528,11 @@ class checkpointer {
   //     another model's, precision's or seed's run (refused, naming the field);
   //   - complete checkpoints but none verifies (damage, not a crash): an error listing why each
   //     was refused, since starting over would silently throw the run away;
-  //   - the one loaded must be of this model and precision (load()) and seed.
-  // Every rank fails with the same words.
+  //   - the one loaded must be of this model and precision (load()) and seed;
+  //   - each training setting that differs from the one it was saved with is printed, and a
+  //     change that makes the steps differ is refused unless options.allow_setting_changes.
+  // All of these are decided before anything is written or deleted, and every rank fails with
+  // the same words.
   template <class P>
   std::optional<loaded_checkpoint> resume(train_state_ref<P> s) {
     double chosen = -1;
@@ -491,7 +544,7 @@ class checkpointer {
       incomplete = scan.incomplete;
       if (scan.newest) {
         chosen = *scan.newest;
-        return {};
+        return continuation<P>(checkpoint_files::step_dir(opt_.dir, *scan.newest));
       }
       if (!scan.damaged.empty())
         return detail::concat("resume: none of the ", scan.damaged.size(), " checkpoints in '", opt_.dir,
@@ -525,6 +578,7 @@ class checkpointer {
       return {};
     });
     if (!cleanup.empty()) fail("resume: cannot remove the incomplete checkpoints in '", opt_.dir, "': ", cleanup);
+    check_writable();  // after the clean-up, which may be what frees the space
     return out;
   }
 
@@ -555,6 +609,71 @@ class checkpointer {
     STRATA_CHECK(ok == 1, "checkpoint: ", what);
   }
 
+  // At start-up, not hours later at the first save: the directory must be writable. The probe's
+  // name is this process's own, so that two processes never remove each other's.
+  void check_writable() {
+    if (writable_checked_) return;
+    on_rank0_or_fail("cannot write checkpoints under '" + opt_.dir + "'", [&] {
+      std::string name = ".strata-write-test.";
+      name += directory_lock::host_name();
+      name += '.';
+      name += std::to_string(::getpid());
+      const std::string probe = (std::filesystem::path(opt_.dir) / name).string();
+      try {
+        write_file_durably(probe, std::string("ok\n"));
+      } catch (...) {
+        std::error_code ignored;
+        std::filesystem::remove(probe, ignored);
+        throw;
+      }
+      std::filesystem::remove(probe);
+    });
+    writable_checked_ = true;
+  }
+
+  // Rank 0, about to resume from `step_dir`: "" to go on, or why not. Another run's checkpoint
+  // (model, precision, seed) is refused first, in load()'s words; then each training setting
+  // that differs from the checkpoint's is printed, and those that change the steps refused
+  // unless allowed.
+  template <class P>
+  std::string continuation(const std::string& step_dir) const {
+    const json m = checkpoint_files::read_manifest(step_dir);
+    check_same_model_and_precision<P>(m, step_dir);
+    const auto seed = m.at("data").at("seed").get<std::uint64_t>();
+    if (seed_ && seed != *seed_)
+      return "the checkpoint in '" + step_dir + "' was trained with seed " + std::to_string(seed) +
+             "; this run has seed " + std::to_string(*seed_) + " (the data order would change)";
+    if (!m.contains("settings")) {
+      if (!opt_.settings.values.empty())
+        std::fprintf(stderr, "resume: '%s' records no training settings (an older strata saved it): not compared\n",
+                     step_dir.c_str());
+      return {};
+    }
+    const auto changes = compare_settings(m.at("settings"), opt_.settings);
+    if (changes.empty()) return {};
+    std::fprintf(stderr, "resume: training settings that differ from those '%s' was saved with:\n", step_dir.c_str());
+    std::string refused;
+    for (const auto& c : changes) {
+      std::fprintf(stderr, "resume:   %s%s\n", c.text().c_str(), c.changes_steps ? "" : " (changes no step's numbers)");
+      if (!c.changes_steps) continue;
+      if (!refused.empty()) refused += ", ";
+      refused += c.text();
+    }
+    if (refused.empty()) return {};
+    const long long shared = shared_steps(m.at("settings"), opt_.settings, m.at("step").get<int>());
+    if (shared == 0) {
+      std::fprintf(stderr, "resume: no step the saved run had still to take is taken here: the new settings apply\n");
+      return {};
+    }
+    if (opt_.allow_setting_changes) {
+      std::fprintf(stderr, "resume: continuing under the changed settings, as allowed\n");
+      return {};
+    }
+    return "resume: the training settings differ from those '" + step_dir + "' was saved with (" + refused +
+           "), so the run would not continue as it was trained: resume with its settings, or allow the change "
+           "(gpt2_train --resume-with-changes)";
+  }
+
   template <class P>
   static json precision_json() {
     using T = typename P::storage;
@@ -568,7 +687,7 @@ class checkpointer {
   static bool saves(const param_info& e, const checkpoint_place& at) {
     if (e.replica) return false;
     if (!e.shard.sharded() && at.tp_rank != 0) return false;
-    return at.zero_stage > 0 || at.dp_rank == 0;
+    return at.zero_stage > 0 || (e.expert ? at.expert_data_rank : at.dp_rank) == 0;
   }
   static bool whole(const tensor_shard& s) { return !s.sharded() && s.real_rows < 0; }
   // Elements of the serial (unsplit, unpadded) tensor.
@@ -1049,6 +1168,8 @@ class checkpointer {
   std::string run_id_;
   std::optional<json> dir_run_;
   bool claimed_ = false;  // run.json checked (and written if absent) by this checkpointer
+  bool writable_checked_ = false;
+  std::shared_ptr<directory_lock> lock_;  // rank 0's, held while any copy of this checkpointer lives
   fault_injection fault_;
 };
 

@@ -3,7 +3,8 @@
 // A crash (power loss, SIGKILL, a node taken away) can stop a write anywhere. So a file is
 // written under "<path>.tmp", flushed and fsynced, renamed over <path> (atomic on POSIX), and
 // the directory fsynced so the rename itself survives. A reader never sees half a file under
-// the real name; what it may see is a stale .tmp, which nothing reads.
+// the real name; what it may see is a stale .tmp left by a crash mid-write (a write that fails
+// removes its own), which nothing reads.
 #pragma once
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -72,25 +73,41 @@ inline void write_partial_file(const std::string& path, std::span<const unsigned
 }
 
 // The whole of `bytes` under `path`, or (after a crash) the old file or none: tmp, fsync, rename,
-// fsync the directory.
-inline void write_file_durably(const std::string& path, std::span<const unsigned char> bytes) {
+// fsync the directory. A write that fails removes its tmp file: on a full disk that file holds
+// the very space a restart would need. `room` is for fault injection (train/fault.hpp): past that
+// many bytes the write fails with ENOSPC, as on a full disk.
+inline void write_file_durably(const std::string& path, std::span<const unsigned char> bytes,
+                               std::size_t room = SIZE_MAX) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   STRATA_CHECK(fd >= 0, "cannot create '", tmp, "': ", std::strerror(errno));
-  const bool written = detail::write_all(fd, bytes.data(), bytes.size());
-  const int write_err = errno;
+  bool written = detail::write_all(fd, bytes.data(), std::min(room, bytes.size()));
+  int write_err = errno;
+  if (written && room < bytes.size()) {
+    written = false;
+    write_err = ENOSPC;
+  }
   const bool synced = written && ::fsync(fd) == 0;
   const int sync_err = errno;
-  ::close(fd);
-  STRATA_CHECK(written, "writing '", tmp, "' failed: ", std::strerror(write_err));
-  STRATA_CHECK(synced, "syncing '", tmp, "' failed: ", std::strerror(sync_err));
-  STRATA_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '", path,
-               "': ", std::strerror(errno));
+  const bool closed = ::close(fd) == 0;  // some network filesystems report a failed write only here
+  const int close_err = errno;
+  const auto give_up = [&](const char* what, int err) {
+    ::unlink(tmp.c_str());
+    fail(what, " '", tmp, "' failed: ", std::strerror(err));
+  };
+  if (!written) give_up("writing", write_err);
+  if (!synced) give_up("syncing", sync_err);
+  if (!closed) give_up("closing", close_err);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    fail("cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
+  }
   detail::fsync_directory(std::filesystem::path(path).parent_path());
 }
-inline void write_file_durably(const std::string& path, const std::string& text) {
-  write_file_durably(path,
-                     std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(text.data()), text.size()));
+inline void write_file_durably(const std::string& path, const std::string& text, std::size_t room = SIZE_MAX) {
+  write_file_durably(
+      path, std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(text.data()), text.size()), room);
 }
 
 // A file opened for reading that is a regular file, and its size when opened. Anything else is

@@ -1,10 +1,15 @@
-// strata/train/fault.hpp - crashes on purpose, to test that a run survives real ones.
+// strata/train/fault.hpp - crashes and full disks on purpose, to test that a run survives real ones.
 //
-// STRATA_FAULT names one fault; the process meets it and dies by SIGKILL, as a machine taken
+// STRATA_FAULT names one fault. The process meets it and dies by SIGKILL, as a machine taken
 // away would leave it (no destructor, no flush, no MPI_Finalize):
 //   kill-at-step:N       before training step N (1-based) begins
 //   kill-during-save:N   while writing its shard of the step-N checkpoint, half of it on disk
-// optionally followed by "@R": only world rank R dies (default: the last rank). Anything else in
+// or meets a full or slow disk and lives on:
+//   disk-full-during-save:N   its write of its step-N shard fails half-way with ENOSPC, through
+//                             the same path as a real full disk (write_file_durably)
+//   slow-save:MS              each write of its shard takes MS milliseconds longer (widens the
+//                             window in which a second writer could interfere)
+// optionally followed by "@R": only world rank R meets it (default: the last rank). Anything else in
 // the variable is an error that quotes it, so a typo never turns a crash test into a clean run.
 #pragma once
 #include <csignal>
@@ -19,9 +24,13 @@ namespace strata {
 struct fault_injection {
   int kill_at_step = -1;
   int kill_during_save = -1;
+  int disk_full_during_save = -1;
+  int slow_save_ms = -1;
   int rank = -1;  // -1: the last rank
 
-  bool armed() const { return kill_at_step >= 0 || kill_during_save >= 0; }
+  bool armed() const {
+    return kill_at_step >= 0 || kill_during_save >= 0 || disk_full_during_save >= 0 || slow_save_ms >= 0;
+  }
   bool targets(int my_rank, int world_size) const { return my_rank == (rank >= 0 ? rank : world_size - 1); }
 
   static fault_injection parse(const std::string& text) {
@@ -37,11 +46,14 @@ struct fault_injection {
       char* end = nullptr;
       const long v = s.empty() ? -1 : std::strtol(s.c_str(), &end, 10);
       STRATA_CHECK(!s.empty() && *end == '\0' && v >= 0, "STRATA_FAULT='", text,
-                   "': expected kill-at-step:N or kill-during-save:N, optionally @RANK");
+                   "': expected kill-at-step:N, kill-during-save:N, disk-full-during-save:N or slow-save:MS, "
+                   "optionally @RANK");
       return static_cast<int>(v);
     };
     if (kind == "kill-at-step") f.kill_at_step = number(step);
     else if (kind == "kill-during-save") f.kill_during_save = number(step);
+    else if (kind == "disk-full-during-save") f.disk_full_during_save = number(step);
+    else if (kind == "slow-save") f.slow_save_ms = number(step);
     else number("");  // the message above
     if (at != std::string::npos) f.rank = number(text.substr(at + 1));
     return f;

@@ -17,7 +17,8 @@
 //      layout against the model's tensor extents (and, for a static layout and a static shape,
 //      at compile time: layers/tensor_checks.hpp);
 //   4. the gradient synchronizer: data parallelism with the layout's ZeRO stage over the gradient
-//      group (dp × cp: the parameters are replicated over both), knowing the tp and pp groups for
+//      group (dp × cp: the parameters are replicated over both) - a rank's share of the experts
+//      over the expert-data group under expert parallelism - knowing the tp and pp groups for
 //      the global gradient norm;
 //   5. the optimizer, built from the synchronizer (it updates exactly this rank's segments);
 //   6. the trainer.
@@ -93,14 +94,16 @@ class training {
         mesh_(world_comm, resolve_layout<typename policy::layout>(world_comm.size(), options_.layout)),
         groups_(mesh_),
         model_(ledger_, checked(c, mesh_.layout()), options_.seed, placement()),
-        sync_(with_initial_weights(model_), groups_.dp(),
+        sync_(with_initial_weights(model_), groups_.dp(), groups_.expert_dp(),
               {.zero_stage = mesh_.layout().zero_stage,
                .bucket_elems = options_.bucket_elems,
                .tensor_group = groups_.tp(),
                .pipeline_group = groups_.pp(),
                .context_degree = mesh_.layout().cp}),
         optimizer_(sync_, options_.optimizer),
-        trainer_(model_, optimizer_, options_.trainer, sync_) {}
+        trainer_(model_, optimizer_, options_.trainer, sync_) {
+    check_experts_to_shard(world_comm);
+  }
   training(const training&) = delete;
   training& operator=(const training&) = delete;
 
@@ -134,7 +137,8 @@ class training {
   std::vector<double> serial_weights() {
     const auto local = sync_.full_weights();
     group_ref tp(mesh_.tp()), pp(mesh_.pp());
-    return gather_model_weights(model_.parameters(), std::span<const T>(local), serial_parameters(), tp, pp);
+    return gather_model_weights(model_.parameters(), std::span<const T>(local), serial_parameters(), tp, pp,
+                                groups_.ep());
   }
   std::vector<std::pair<std::string, std::int64_t>> serial_parameters() const {
     return model_type::serial_parameters(model_.shape());
@@ -149,10 +153,12 @@ class training {
     return checkpointer(std::move(o), group_ref(mesh_.world()), layout_json(), model_json(), options_.seed.value);
   }
   train_state_ref<policy> state() {
-    return {
-        model_.parameters(),
-        optimizer_,
-        {.dp_rank = mesh_.position().gradient_rank, .tp_rank = mesh_.tp().rank(), .zero_stage = sync_.zero_stage()}};
+    return {model_.parameters(),
+            optimizer_,
+            {.dp_rank = mesh_.position().gradient_rank,
+             .tp_rank = mesh_.tp().rank(),
+             .zero_stage = sync_.zero_stage(),
+             .expert_data_rank = mesh_.position().expert_data_rank}};
   }
   // Saves the state after steps() steps; returns the checkpoint's directory.
   std::string save(checkpointer& c, std::uint64_t data_position = 0) {
@@ -185,6 +191,7 @@ class training {
             {"context_form", l.context_form},
             {"tp", l.tp},
             {"pp", l.pp},
+            {"ep", l.ep},
             {"zero", l.zero_stage},
             {"sp", l.sequence_parallel == 1},
             {"schedule", l.schedule},
@@ -230,12 +237,24 @@ class training {
     }
     return p;
   }
+  // Expert parallelism needs experts: a model without a mixture-of-experts layer would run every
+  // rank alike under ep and waste the layout. Agreed over the world, so every rank says it.
+  void check_experts_to_shard(mpi_communicator& world_comm) {
+    const int ep = mesh_.layout().ep;
+    if (ep == 1) return;
+    double experts = 0;
+    for (const auto& e : model_.parameters().entries()) experts += e.expert ? 1 : 0;
+    world_comm.all_reduce(std::span<double>(&experts, 1), reduce_op::sum);
+    STRATA_CHECK(experts > 0, "layout ep=", ep,
+                 ": the model has no mixture-of-experts layer whose experts expert parallelism could share out");
+  }
   model_placement placement() {
     const auto& l = mesh_.layout();
     model_placement p;
     p.tensor = tensor_parallel(groups_.tp(), l.sequence_parallel == 1);
     p.context =
         context_parallel(groups_.cp(), l.context_form == "all_to_all" ? context_form::all_to_all : context_form::ring);
+    p.experts = groups_.ep();
     p.recompute = options_.recompute;
     p.pipeline.shape = {parse_pipeline_schedule(l.schedule), l.pp, l.microbatches, l.virtual_chunks};
     p.pipeline.stage = mesh_.position().pp_rank;
