@@ -4,7 +4,7 @@
 # each change, with nothing in the directory touched; with --resume-with-changes it continues
 # under the new rate and says what changed, and its checkpoints record the new settings, which a
 # plain --resume then keeps without a word. A run that reached its planned end may be trained on
-# with more --steps (printed, not refused).
+# with more --steps (printed, not refused), but not under another lr.
 TRAIN=$1 WORK=$2
 set -u
 mkdir -p "$WORK" && cd "$WORK" && rm -rf ./*
@@ -39,8 +39,12 @@ grep -q '"lr": 0.002,' ck/step-00000006/manifest.json || fail "the new checkpoin
 # The new settings are now the run's: a plain resume keeps them and says nothing.
 "$TRAIN" "${args[@]}" --steps 6 --lr 2e-3 --resume > same.log 2>&1 || fail "a plain resume under the recorded settings failed"
 grep -q "settings" same.log && fail "a resume under the recorded settings reported a change: $(grep settings same.log)"
-# The run has reached the 6 steps it planned: training it on to 8 changes no step it had still
-# to take, so the longer schedule is printed and applies.
+# The run has reached the 6 steps it planned: training it on to 8 under another lr is refused
+# (the steps to come would not be those of its settings), and so it leaves the directory as it was.
+"$TRAIN" "${args[@]}" --lr 1e-3 --steps 8 --resume > longer_lr.log 2>&1 && fail "extended a finished run under another lr"
+grep -q "gpt2_train: error: resume: the training settings differ .*lr: 0.002 -> 0.001" longer_lr.log ||
+  fail "no refusal of the extension's lr: $(grep error longer_lr.log)"
+# Only longer changes no step it had still to take: the longer schedule is printed and applies.
 "$TRAIN" "${args[@]}" --lr 2e-3 --steps 8 --resume > longer.log 2>&1 || fail "extending a finished run was refused: $(grep error longer.log)"
 grep -q "^resume:   total_steps: 6 -> 8$" longer.log && grep -q "^step    8/8" longer.log ||
   fail "the finished run was not extended, or silently: $(grep -E '^(resume|step)' longer.log)"

@@ -181,8 +181,8 @@ TEST_CASE("a checkpoint records its training settings; resume refuses a change t
   limit.nonfinite_step_limit = 3;
   CHECK(b.checkpointer(dir, st::settings_of({.lr = 1e-2}, limit)).resume(b.state()).has_value());
 
-  // A run that reached the end it planned ("steps") goes on under other settings: no step it had
-  // still to take changes. One that plans more is held to them.
+  // A run that reached the end it planned ("steps") may be trained on for longer: only its length
+  // changes. Any other change with steps to take is refused; one taking no step (an export) is not.
   const std::string done = scratch("settings_done");
   st::training_settings planned = st::settings_of({.lr = 1e-2}, run::trainer_options(1e-2));
   planned.values[st::planned_steps] = 1;
@@ -193,8 +193,13 @@ TEST_CASE("a checkpoint records its training settings; resume refuses a change t
     a.step();
     a.save(ck);
   }
-  other.values[st::planned_steps] = 5;
+  st::training_settings longer = planned;
+  longer.values[st::planned_steps] = 5;
+  CHECK(b.checkpointer(done, longer).resume(b.state()).has_value());
+  other.values[st::planned_steps] = 1;
   CHECK(b.checkpointer(done, other).resume(b.state()).has_value());
+  other.values[st::planned_steps] = 5;
+  CHECK_THROWS_WITH_AS(b.checkpointer(done, other).resume(b.state()), doctest::Contains("lr: 0.01 -> 0.02"), st::error);
   const std::string unfinished = scratch("settings_unfinished");
   planned.values[st::planned_steps] = 5;
   {

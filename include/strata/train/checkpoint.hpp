@@ -653,15 +653,20 @@ class checkpointer {
     if (changes.empty()) return {};
     std::fprintf(stderr, "resume: training settings that differ from those '%s' was saved with:\n", step_dir.c_str());
     std::string refused;
+    bool only_length = true;  // every refused change is to the run's length or its schedule's
     for (const auto& c : changes) {
       std::fprintf(stderr, "resume:   %s%s\n", c.text().c_str(), c.changes_steps ? "" : " (changes no step's numbers)");
       if (!c.changes_steps) continue;
       if (!refused.empty()) refused += ", ";
       refused += c.text();
+      only_length = only_length && sets_run_length(c.name);
     }
     if (refused.empty()) return {};
-    const long long shared = shared_steps(m.at("settings"), opt_.settings, m.at("step").get<int>());
-    if (shared == 0) {
+    const int step = m.at("step").get<int>();
+    // No step the saved run had still to take is taken here: extending a finished run (only its
+    // length changes), or taking no step at all (an export, a sample).
+    if (shared_steps(m.at("settings"), opt_.settings, step) == 0 &&
+        (only_length || steps_to_take(opt_.settings, step) == 0)) {
       std::fprintf(stderr, "resume: no step the saved run had still to take is taken here: the new settings apply\n");
       return {};
     }

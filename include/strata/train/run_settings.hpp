@@ -6,9 +6,10 @@
 // records them (the manifest's "settings"), and checkpointer::resume compares them with the
 // resuming program's: each difference is printed ("lr: 0.003 -> 0.002"), and one that makes the
 // steps differ from those the saved run would have taken is refused unless the program allows it
-// (checkpoint_options::allow_setting_changes). Only steps both runs take count: a program that
-// records how many steps it plans ("steps") may extend a run that reached its end, or resume one
-// just to export or sample, under any settings.
+// (checkpoint_options::allow_setting_changes). A program that records how many steps it plans
+// ("steps") may extend a run that reached its end - the run's length and its schedule's are all
+// that change - and may resume one just to export or sample, taking no step, under any settings;
+// any other change with steps still to take is refused.
 #pragma once
 #include <algorithm>
 #include <climits>
@@ -74,14 +75,24 @@ inline std::vector<setting_change> compare_settings(const nlohmann::json& saved,
   return out;
 }
 
+// The steps a run's record plans; one that records no plan runs on without end.
+inline long long planned_steps_of(const nlohmann::json& values) {
+  const auto it = values.find(planned_steps);
+  return it != values.end() && it->is_number_integer() ? it->get<long long>() : LLONG_MAX;
+}
 // How many steps from `step` on both the saved run and this one take (each its planned_steps):
-// those a change of settings could make differ. A side that records no plan runs on without end.
+// those a change of settings could make differ from the saved run's.
 inline long long shared_steps(const nlohmann::json& saved, const training_settings& now, int step) {
-  const auto plan = [](const nlohmann::json& o) -> long long {
-    const auto it = o.find(planned_steps);
-    return it != o.end() && it->is_number_integer() ? it->get<long long>() : LLONG_MAX;
-  };
-  return std::max(0LL, std::min(plan(saved), plan(now.values)) - step);
+  return std::max(0LL, std::min(planned_steps_of(saved), planned_steps_of(now.values)) - step);
+}
+// How many steps this run takes from `step` on.
+inline long long steps_to_take(const training_settings& now, int step) {
+  return std::max(0LL, planned_steps_of(now.values) - step);
+}
+// A setting that extending a finished run may change of necessity: its length, its schedule's, and
+// a warm-up a program ties to the length (gpt2_train's, when --warmup exceeds --steps).
+inline bool sets_run_length(const std::string& name) {
+  return name == planned_steps || name == "total_steps" || name == "warmup_steps";
 }
 
 // The settings of AdamW's and the trainer's options (st::training: options().optimizer and
