@@ -177,9 +177,9 @@ TEST_CASE("an MoE model's plan, from its own layer costs, equals what the alloca
   }
 }
 
-// One step under expert parallelism, one micro-batch per rank: what the expert group counted as
-// sent by all-to-all equals, per MoE block, with n_r[e] the pairs rank r routes to expert e, L the
-// experts per rank, C the width and the rows in fp32:
+// One step under expert parallelism, one micro-batch per rank, with one MoE block and with four:
+// what the expert group counted as sent by all-to-all equals, per MoE block, with n_r[e] the pairs rank r routes to
+// expert e, L the experts per rank, C the width and the rows in fp32:
 //   the counts      (ep - 1) · L · 8 bytes (an all-to-all of doubles, forward only)
 //   + 2 x (rows this rank sends to other ranks' experts + rows it receives from other ranks) · C · 4
 // (forward: the rows out and the outputs back; backward: the output gradients out and the input
@@ -189,45 +189,51 @@ TEST_CASE("under expert parallelism the counted all-to-all bytes equal what the 
   const strata_test::layout_case c{"dp ep", world, 1, 1, 0, 0, 1, 1, "1f1b", 1, "ring", world == 8 ? 4 : 2};
   auto o = strata_test::launch(c, setup);
   o.trainer.micro_batch = setup.global_batch / world;
-  const mixtral::dims d = shape(0);
-  st::training<mixtral::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), d, o);
-  auto data = strata_test::folded_corpus(d.vocab);
-  run.groups().reset_counters();
-  run.model().context().dispatch_log().clear();
-  const st::step_result r = run.step(data.next_batch(setup.global_batch, d.seq));
-  auto* ep = run.mesh().experts();
-  REQUIRE(ep != nullptr);
-  const int n = ep->size(), me = ep->rank();
-  const std::int64_t E = d.experts, L = E / n, C = d.d_model;
-  double want = 0;
-  std::int64_t blocks = 0;
-  const auto& aux = r.auxiliary;
-  for (const auto& [block, record] : run.model().context().dispatch_log().blocks()) {
-    REQUIRE(record.forwards == 1);
-    std::vector<double> all(std::size_t(n * E)), local(record.pairs.begin(), record.pairs.end());
-    st::group_ref(*ep).all_gather(std::span<const double>(local), std::span<double>(all));
-    double sent = 0, received = 0;
-    for (int q = 0; q < n; ++q)
-      for (std::int64_t e = 0; e < E; ++e) {
-        const double pairs = all[std::size_t(q * E + e)];
-        if (q == me && e / L != me) sent += pairs;
-        if (q != me && e / L == me) received += pairs;
-      }
-    want += double((n - 1) * L * 8) + 2.0 * (sent + received) * double(C) * 4.0;
-    // Summed over the expert group, then over the expert-data group: the step's pairs per expert.
-    std::vector<double> total(std::size_t(E), 0.0);
-    for (int q = 0; q < n; ++q)
-      for (std::int64_t e = 0; e < E; ++e) total[std::size_t(e)] += all[std::size_t(q * E + e)];
-    st::group_ref(run.mesh().expert_data()).all_reduce(std::span<double>(total));
-    for (std::int64_t e = 0; e < E; ++e)
-      CHECK(total[std::size_t(e)] == aux.rows[std::size_t(block * aux.width + st::moe_row_tokens + e)]);
-    ++blocks;
+  // One MoE block (the count is that block's), then four (their sum).
+  for (const std::int64_t layers : {1, 4}) {
+    CAPTURE(layers);
+    mixtral::dims d = shape(0);
+    d.layers = layers;
+    st::training<mixtral::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), d, o);
+    auto data = strata_test::folded_corpus(d.vocab);
+    run.groups().reset_counters();
+    run.model().context().dispatch_log().clear();
+    const st::step_result r = run.step(data.next_batch(setup.global_batch, d.seq));
+    auto* ep = run.mesh().experts();
+    REQUIRE(ep != nullptr);
+    const int n = ep->size(), me = ep->rank();
+    const std::int64_t E = d.experts, L = E / n, C = d.d_model;
+    double want = 0;
+    std::int64_t blocks = 0;
+    const auto& aux = r.auxiliary;
+    for (const auto& [block, record] : run.model().context().dispatch_log().blocks()) {
+      REQUIRE(record.forwards == 1);
+      std::vector<double> all(std::size_t(n * E)), local(record.pairs.begin(), record.pairs.end());
+      st::group_ref(*ep).all_gather(std::span<const double>(local), std::span<double>(all));
+      double sent = 0, received = 0;
+      for (int q = 0; q < n; ++q)
+        for (std::int64_t e = 0; e < E; ++e) {
+          const double pairs = all[std::size_t(q * E + e)];
+          if (q == me && e / L != me) sent += pairs;
+          if (q != me && e / L == me) received += pairs;
+        }
+      want += double((n - 1) * L * 8) + 2.0 * (sent + received) * double(C) * 4.0;
+      // Summed over the expert group, then over the expert-data group: the step's pairs per expert.
+      std::vector<double> total(std::size_t(E), 0.0);
+      for (int q = 0; q < n; ++q)
+        for (std::int64_t e = 0; e < E; ++e) total[std::size_t(e)] += all[std::size_t(q * E + e)];
+      st::group_ref(run.mesh().expert_data()).all_reduce(std::span<double>(total));
+      for (std::int64_t e = 0; e < E; ++e)
+        CHECK(total[std::size_t(e)] == aux.rows[std::size_t(block * aux.width + st::moe_row_tokens + e)]);
+      ++blocks;
+    }
+    CHECK(blocks == d.layers);
+    const double counted = double(ep->counters().of(st::op_kind::all_to_all).bytes_sent);
+    if (lead())
+      MESSAGE(std::string("ep") << n << ", " << layers << " MoE block(s): all-to-all bytes sent by rank 0: " << counted
+                                << " (formula " << want << ")");
+    CHECK(counted == want);
   }
-  CHECK(blocks == d.layers);
-  const double counted = double(ep->counters().of(st::op_kind::all_to_all).bytes_sent);
-  if (lead())
-    MESSAGE(std::string("ep") << n << ": all-to-all bytes sent by rank 0: " << counted << " (formula " << want << ")");
-  CHECK(counted == want);
 }
 
 TEST_CASE("context parallelism is refused at start-up, naming why") {
