@@ -78,6 +78,18 @@ struct run {
   void step() { train.step(data.next_batch(2, dims{}.seq)); }
 };
 
+// A new run in `dir` that takes one step and saves it, recording `s`.
+void save_one_step(const std::string& dir, const st::training_settings& s) {
+  run a;
+  auto ck = a.checkpointer(dir, s);
+  ck.start_new_run();
+  a.step();
+  a.save(ck);
+}
+void save_one_step(const std::string& dir) {
+  save_one_step(dir, st::settings_of({.lr = 1e-2}, run::trainer_options(1e-2)));  // run's own
+}
+
 }  // namespace
 
 TEST_CASE("a durable write that fails takes its temporary file with it") {
@@ -94,13 +106,7 @@ TEST_CASE("a durable write that fails takes its temporary file with it") {
 
 TEST_CASE("resume clears what a crash left before it writes anything (its write test)") {
   const std::string dir = scratch("cleanup_first");
-  {
-    run a;
-    auto ck = a.checkpointer(dir);
-    ck.start_new_run();
-    a.step();
-    a.save(ck);
-  }
+  save_one_step(dir);
   fs::create_directories(cf::step_dir(dir, 3));  // a save a crash (or a full disk) cut short
   std::ofstream(cf::step_dir(dir, 3) + "/rank-00000.safetensors.tmp") << "half";
 
@@ -157,13 +163,7 @@ TEST_CASE("the directory's lock is this process's while a checkpointer lives, an
 
 TEST_CASE("a checkpoint records its training settings; resume refuses a change to the steps unless allowed") {
   const std::string dir = scratch("settings");
-  {
-    run a;
-    auto ck = a.checkpointer(dir);
-    ck.start_new_run();
-    a.step();
-    a.save(ck);
-  }
+  save_one_step(dir);
   const auto manifest = nlohmann::json::parse(slurp(cf::step_dir(dir, 1) + "/manifest.json"));
   CHECK(manifest.at("settings").at("lr") == 1e-2);
   CHECK(manifest.at("settings").at("total_steps") == 50);
@@ -186,13 +186,7 @@ TEST_CASE("a checkpoint records its training settings; resume refuses a change t
   const std::string done = scratch("settings_done");
   st::training_settings planned = st::settings_of({.lr = 1e-2}, run::trainer_options(1e-2));
   planned.values[st::planned_steps] = 1;
-  {
-    run a;
-    auto ck = a.checkpointer(done, planned);
-    ck.start_new_run();
-    a.step();
-    a.save(ck);
-  }
+  save_one_step(done, planned);
   st::training_settings longer = planned;
   longer.values[st::planned_steps] = 5;
   CHECK(b.checkpointer(done, longer).resume(b.state()).has_value());
@@ -202,13 +196,7 @@ TEST_CASE("a checkpoint records its training settings; resume refuses a change t
   CHECK_THROWS_WITH_AS(b.checkpointer(done, other).resume(b.state()), doctest::Contains("lr: 0.01 -> 0.02"), st::error);
   const std::string unfinished = scratch("settings_unfinished");
   planned.values[st::planned_steps] = 5;
-  {
-    run a;
-    auto ck = a.checkpointer(unfinished, planned);
-    ck.start_new_run();
-    a.step();
-    a.save(ck);
-  }
+  save_one_step(unfinished, planned);
   CHECK_THROWS_WITH_AS(b.checkpointer(unfinished, other).resume(b.state()), doctest::Contains("lr: 0.01 -> 0.02"),
                        st::error);
 
