@@ -484,6 +484,7 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
     out["global_batch"] = o.global_batch;
     add_model_state_fields(out, r);
     out["activation_bytes"] = r.activation_bytes;
+    out["activation_peak_bytes"] = r.activation_high_bytes();
     out["activation_bytes_per_microbatch"] = r.activation_bytes_per_microbatch;
     out["in_flight"] = r.in_flight;
     out["comm_buffer_bytes"] = r.comm_buffer_bytes;
@@ -561,6 +562,8 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   row(printf_string("activations (%d in flight x %s GB)", r.in_flight,
                     gb(double(r.activation_bytes) / std::max(r.in_flight, 1)).c_str()),
       double(r.activation_bytes));
+  row("scratch at the step's peak (in-flight gradients, gathers)",
+      double(r.activation_high_bytes() - r.activation_bytes));
   row("communication buffers", double(r.comm_buffer_bytes));
   row("total", double(r.total_bytes()));
   int width = 50;

@@ -146,6 +146,18 @@ void test_elementwise(std::int64_t n) {
     k::gelu_backward(D, dd.get(), dx.get(), dg.get(), n);
     check("gelu_backward", dt, sh, rel_error(dd.host(), dref), tol_for<T>());
   }
+  {  // exact gelu (erf)
+    std::vector<T> ref(static_cast<std::size_t>(n));
+    k::gelu_forward(H, ref.data(), x.data(), n, st::gelu_form::exact);
+    dvec<T> dx(x), dout(static_cast<std::size_t>(n));
+    k::gelu_forward(D, dout.get(), dx.get(), n, st::gelu_form::exact);
+    check("gelu_forward (exact)", dt, sh, rel_error(dout.host(), ref), tol_for<T>());
+    std::vector<T> dref = d0;
+    k::gelu_backward(H, dref.data(), x.data(), g.data(), n, st::gelu_form::exact);
+    dvec<T> dd(nan_vec<T>(std::size_t(n))), dg(g);
+    k::gelu_backward(D, dd.get(), dx.get(), dg.get(), n, st::gelu_form::exact);
+    check("gelu_backward (exact)", dt, sh, rel_error(dd.host(), dref), tol_for<T>());
+  }
   {  // residual, aligned and (offset by one element) scalar paths
     for (int off : {0, 1}) {
       const std::int64_t m = n - off;
@@ -288,6 +300,18 @@ void test_linear(std::int64_t N, std::int64_t C, std::int64_t OC) {
     k::bias_gelu_backward(D, dpre_out.get(), ddb.get(), dpre_in.get(), dgact.get(), N, OC);
     check("bias_gelu_backward (dpre)", dt, sh, rel_error(dpre_out.host(), dpre_ref), tol_for<T>());
     check("bias_gelu_backward (dbias)", dt, sh, rel_error(ddb.host(), db_ref), tol_for<T>());
+    // The exact form: never the epilogue (cuBLASLt's is tanh), the projection then the kernel.
+    std::vector<T> act_exact(std::size_t(N * OC));
+    k::gelu_forward(H, act_exact.data(), pre.data(), N * OC, st::gelu_form::exact);
+    k::linear_gelu_forward<T>(D, ws, dact.get(), dpre.get(), dx.get(), dw.get(), dbias.get(), N, C, OC,
+                              st::gelu_form::exact);
+    check("linear_gelu_forward (exact gelu)", dt, sh, rel_error(dact.host(), act_exact), tol_for<T>());
+    std::vector<T> dpre_exact(std::size_t(N * OC)), db_exact = db;
+    k::bias_gelu_backward(H, dpre_exact.data(), db_exact.data(), pre.data(), gact.data(), N, OC, st::gelu_form::exact);
+    dvec<T> ddb2(db);
+    k::bias_gelu_backward(D, dpre_out.get(), ddb2.get(), dpre_in.get(), dgact.get(), N, OC, st::gelu_form::exact);
+    check("bias_gelu_backward (exact, dpre)", dt, sh, rel_error(dpre_out.host(), dpre_exact), tol_for<T>());
+    check("bias_gelu_backward (exact, dbias)", dt, sh, rel_error(ddb2.host(), db_exact), tol_for<T>());
   }
   // backward: the parameters' gradients accumulate, the input's is written
   const auto g = random_vec<T>(std::size_t(N * OC), -1, 1, 23);
@@ -660,16 +684,17 @@ void test_rmsnorm(std::int64_t N, std::int64_t C) {
 
 template <class T>
 void test_rope(std::int64_t B, std::int64_t T_, std::int64_t heads, std::int64_t kv_heads, std::int64_t hd,
-               double theta, std::int64_t pos0) {
+               double theta, std::int64_t pos0, std::int64_t rotary = 0) {
   const k::attention_shape s{B, T_, heads, kv_heads, hd, 0};
   const std::string dt = st::dtype_name<T>();
-  const std::string sh = shape_str({B, T_, heads, kv_heads, hd}) + (pos0 ? " @" + std::to_string(pos0) : "");
+  const std::string sh = shape_str({B, T_, heads, kv_heads, hd}) + (pos0 ? " @" + std::to_string(pos0) : "") +
+                         (rotary ? " rotary " + std::to_string(rotary) : "");
   const std::size_t n = std::size_t(B * T_ * s.row_width());
   const auto qkv = random_vec<T>(n, -2, 2, 160);
   auto ref = qkv;
-  k::rope_forward(H, ref.data(), s, theta, pos0);
+  k::rope_forward(H, ref.data(), s, theta, pos0, rotary);
   dvec<T> dq(qkv);
-  k::rope_forward(D, dq.get(), s, theta, pos0);
+  k::rope_forward(D, dq.get(), s, theta, pos0, rotary);
   const auto got = dq.host();
   check("rope_forward", dt, sh, rel_error(got, ref), tol_for<T>());
   bool v_untouched = true;  // the value heads are left bit for bit
@@ -682,14 +707,33 @@ void test_rope(std::int64_t B, std::int64_t T_, std::int64_t heads, std::int64_t
 
   const auto g = random_vec<T>(n, -1, 1, 161);
   auto gref = g;
-  k::rope_backward(H, gref.data(), s, theta, pos0);
+  k::rope_backward(H, gref.data(), s, theta, pos0, rotary);
   dvec<T> dgr(g);
-  k::rope_backward(D, dgr.get(), s, theta, pos0);
+  k::rope_backward(D, dgr.get(), s, theta, pos0, rotary);
   check("rope_backward", dt, sh, rel_error(dgr.host(), gref), tol_for<T>());
   if constexpr (std::is_same_v<T, float>) {  // backward undoes forward
-    k::rope_backward(D, dq.get(), s, theta, pos0);
+    k::rope_backward(D, dq.get(), s, theta, pos0, rotary);
     check("rope_backward(rope_forward(x)) = x", dt, sh, rel_error(dq.host(), qkv), 1e-5);
   }
+}
+
+// The per-head fused QKV regrouped on the device: exactly the host's permutation, both ways.
+template <class T>
+void test_qkv_layout(std::int64_t rows, std::int64_t heads, std::int64_t hd) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({rows, heads, hd});
+  const std::size_t n = std::size_t(rows * 3 * heads * hd);
+  const auto x = random_vec<T>(n, -2, 2, 165);
+  std::vector<T> ref(n), back(n);
+  k::qkv_from_per_head(H, ref.data(), x.data(), rows, heads, hd);
+  dvec<T> dx(x), dout(n), dback(n);
+  k::qkv_from_per_head(D, dout.get(), dx.get(), rows, heads, hd);
+  const auto got = dout.host();
+  check_true("qkv_from_per_head", dt, sh, std::memcmp(got.data(), ref.data(), n * sizeof(T)) == 0,
+             "bitwise the host's permutation");
+  k::qkv_to_per_head(D, dback.get(), dout.get(), rows, heads, hd);
+  const auto round = dback.host();
+  check_true("qkv_to_per_head", dt, sh, std::memcmp(round.data(), x.data(), n * sizeof(T)) == 0,
+             "undoes qkv_from_per_head bitwise");
 }
 
 template <class T>
@@ -1329,7 +1373,11 @@ int main(int argc, char** argv) {
     test_rope<float>(2, 100, 8, 2, 64, 10000.0, 0);
     test_rope<float>(1, 64, 4, 1, 128, 500000.0, 4093);  // Llama 3 theta, a late start position
     test_rope<bf16>(2, 100, 8, 2, 64, 10000.0, 0);
-    test_rope<fp16>(2, 33, 6, 3, 18, 10000.0, 7);  // odd half size
+    test_rope<fp16>(2, 33, 6, 3, 18, 10000.0, 7);      // odd half size
+    test_rope<float>(2, 50, 4, 4, 32, 10000.0, 3, 8);  // partial rotary (GPT-NeoX's quarter)
+    test_rope<bf16>(2, 50, 4, 4, 32, 10000.0, 0, 8);
+    test_qkv_layout<float>(100, 4, 32);
+    test_qkv_layout<bf16>(37, 6, 16);
     test_swiglu<float>(300, 1024);
     test_swiglu<bf16>(300, 1024);
     test_swiglu<bf16>(77, 130);  // H not a multiple of the pack: the scalar path

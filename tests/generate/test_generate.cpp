@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../neox/neox_model.hpp"
 #include "generate_test.hpp"
 
 namespace {
@@ -83,6 +84,11 @@ TEST_CASE("the cached attention kernel gives the full attention's rows bit for b
 TEST_CASE("greedy generation with the KV cache gives the tokens and logits of the full forward") {
   check_cached_equals_uncached<gpt2::model<serial_policy>>("GPT-2", gpt2_shape);
   check_cached_equals_uncached<llama::model<serial_policy>>("Llama (8 query heads on 2 key/value heads)", llama_shape);
+  // Partial rotary by absolute position, the per-head QKV regrouped and the parallel residual,
+  // token by token.
+  check_cached_equals_uncached<neox::model<serial_policy>>(
+      "GPT-NeoX (parallel residual, rotary on a quarter of each head, per-head QKV)",
+      neox::dims{.vocab = 64, .seq = 96, .layers = 2, .heads = 4, .d_model = 64, .ffn = 128});
 }
 
 TEST_CASE("temperature and top-k draws depend on the seed and the token's index alone") {

@@ -28,13 +28,19 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "strata/comm/counters.hpp"
 #include "strata/comm/gpu_communicator.cuh"
@@ -68,16 +74,31 @@ inline int use_local_device(world& w) {
 }
 
 // How many ranks of this rank's node share one GPU, at most (1: every rank has its own).
-// Collective over `world_comm`.
+// Collective over `world_comm`; after use_local_device. The ranks compare their current devices'
+// PCI bus ids, not counts: a rank that sees one GPU of eight (Slurm's --gpus-per-task, or
+// CUDA_VISIBLE_DEVICES set per rank) still has a GPU of its own.
 inline int ranks_per_device(mpi_communicator& world_comm) {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(world_comm.native(), MPI_COMM_TYPE_SHARED, world_comm.rank(), MPI_INFO_NULL, &node);
   int local = 1;
   MPI_Comm_size(node, &local);
+  constexpr int id_bytes = 32;  // "dddd:bb:dd.f" and room to spare
+  std::array<char, id_bytes> id{};
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetPCIBusId(id.data(), id_bytes, device) != cudaSuccess) {
+    cudaGetLastError();
+    std::snprintf(id.data(), id_bytes, "device %d", device);  // no bus id: the device number stands in
+  }
+  std::vector<char> all(std::size_t(local) * id_bytes);
+  MPI_Allgather(id.data(), id_bytes, MPI_CHAR, all.data(), id_bytes, MPI_CHAR, node);
   MPI_Comm_free(&node);
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return local;
-  return (local + count - 1) / count;
+  std::map<std::string, int> sharing;
+  int most = 1;
+  for (int r = 0; r < local; ++r) {
+    const char* at = all.data() + std::size_t(r) * id_bytes;
+    most = std::max(most, ++sharing[std::string(at, strnlen(at, id_bytes))]);
+  }
+  return most;
 }
 
 }  // namespace gpu

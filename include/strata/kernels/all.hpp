@@ -23,6 +23,7 @@
 #include "strata/kernels/loss_scale.hpp"
 #include "strata/kernels/moe.hpp"
 #include "strata/kernels/positioned_attention.hpp"
+#include "strata/kernels/qkv_layout.hpp"
 #include "strata/kernels/reduce.hpp"
 #include "strata/kernels/residual.hpp"
 #include "strata/kernels/rmsnorm.hpp"

@@ -2,9 +2,10 @@
 // fused qkv buffer (kernels/attention_shape.hpp's layout): rope_forward, rope_backward.
 //
 // The Hugging Face / Meta convention (rotate-half pairing): for a head of size d and position p,
-// element i < d/2 pairs with i + d/2 and both turn by the angle p · theta^(-2i/d):
-//   out[i]       = x[i] cos - x[i + d/2] sin
-//   out[i + d/2] = x[i + d/2] cos + x[i] sin
+// element i < r/2 pairs with i + r/2 and both turn by the angle p · theta^(-2i/r), r the rotary
+// size (the head size d, or fewer: partial rotary, elements r .. d-1 left as they are):
+//   out[i]       = x[i] cos - x[i + r/2] sin
+//   out[i + r/2] = x[i + r/2] cos + x[i] sin
 // Value heads are untouched. The rotation is orthogonal, so backward turns the gradients of the
 // rotated q and k back by the opposite angle, in place as well.
 //

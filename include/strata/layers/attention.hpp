@@ -21,6 +21,13 @@
 // sequence; this rank's H/t query and key/value heads must divide by cp). The projections see
 // only local tokens and need nothing.
 //
+// Variants (config): the rotary embedding may turn only the first rotary_fraction of each head
+// (partial rotary: GPT-NeoX's 0.25); the fused projection's rows may come per head, [H, 3, d]
+// (fused_qkv = qkv_layout::per_head, GPT-NeoX's layout: under tensor parallelism each rank's
+// heads are then one contiguous block), regrouped into [q | k | v] right after the projection
+// (kernels/qkv_layout.hpp) and their gradients back before its backward, so everything between
+// sees the one layout the kernels read.
+//
 // Generation (layers/cached_forward.hpp): forward_cached runs the new tokens alone, turned by
 // their absolute positions, and keeps every position's keys and values of this rank's key/value
 // heads, [B, capacity, KV/t·d] each, until release_cache(); each new query attends to the cache
@@ -35,6 +42,7 @@
 #include "strata/kernels/attention.hpp"
 #include "strata/kernels/attention_shape.hpp"
 #include "strata/kernels/cached_attention.hpp"
+#include "strata/kernels/qkv_layout.hpp"
 #include "strata/kernels/rope.hpp"
 #include "strata/layers/cached_forward.hpp"
 #include "strata/layers/cost.hpp"
@@ -42,6 +50,11 @@
 #include "strata/layers/context_attention.hpp"
 
 namespace strata {
+
+// How a fused QKV projection orders its output features (its weight's rows): every query head,
+// then every key head, then every value head (grouped: strata's and Llama's fused q|k|v), or
+// each head's q, k and v together (per_head: GPT-NeoX's query_key_value, [heads, 3, d]).
+enum class qkv_layout { grouped, per_head };
 
 template <class P>
 class attention {
@@ -52,15 +65,21 @@ class attention {
 
   struct config {
     std::int64_t channels = 0, heads = 0;
-    std::int64_t kv_heads = 0;  // key/value heads, dividing heads; 0: as many as heads
-    double rope_theta = 0;      // rotary position embedding's base; 0: none (positions come from elsewhere)
-    double scale = 0;           // softmax scale; 0: 1/sqrt(head size)
-    bool bias = true;           // biases on the QKV and output projections
+    std::int64_t kv_heads = 0;   // key/value heads, dividing heads; 0: as many as heads
+    double rope_theta = 0;       // rotary position embedding's base; 0: none (positions come from elsewhere)
+    double scale = 0;            // softmax scale; 0: 1/sqrt(head size)
+    bool bias = true;            // biases on the QKV and output projections
+    double rotary_fraction = 1;  // the share of each head the rotary embedding turns (its first elements)
+    qkv_layout fused_qkv = qkv_layout::grouped;  // per_head needs kv_heads = heads
     double init_std = 0.02;
     double proj_init_std = 0.02;  // GPT-2 scales the residual projection by 1/sqrt(2·layers)
 
     constexpr std::int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
     constexpr std::int64_t head_dim() const { return heads > 0 ? channels / heads : 0; }
+    // The elements of each head the rotary embedding turns (GPT-NeoX rounds down likewise).
+    constexpr std::int64_t rotary_dims() const {
+      return static_cast<std::int64_t>(static_cast<double>(head_dim()) * rotary_fraction);
+    }
   };
 
   static constexpr typename linear<P>::config qkv_config(const config& c) {
@@ -70,7 +89,9 @@ class attention {
                                  .init_std = c.init_std,
                                  .split = tensor_split_kind::column,
                                  .blocks = 3};
-    if (c.kv() != c.heads) {  // q, k and v groups of unequal sizes, split by heads
+    if (c.fused_qkv == qkv_layout::per_head) {
+      l.blocks = 1;                  // rank r's heads are rows [r·3C/t, (r+1)·3C/t)
+    } else if (c.kv() != c.heads) {  // q, k and v groups of unequal sizes, split by heads
       l.blocks = 1;
       l.block_sizes = {c.heads * c.head_dim(), c.kv() * c.head_dim(), c.kv() * c.head_dim(), 0};
       l.block_heads = {c.heads, c.kv(), c.kv(), 0};
@@ -110,7 +131,19 @@ class attention {
     core.context_backward_bytes = double(traffic.backward);
     core.output_bytes = rows * (c.channels / t) * static_cast<std::int64_t>(sizeof(T));
     core.activation_bytes = core.core_bytes + core.output_bytes;
-    return linear<P>::cost(qkv_config(c), s).then(core).then(linear<P>::cost(proj_config(c), s));
+    const layer_cost qkv = linear<P>::cost(qkv_config(c), s), proj = linear<P>::cost(proj_config(c), s);
+    layer_cost r = qkv.then(core).then(proj);
+    // Scratch: the per-head layout's copy while it is regrouped (forward), and in backward the
+    // heads' output gradient and qkv's gradient (and its per-head copy) while the QKV
+    // projection's backward runs; selective recomputation rebuilds the logsumexps beside them.
+    const std::int64_t bytes = static_cast<std::int64_t>(sizeof(T)), qkv_bytes = rows * local.row_width() * bytes;
+    const std::int64_t regroup = c.fused_qkv == qkv_layout::per_head ? qkv_bytes : 0;
+    const std::int64_t dheads = rows * local.q_width() * bytes;
+    const std::int64_t relse = s.recompute == recompute_mode::selective && s.cp == 1 ? core.core_bytes : 0;
+    r.forward_peak_bytes = layer_cost::max_of(r.forward_peak_bytes, qkv.activation_bytes + regroup);
+    r.backward_peak_bytes = layer_cost::max_of(
+        proj.backward_peak_bytes, dheads + qkv_bytes + layer_cost::max_of(relse, regroup + qkv.backward_peak_bytes));
+    return r;
   }
 
   attention(module_scope<P> scope, const config& c)
@@ -130,6 +163,7 @@ class attention {
     const kernels::attention_shape shape = local_shape(qkv.shape[0], qkv.shape[1]);
     // The projection's output is this layer's to change: nothing else reads it.
     qkv_out_ = qkv_.output_data();
+    if (cfg_.fused_qkv == qkv_layout::per_head) regroup(qkv_out_, shape);
     {
       STRATA_PROFILE("attention.forward");
       if (cfg_.rope_theta > 0) turn_by_positions(qkv_out_, shape, false);
@@ -159,6 +193,12 @@ class attention {
       // q and k were turned by their positions: their gradients turn back.
       if (cfg_.rope_theta > 0) turn_by_positions(dqkv.data(), shape_, true);
     }
+    if (cfg_.fused_qkv == qkv_layout::per_head) {
+      buffer<T> per_head(ledger, memory_category::activations, elements, uninitialized);
+      kernels::qkv_to_per_head(device{}, per_head.data(), dqkv.data(), shape_.batch * shape_.seq, shape_.heads,
+                               shape_.head_dim);
+      return qkv_.backward(per_head);
+    }
     return qkv_.backward(dqkv);
   }
 
@@ -186,7 +226,9 @@ class attention {
                    step.pos, " of ", shape.batch);
     }
     T* qkv_out = qkv_.output_data();
-    if (cfg_.rope_theta > 0) kernels::rope_forward(device{}, qkv_out, shape, cfg_.rope_theta, step.pos);
+    if (cfg_.fused_qkv == qkv_layout::per_head) regroup(qkv_out, shape);
+    if (cfg_.rope_theta > 0)
+      kernels::rope_forward(device{}, qkv_out, shape, cfg_.rope_theta, step.pos, cfg_.rotary_dims());
     ensure_size(heads_out_, ledger, memory_category::activations, shape.batch * shape.seq * shape.q_width());
     kernels::cached_attention_forward(device{}, heads_out_.data(), k_cache_.data(), v_cache_.data(), qkv_out, shape,
                                       step.pos, cache_capacity_);
@@ -223,6 +265,13 @@ class attention {
     STRATA_CHECK(c.rope_theta >= 0 && (c.rope_theta == 0 || c.head_dim() % 2 == 0), scope.qualify_layer(),
                  ": the rotary embedding needs an even head size and theta > 0, got head size ", c.head_dim(),
                  " and theta ", c.rope_theta);
+    STRATA_CHECK(c.rotary_fraction > 0 && c.rotary_fraction <= 1 &&
+                     (c.rope_theta == 0 || (c.rotary_dims() >= 2 && c.rotary_dims() % 2 == 0)),
+                 scope.qualify_layer(), ": rotary_fraction = ", c.rotary_fraction, " of head size ", c.head_dim(),
+                 " turns ", c.rotary_dims(), " elements; it must be in (0, 1] and turn an even number, at least 2");
+    STRATA_CHECK(c.fused_qkv == qkv_layout::grouped || c.kv() == c.heads, scope.qualify_layer(),
+                 ": the per-head fused QKV layout needs as many key/value heads as query heads, got kv_heads = ",
+                 c.kv(), " and heads = ", c.heads);
     scope.check_tensor_extents(tensor_extents(c));
     auto& cp = scope.cp();
     STRATA_CHECK(cp.degree() == 1 || !(std::is_base_of_v<cuda, device>), scope.qualify_layer(),
@@ -262,6 +311,14 @@ class attention {
     ensure_size(lse_, ledger, memory_category::activations, shape.batch * shape.heads * shape.seq);
     kernels::attention_forward(device{}, heads_out_.data(), lse_.data(), qkv_out_, shape);
   }
+  // qkv rows from the per-head layout into the grouped one the kernels read, in place (by way of a
+  // copy that lives for this call only).
+  void regroup(T* qkv, const kernels::attention_shape& shape) {
+    const std::int64_t rows = shape.batch * shape.seq, n = rows * shape.row_width();
+    buffer<T> per_head(scope_.ledger(), memory_category::activations, static_cast<std::size_t>(n), uninitialized);
+    per_head.copy_within(qkv, static_cast<std::size_t>(n));
+    kernels::qkv_from_per_head(device{}, qkv, per_head.data(), rows, shape.heads, shape.head_dim);
+  }
   void release_core() {
     lse_ = buffer<A>();
     if (context_) context_->release();
@@ -270,8 +327,8 @@ class attention {
   // each chunk of this rank's rows from its first absolute position.
   void turn_by_positions(T* rows, const kernels::attention_shape& shape, bool backward) {
     const auto turn = [&](T* at, const kernels::attention_shape& s, std::int64_t pos0) {
-      if (backward) kernels::rope_backward(device{}, at, s, cfg_.rope_theta, pos0);
-      else kernels::rope_forward(device{}, at, s, cfg_.rope_theta, pos0);
+      if (backward) kernels::rope_backward(device{}, at, s, cfg_.rope_theta, pos0, cfg_.rotary_dims());
+      else kernels::rope_forward(device{}, at, s, cfg_.rope_theta, pos0, cfg_.rotary_dims());
     };
     auto& cp = scope_.cp();
     if (cp.degree() == 1) return turn(rows, shape, 0);

@@ -47,11 +47,26 @@ struct layer_cost {
   double tensor_forward_bytes = 0, tensor_backward_bytes = 0;  // sent per rank in the tensor group
   double context_forward_bytes = 0, context_backward_bytes = 0;  // sent per rank in the context group
   double expert_forward_bytes = 0, expert_backward_bytes = 0;    // sent per rank in the expert group
+  // The activation memory's highs in one step, on top of what is already held:
+  //   forward_peak_bytes   the most held during forward above what was held when it began, the
+  //                        layer's kept activations included (buffers that live only during the
+  //                        call come on top of them; 0: just the kept ones, forward_high());
+  //   backward_peak_bytes  the most held during backward above everything kept and the output
+  //                        gradient it was handed, the input gradient it returns included.
+  std::int64_t forward_peak_bytes = 0, backward_peak_bytes = 0;
+
+  constexpr std::int64_t forward_high() const {
+    return forward_peak_bytes > activation_bytes ? forward_peak_bytes : activation_bytes;
+  }
 
   // `next` runs after this: everything adds up, the output is next's.
+  // Forward: next runs while this layer's kept activations are held. Backward: next's runs
+  // first and hands back the gradient of this layer's output, held while this layer's runs.
   constexpr layer_cost then(const layer_cost& next) const {
     layer_cost r = *this + next;
     r.output_bytes = next.output_bytes;
+    r.forward_peak_bytes = max_of(forward_high(), activation_bytes + next.forward_high());
+    r.backward_peak_bytes = max_of(next.backward_peak_bytes, output_bytes + backward_peak_bytes);
     return r;
   }
   // n copies one after another.
@@ -73,6 +88,8 @@ struct layer_cost {
     r.context_backward_bytes = double(n) * context_backward_bytes;
     r.expert_forward_bytes = double(n) * expert_forward_bytes;
     r.expert_backward_bytes = double(n) * expert_backward_bytes;
+    r.forward_peak_bytes = (n - 1) * activation_bytes + forward_high();
+    r.backward_peak_bytes = n > 1 ? output_bytes + backward_peak_bytes : backward_peak_bytes;
     return r;
   }
   // Side by side (two branches over the same input): everything adds up, outputs included.
@@ -94,8 +111,12 @@ struct layer_cost {
     r.context_backward_bytes += o.context_backward_bytes;
     r.expert_forward_bytes += o.expert_forward_bytes;
     r.expert_backward_bytes += o.expert_backward_bytes;
+    // At most both at once.
+    r.forward_peak_bytes = forward_high() + o.forward_high();
+    r.backward_peak_bytes += o.backward_peak_bytes;
     return r;
   }
+  static constexpr std::int64_t max_of(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
   constexpr double tensor_bytes() const { return tensor_forward_bytes + tensor_backward_bytes; }
   constexpr double context_bytes() const { return context_forward_bytes + context_backward_bytes; }
   constexpr double expert_bytes() const { return expert_forward_bytes + expert_backward_bytes; }

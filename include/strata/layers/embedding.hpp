@@ -63,6 +63,11 @@ class embedding {
       r.tensor_forward_bytes = tensor_edge_bytes::leave_forward(s.tp, double(rows * c.channels * bytes));
       r.tensor_backward_bytes = tensor_edge_bytes::leave_backward(s.tp, double(rows * c.channels * bytes));
     }
+    // Under sequence parallelism every token's rows before the reduce-scatter, and every token's
+    // output gradient (gathered) in backward.
+    const std::int64_t whole = s.tp.sequence_parallel ? rows * c.channels * bytes : 0;
+    r.forward_peak_bytes = r.activation_bytes + whole;
+    r.backward_peak_bytes = whole;
     return r;
   }
 

@@ -2,7 +2,8 @@
 //
 // Shapes: x [rows, in], W [out, in] (the layout PyTorch and GPT-2 checkpoints use), b [out],
 // y [rows, out]. Keeps a view of its input (owned by the layer before it) and owns its output.
-// With config.gelu the output is GELU(x·Wᵀ + b) (the MLP's first projection): bias and GELU run
+// With config.gelu the output is GELU(x·Wᵀ + b) (the MLP's first projection; config.gelu_kind
+// says tanh or exact, kernels/gelu_form.hpp): bias and GELU run
 // fused (kernels linear_gelu_forward, and bias_gelu_backward for the bias gradient), and the layer
 // keeps the pre-activation as well.
 //
@@ -56,9 +57,9 @@ class linear {
     std::array<std::int64_t, tensor_shard::max_blocks> block_sizes{};
     // With block_sizes: the heads in each group (0: any split), for degrees above a group's heads.
     std::array<std::int64_t, tensor_shard::max_blocks> block_heads{};
-    // GELU (tanh approximation) on the output, fused with the bias. Not with a row split, whose
-    // output is a partial sum.
+    // GELU on the output, fused with the bias. Not with a row split, whose output is a partial sum.
     bool gelu = false;
+    gelu_form gelu_kind = gelu_form::tanh;  // with gelu: the tanh approximation or the exact form
 
     constexpr int block_count() const {
       if (block_sizes[0] <= 0) return blocks;
@@ -116,6 +117,24 @@ class linear {
     }
     if (c.split == tensor_split_kind::column && t > 1)  // the weight gradients of shared heads, summed
       r.tensor_backward_bytes += ring_all_reduce_bytes(double(shared_gradient_elements(c, int(t)) * bytes), int(t));
+    // Memory beyond the kept output, over the calls (backward's scratch included).
+    if (c.split == tensor_split_kind::row) {
+      // Under sequence parallelism forward's partial sums and backward's gathered output gradient
+      // are whole; the input gradient has this rank's features of every token.
+      const std::int64_t whole_out = tp.sequence_parallel ? rows * c.out * bytes : 0;
+      r.forward_peak_bytes = r.activation_bytes + whole_out;
+      r.backward_peak_bytes = whole_out + rows * (c.in / t) * bytes;
+    } else {
+      // The input gathered under sequence parallelism (forward, and again in backward), the input
+      // gradient of every token, GELU's pre-activation gradient or, under sequence parallelism,
+      // this rank's tokens' input gradient (reduce-scattered) - the two never at once.
+      const std::int64_t rows_in = c.split == tensor_split_kind::column ? rows : s.tp.local_rows(rows);
+      const std::int64_t gathered = tp.sequence_parallel ? rows * c.in * bytes : 0;
+      const std::int64_t dpre = c.gelu ? rows_in * local_out(c, int(t)) * bytes : 0;
+      const std::int64_t mine = tp.sequence_parallel ? tp.local_rows(rows) * c.in * bytes : 0;
+      r.forward_peak_bytes = r.activation_bytes + gathered;
+      r.backward_peak_bytes = gathered + rows_in * c.in * bytes + (dpre > mine ? dpre : mine);
+    }
     return r;
   }
 
@@ -219,7 +238,7 @@ class linear {
       // dy is GELU's output gradient: the pre-activation's, and the bias gradient in the same pass.
       buffer<T> dpre(ledger, memory_category::activations, dy.size(), uninitialized);
       kernels::bias_gelu_backward(device{}, dpre.data(), cfg_.bias ? p.grads(bias_) : nullptr, out_.data(), dy.data(),
-                                  rows_, out_local_);
+                                  rows_, out_local_, cfg_.gelu_kind);
       kernels::linear_backward(device{}, scope_.workspace(), dinp.data(), p.grads(weight_), nullptr, dpre.data(), x,
                                p.weights(weight_), rows_, in_local_, out_local_);
     } else {
@@ -279,7 +298,7 @@ class linear {
     ensure_size(out_, scope_.ledger(), memory_category::activations, rows_ * out_local_);
     ensure_size(act_, scope_.ledger(), memory_category::activations, rows_ * out_local_);
     kernels::linear_gelu_forward(device{}, scope_.workspace(), act_.data(), out_.data(), x.data,
-                                 scope_.params().weights(weight_), bias, rows_, in_local_, out_local_);
+                                 scope_.params().weights(weight_), bias, rows_, in_local_, out_local_, cfg_.gelu_kind);
     strata::shape s = x.shape;
     s.dims[static_cast<std::size_t>(s.rank - 1)] = out_local_;
     return {act_.data(), s};

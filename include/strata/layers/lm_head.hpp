@@ -61,6 +61,12 @@ class lm_head {
     r.forward_flops = 2 * rows * c.channels * vl + 5 * rows * vl;
     r.backward_flops = 4 * rows * c.channels * vl;
     r.activation_bytes = rows * vl * bytes + rows * static_cast<std::int64_t>(sizeof(A)) + rows * 4;
+    // The input gathered under sequence parallelism (beside the logits in forward; again in
+    // backward, beside the input gradient of every token and this rank's tokens' share of it).
+    const std::int64_t gathered = s.tp.sequence_parallel ? rows * c.channels * bytes : 0;
+    r.forward_peak_bytes = layer_cost::max_of(r.activation_bytes, gathered + rows * vl * bytes);
+    const std::int64_t mine = s.tp.sequence_parallel ? s.tp.local_rows(rows) * c.channels * bytes : 0;
+    r.backward_peak_bytes = rows * c.channels * bytes + gathered + mine;
     if (t > 1) {
       const double input = double(rows * c.channels * bytes);
       r.tensor_forward_bytes = tensor_edge_bytes::enter_forward(s.tp, input) +

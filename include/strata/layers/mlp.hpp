@@ -1,6 +1,7 @@
-// strata/layers/mlp.hpp - the Transformer feed-forward block: fc, tanh-GELU, projection.
+// strata/layers/mlp.hpp - the Transformer feed-forward block: fc, GELU, projection.
 //
 // x [rows, C] -> h = GELU(x·W1ᵀ + b1) [rows, F] -> y = h·W2ᵀ + b2 [rows, C]; F is 4C in GPT-2.
+// GELU is the tanh approximation (GPT-2) unless config.gelu says exact (GPT-NeoX, Pythia).
 // fc applies GELU itself (linear's config.gelu), fused with its bias. Tensor parallel over t
 // ranks: fc column-parallel (F/t features each), GELU on them, the projection row-parallel: one
 // region, entered and left once.
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "strata/core/tensor.hpp"
+#include "strata/kernels/gelu_form.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/linear.hpp"
 
@@ -23,14 +25,19 @@ class mlp {
     std::int64_t channels = 0, hidden = 0;
     double init_std = 0.02;
     double proj_init_std = 0.02;
+    gelu_form gelu = gelu_form::tanh;
   };
 
   // Each token alone: generation runs forward on the new tokens (layers/cached_forward.hpp).
   static constexpr bool position_wise = true;
 
   static constexpr typename linear<P>::config fc_config(const config& c) {
-    return {
-        .in = c.channels, .out = c.hidden, .init_std = c.init_std, .split = tensor_split_kind::column, .gelu = true};
+    return {.in = c.channels,
+            .out = c.hidden,
+            .init_std = c.init_std,
+            .split = tensor_split_kind::column,
+            .gelu = true,
+            .gelu_kind = c.gelu};
   }
   static constexpr typename linear<P>::config proj_config(const config& c) {
     return {.in = c.hidden, .out = c.channels, .init_std = c.proj_init_std, .split = tensor_split_kind::row};

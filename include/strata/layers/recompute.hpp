@@ -73,6 +73,10 @@ class recompute {
     layer_cost r = L::cost(c, s);
     switch (mode_in(s)) {
       case recompute_mode::full:
+        // Forward copies the output out before letting go of the rest; backward runs forward
+        // again, and its own backward on top of what that keeps.
+        r.forward_peak_bytes = layer_cost::max_of(r.forward_high(), r.activation_bytes + r.output_bytes);
+        r.backward_peak_bytes = layer_cost::max_of(r.forward_high(), r.activation_bytes + r.backward_peak_bytes);
         r.activation_bytes = r.output_bytes;
         r.backward_flops += r.forward_flops;
         r.tensor_backward_bytes += r.tensor_forward_bytes;

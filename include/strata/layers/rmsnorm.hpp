@@ -45,6 +45,7 @@ class rmsnorm {
     r.backward_flops = 2 * r.forward_flops;
     r.output_bytes = rows * c.channels * static_cast<std::int64_t>(sizeof(T));
     r.activation_bytes = r.output_bytes + rows * static_cast<std::int64_t>(sizeof(A));
+    r.backward_peak_bytes = r.output_bytes;  // the input gradient
     if (s.tp.sequence_parallel)
       r.tensor_backward_bytes =
           ring_all_reduce_bytes(double(c.channels * static_cast<std::int64_t>(sizeof(T))), s.tp.degree);

@@ -51,7 +51,13 @@ class swiglu {
     gate.forward_flops = 4 * features;  // sigmoid, two products
     gate.backward_flops = 2 * gate.forward_flops;
     gate.output_bytes = gate.activation_bytes = features * static_cast<std::int64_t>(sizeof(T));
-    return linear<P>::cost(gate_up_config(c), s).then(gate).then(linear<P>::cost(down_config(c), s));
+    const layer_cost gate_up = linear<P>::cost(gate_up_config(c), s), down = linear<P>::cost(down_config(c), s);
+    layer_cost r = gate_up.then(gate).then(down);
+    // Backward holds the gate's output gradient and its pre-activations' (twice as wide) while
+    // gate|up's backward runs.
+    r.backward_peak_bytes =
+        layer_cost::max_of(down.backward_peak_bytes, 3 * gate.output_bytes + gate_up.backward_peak_bytes);
+    return r;
   }
 
   swiglu(module_scope<P> scope, const config& c)

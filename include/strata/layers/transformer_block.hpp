@@ -2,9 +2,16 @@
 //
 //   r = x + attn(norm_1(x));   y = r + ffn(norm_2(r))        x, r, y: [B, T, C]
 //
+// or, with config.parallel_residual (GPT-NeoX, GPT-J, Pythia), both branches from the input:
+//
+//   y = x + attn(norm_1(x)) + ffn(norm_2(x))
+//
 // GPT-2's is transformer_block<P> (LayerNorm, multi-head attention with biases, GELU MLP);
 // Llama's is llama_block<P> = transformer_block<P, rmsnorm, swiglu> with a config saying
-// kv_heads, rope_theta and bias = false. Under tensor parallelism attention and the feed-forward
+// kv_heads, rope_theta and bias = false; GPT-NeoX's is transformer_block<P> with rope_theta,
+// rotary_fraction 0.25, fused_qkv = per_head, gelu = exact and parallel_residual. The attention
+// variants (rotary_fraction, fused_qkv) are attention.hpp's; gelu reaches a feed-forward block
+// that has that setting (mlp). Under tensor parallelism attention and the feed-forward
 // block are one tensor-parallel region each; norms and residuals see whole activations (or, under
 // sequence parallelism, [B, T/t, C]: this rank's tokens). recompute_core(true) hands selective
 // recomputation to the attention. Checkpoint names: ln_1, attn, ln_2, mlp, whatever the norm.
@@ -14,6 +21,7 @@
 #include <cstdint>
 
 #include "strata/core/profile.hpp"
+#include "strata/kernels/gelu_form.hpp"
 #include "strata/kernels/residual.hpp"
 #include "strata/layers/attention.hpp"
 #include "strata/layers/cached_forward.hpp"
@@ -50,10 +58,14 @@ class transformer_block {
     std::int64_t channels = 0, heads = 0, hidden = 0;  // hidden: the MLP width, 4C in GPT-2
     double eps = 1e-5;
     double init_std = 0.02;
-    double proj_init_std = 0.02;  // residual projections; GPT-2 uses 0.02/sqrt(2·layers)
-    std::int64_t kv_heads = 0;    // key/value heads (grouped-query attention); 0: as many as heads
-    double rope_theta = 0;        // rotary position embedding's base; 0: none
-    bool bias = true;             // biases on the attention's projections
+    double proj_init_std = 0.02;                 // residual projections; GPT-2 uses 0.02/sqrt(2·layers)
+    std::int64_t kv_heads = 0;                   // key/value heads (grouped-query attention); 0: as many as heads
+    double rope_theta = 0;                       // rotary position embedding's base; 0: none
+    bool bias = true;                            // biases on the attention's projections
+    double rotary_fraction = 1;                  // the share of each head the rotary embedding turns
+    qkv_layout fused_qkv = qkv_layout::grouped;  // the fused QKV weight's row order
+    gelu_form gelu = gelu_form::tanh;            // the feed-forward block's GELU, where it has one
+    bool parallel_residual = false;              // y = x + attn(norm_1(x)) + ffn(norm_2(x))
     // The feed-forward block's own settings, where it has them (moe_options for st::moe).
     typename detail::ffn_options_of<FeedForward<P>>::type ffn{};
   };
@@ -69,6 +81,8 @@ class transformer_block {
             .kv_heads = c.kv_heads,
             .rope_theta = c.rope_theta,
             .bias = c.bias,
+            .rotary_fraction = c.rotary_fraction,
+            .fused_qkv = c.fused_qkv,
             .init_std = c.init_std,
             .proj_init_std = c.proj_init_std};
   }
@@ -79,25 +93,48 @@ class transformer_block {
               .init_std = c.init_std,
               .proj_init_std = c.proj_init_std,
               .options = c.ffn};
-    else return {.channels = c.channels, .hidden = c.hidden, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
+    else {
+      typename ffn_type::config f{
+          .channels = c.channels, .hidden = c.hidden, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
+      if constexpr (requires { f.gelu = c.gelu; }) f.gelu = c.gelu;
+      return f;
+    }
   }
 
   static constexpr tensor_extent_list tensor_extents(const config& c) {
     return attention<P>::tensor_extents(attn_config(c)).add(ffn_type::tensor_extents(mlp_config(c)));
   }
-  // The four layers, plus two residual adds whose sums r and y are kept (y is the output).
+  // The four layers, plus two residual adds whose sums r and y are kept (y is the output); with a
+  // parallel residual one three-way sum, y alone kept.
   static constexpr layer_cost cost(const config& c, const cost_scope& s) {
     layer_cost residual;
     residual.forward_flops = s.local_rows() * c.channels;
     residual.backward_flops = 2 * residual.forward_flops;
     residual.output_bytes = residual.activation_bytes =
         s.local_rows() * c.channels * static_cast<std::int64_t>(sizeof(T));
-    const layer_cost ln = norm_type::cost(ln_config(c), s);
-    return ln.then(attention<P>::cost(attn_config(c), s))
-        .then(residual)
-        .then(ln)
-        .then(ffn_type::cost(mlp_config(c), s))
-        .then(residual);
+    const layer_cost ln = norm_type::cost(ln_config(c), s), attn = attention<P>::cost(attn_config(c), s),
+                     ffn = ffn_type::cost(mlp_config(c), s);
+    layer_cost r;
+    if (c.parallel_residual) {
+      layer_cost sum = residual;
+      sum.forward_flops = sum.backward_flops = 2 * residual.forward_flops;
+      r = ln.then(attn).then(ln).then(ffn).then(sum);
+    } else {
+      r = ln.then(attn).then(residual).then(ln).then(ffn).then(residual);
+    }
+    // The sums' buffers come first, then the four layers in turn. Backward hands the output
+    // gradient straight to the feed-forward block; a gradient of the width of x is held while
+    // attention runs, and two while the first norm does (the parallel form likewise).
+    const std::int64_t x = residual.output_bytes, sums = (c.parallel_residual ? 1 : 2) * x;
+    r.forward_peak_bytes =
+        sums +
+        layer_cost::max_of(layer_cost::max_of(ln.forward_high(), ln.activation_bytes + attn.forward_high()),
+                           layer_cost::max_of(ln.activation_bytes + attn.activation_bytes + ln.forward_high(),
+                                              2 * ln.activation_bytes + attn.activation_bytes + ffn.forward_high()));
+    r.backward_peak_bytes =
+        layer_cost::max_of(layer_cost::max_of(ffn.backward_peak_bytes, x + ln.backward_peak_bytes),
+                           layer_cost::max_of(x + attn.backward_peak_bytes, 2 * x + ln.backward_peak_bytes));
+    return r;
   }
 
   transformer_block(module_scope<P> scope, const config& c)
@@ -122,6 +159,14 @@ class transformer_block {
 
   buffer<T> backward(const buffer<T>& dout) {
     const auto n = static_cast<std::int64_t>(dout.size());
+    if (cfg_.parallel_residual) {
+      // y = x + attn(ln_1(x)) + mlp(ln_2(x)): dx = ln_2ᵀ(mlpᵀ(dy)) + ln_1ᵀ(attnᵀ(dy)) + dy.
+      buffer<T> dx = ln_2_.backward(mlp_.backward(dout));
+      buffer<T> dx_attn = ln_1_.backward(attn_.backward(dout));
+      add_residual("residual.backward", dx.data(), dx.data(), dx_attn.data(), n);
+      add_residual("residual.backward", dx.data(), dx.data(), dout.data(), n);
+      return dx;
+    }
     // y = r + mlp(ln_2(r)): dr = ln_2ᵀ(mlpᵀ(dy)) + dy, the second term from the skip path.
     buffer<T> dr = ln_2_.backward(mlp_.backward(dout));
     add_residual("residual.backward", dr.data(), dr.data(), dout.data(), n);
@@ -160,6 +205,14 @@ class transformer_block {
   tensor_view<const T> forward_with(tensor_view<const T> x, Attend&& attend) {
     const std::int64_t n = x.numel();
     auto& ledger = scope_.ledger();
+    if (cfg_.parallel_residual) {
+      ensure_size(out_, ledger, memory_category::activations, n);
+      auto a = attend(ln_1_.forward(x));
+      add_residual("residual.forward", out_.data(), x.data, a.data, n);
+      auto m = mlp_.forward(ln_2_.forward(x));
+      add_residual("residual.forward", out_.data(), out_.data(), m.data, n);
+      return {out_.data(), x.shape};
+    }
     ensure_size(resid_, ledger, memory_category::activations, n);
     ensure_size(out_, ledger, memory_category::activations, n);
     auto a = attend(ln_1_.forward(x));

@@ -78,7 +78,8 @@ struct plan_result {
   std::int64_t expert_params_per_rank = 0;  // of it, a mixture's experts (its share under expert parallelism)
   std::int64_t params_bytes = 0, grads_bytes = 0, master_bytes = 0, optimizer_bytes = 0, comm_buffer_bytes = 0;
   std::int64_t activation_bytes_per_microbatch = 0;  // one micro-batch on the busiest stage
-  std::int64_t activation_bytes = 0;                 // at the schedule's peak in flight
+  std::int64_t activation_bytes = 0;                 // kept, at the schedule's peak in flight
+  std::int64_t activation_peak_bytes = 0;            // the step's high: kept, and forward's or backward's scratch
   int in_flight = 1;                                 // (chunk-)micro-batches at that peak
   std::int64_t microbatches = 1;                     // per step and data-parallel rank
   double flops_per_step = 0;                         // the whole model, one iteration, recomputation included
@@ -90,14 +91,20 @@ struct plan_result {
   constexpr std::int64_t model_state_bytes() const {
     return params_bytes + grads_bytes + master_bytes + optimizer_bytes;
   }
-  constexpr std::int64_t total_bytes() const { return model_state_bytes() + activation_bytes + comm_buffer_bytes; }
+  // The activation bytes at the step's high (a plan of model state alone has only kept ones: none).
+  constexpr std::int64_t activation_high_bytes() const {
+    return activation_peak_bytes > activation_bytes ? activation_peak_bytes : activation_bytes;
+  }
+  constexpr std::int64_t total_bytes() const {
+    return model_state_bytes() + activation_high_bytes() + comm_buffer_bytes;
+  }
 
   // True when the busiest rank's bytes fit the device; see model_state_exceeds_device_memory.
   constexpr bool fits(const hw::device_spec& d) const {
     const double mem = d.memory_bytes;
     if (double(model_state_bytes()) > mem)
       return std::is_constant_evaluated() ? model_state_exceeds_device_memory() : false;
-    if (double(activation_bytes) > mem)
+    if (double(activation_high_bytes()) > mem)
       return std::is_constant_evaluated() ? activations_exceed_device_memory() : false;
     if (double(total_bytes()) > mem) return std::is_constant_evaluated() ? total_exceeds_device_memory() : false;
     return true;
@@ -109,9 +116,9 @@ struct plan_result {
                  gb(double(model_state_bytes())), " GB per rank does not fit ", d.name, " (", gb(d.memory_bytes),
                  " GB)");
     STRATA_CHECK(double(total_bytes()) <= d.memory_bytes, "plan: ", gb(double(total_bytes())),
-                 " GB per rank (model state ", gb(double(model_state_bytes())), " + activations ",
-                 gb(double(activation_bytes)), " + buffers ", gb(double(comm_buffer_bytes)), ") does not fit ", d.name,
-                 " (", gb(d.memory_bytes), " GB)");
+                 " GB per rank (model state ", gb(double(model_state_bytes())), " + activations at the step's peak ",
+                 gb(double(activation_high_bytes())), " + buffers ", gb(double(comm_buffer_bytes)), ") does not fit ",
+                 d.name, " (", gb(d.memory_bytes), " GB)");
   }
 };
 
@@ -272,15 +279,25 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
     r.activation_bytes_per_microbatch = mine.before.activation_bytes + act_blocks + mine.after.activation_bytes;
     r.activation_bytes = r.activation_bytes_per_microbatch;
     r.in_flight = 1;
+    const layer_cost model = mine.before.then(mine.block.repeated(per_chunk)).then(mine.after);
+    r.activation_peak_bytes =
+        layer_cost::max_of(model.forward_high(), model.activation_bytes + model.backward_peak_bytes);
   } else {
     // Each stage: its in-flight chunk-micro-batches times its largest chunk (exact for V = 1).
+    // The peak adds to what is in flight (the first backward comes when the most micro-batches
+    // are) the largest chunk's backward scratch, and two activations of the stage boundary: the
+    // output gradient the backward received, and the receive posted for the next action.
+    const layer_cost chunk_blocks = mine.block.repeated(per_chunk);
     for (int stage = 0; stage < p; ++stage) {
-      std::int64_t largest = 0;
+      std::int64_t largest = 0, scratch = 0;
       for (int ch = 0; ch < V; ++ch) {
         const int v = ch * p + stage;
         std::int64_t bytes = act_blocks + (v == 0 ? mine.before.activation_bytes : act_input);
         if (v == p * V - 1) bytes += mine.after.activation_bytes;
         largest = std::max(largest, bytes);
+        layer_cost chunk = v == 0 ? mine.before.then(chunk_blocks) : chunk_blocks;
+        if (v == p * V - 1) chunk = chunk.then(mine.after);
+        scratch = std::max(scratch, chunk.backward_peak_bytes);
       }
       const int n = plan_detail::in_flight(setup.schedule, p, stage, int(M), V);
       if (std::int64_t(n) * largest > r.activation_bytes) {
@@ -288,6 +305,7 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
         r.activation_bytes_per_microbatch = largest * V;
         r.in_flight = n;
       }
+      r.activation_peak_bytes = std::max(r.activation_peak_bytes, std::int64_t(n) * largest + scratch + 2 * act_input);
     }
   }
 

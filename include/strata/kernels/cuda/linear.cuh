@@ -51,16 +51,17 @@ void linear_forward(cuda, workspace& /*ws: unused on the GPU*/, T* out, const T*
 // out[N, OC] = gelu(pre), pre[N, OC] = inp . weight^T + bias: the MLP's first projection and
 // its activation. bf16 and fp16 with a bias and OC a multiple of 8 (the aux buffer's alignment
 // rule) run one GEMM (cuBLASLt GELU_AUX_BIAS, checked against the host for those types in
-// tests/cuda); otherwise linear_forward, then gelu_forward. Not for fp64 (no GELU on the GPU).
+// tests/cuda); otherwise, and for the exact form (cuBLASLt's epilogue is the tanh one),
+// linear_forward, then gelu_forward. Not for fp64 (no GELU on the GPU).
 template <class T>
 void linear_gelu_forward(cuda, workspace& ws, T* out, T* pre, const T* inp, const T* weight,
                          const std::type_identity_t<T>* bias /*nullable*/, std::int64_t N, std::int64_t C,
-                         std::int64_t OC) {
+                         std::int64_t OC, gelu_form form = gelu_form::tanh) {
   static_assert(!std::is_same_v<T, double>, "linear_gelu_forward: no GELU for fp64 on the GPU");
   STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_gelu_forward: negative size N = ", N, ", C = ", C, ", OC = ", OC);
-  if (std::is_same_v<T, float> || bias == nullptr || OC % 8 != 0) {
+  if (std::is_same_v<T, float> || bias == nullptr || OC % 8 != 0 || form == gelu_form::exact) {
     linear_forward(cuda{}, ws, pre, inp, weight, bias, N, C, OC);
-    gelu_forward(cuda{}, out, pre, N * OC);
+    gelu_forward(cuda{}, out, pre, N * OC, form);
     return;
   }
   cuda_detail::lt_epilogue ep;

@@ -41,9 +41,14 @@ namespace linear_detail {
 // pre[i] += bias[i] (when given), out[i] = GELU(pre[i]) over one row. restrict: the caller's
 // arrays never overlap, and the compiler would otherwise not vectorise.
 template <class T>
-inline void bias_gelu_row(T* __restrict out, T* __restrict pre, const T* __restrict bias, std::int64_t n) {
+inline void bias_gelu_row(T* __restrict out, T* __restrict pre, const T* __restrict bias, std::int64_t n,
+                          gelu_form form) {
   if (bias)
     for (std::int64_t i = 0; i < n; ++i) pre[i] += bias[i];
+  if (form == gelu_form::exact) {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = pre[i] * gelu_detail::exact_cdf(pre[i]);
+    return;
+  }
   for (std::int64_t i = 0; i < n; ++i) out[i] = pre[i] * gelu_detail::half_one_plus_tanh(pre[i]);
 }
 }  // namespace linear_detail
@@ -56,15 +61,15 @@ inline void bias_gelu_row(T* __restrict out, T* __restrict pre, const T* __restr
 template <class T>
 void linear_gelu_forward(host, workspace& ws, T* out, T* pre, const T* inp, const T* weight,
                          const std::type_identity_t<T>* bias /*nullable*/, std::int64_t N, std::int64_t C,
-                         std::int64_t OC) {
+                         std::int64_t OC, gelu_form form = gelu_form::tanh) {
   STRATA_CHECK(N >= 0 && C >= 0 && OC >= 0, "linear_gelu_forward: negative size N = ", N, ", C = ", C, ", OC = ", OC);
   if constexpr (std::is_same_v<T, acc_t<T>>) {
     gemm<T>(host{}, ws, false, true, N, OC, C, T(1), inp, C, weight, C, T(0), pre, OC);
 #pragma omp parallel for schedule(static) if (N * OC > 32768)
-    for (std::int64_t n = 0; n < N; ++n) linear_detail::bias_gelu_row(out + n * OC, pre + n * OC, bias, OC);
+    for (std::int64_t n = 0; n < N; ++n) linear_detail::bias_gelu_row(out + n * OC, pre + n * OC, bias, OC, form);
   } else {
     linear_forward(host{}, ws, pre, inp, weight, bias, N, C, OC);
-    gelu_forward(host{}, out, pre, N * OC);
+    gelu_forward(host{}, out, pre, N * OC, form);
   }
 }
 

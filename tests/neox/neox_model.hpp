@@ -1,0 +1,91 @@
+// tests/neox/neox_model.hpp - a GPT-NeoX / Pythia-shaped model declared from strata's layers
+// alone (no layer of its own): the test of issue 33's variants working together.
+//
+// GPT-NeoX's architecture: a token embedding with no position table; blocks with a parallel
+// residual (y = x + attn(ln_1(x)) + mlp(ln_2(x))), LayerNorm with biases, attention with biases,
+// its fused query_key_value weight's rows per head ([heads, 3, d]) and rotary positions on the
+// first quarter of each head; an MLP with exact (erf) GELU; a final LayerNorm; an untied LM head.
+// hf_name maps each strata parameter to GPTNeoXForCausalLM's name: the layouts agree, so the
+// weights load without transposes or permutations.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include <strata/layers/embedding.hpp>
+#include <strata/layers/layernorm.hpp>
+#include <strata/layers/lm_head.hpp>
+#include <strata/layers/sequential.hpp>
+#include <strata/layers/transformer_block.hpp>
+
+namespace neox {
+namespace st = strata;
+
+struct dims {
+  std::int64_t vocab = 64, seq = 8, layers = 2, heads = 2, d_model = 32, ffn = 128;
+  double rope_theta = 10000.0, rotary_fraction = 0.25, norm_eps = 1e-5;
+  // GPT-NeoX's variants, settable so that a test can show each one matters.
+  st::qkv_layout fused_qkv = st::qkv_layout::per_head;
+  st::gelu_form gelu = st::gelu_form::exact;
+  bool parallel_residual = true;
+};
+
+template <class P>
+struct model {
+  using policy = P;
+  using config = dims;
+
+  static constexpr auto layers(const dims& d) {
+    return st::sequential(st::layer<st::embedding<P>>("", {.vocab = d.vocab, .max_seq = 0, .channels = d.d_model}),
+                          st::blocks<st::transformer_block<P>>("h", d.layers,
+                                                               {.channels = d.d_model,
+                                                                .heads = d.heads,
+                                                                .hidden = d.ffn,
+                                                                .eps = d.norm_eps,
+                                                                .rope_theta = d.rope_theta,
+                                                                .rotary_fraction = d.rotary_fraction,
+                                                                .fused_qkv = d.fused_qkv,
+                                                                .gelu = d.gelu,
+                                                                .parallel_residual = d.parallel_residual}),
+                          st::layer<st::layernorm<P>>("ln_f", {.channels = d.d_model, .eps = d.norm_eps}),
+                          st::layer<st::lm_head<P>>("lm_head", {.vocab = d.vocab, .channels = d.d_model}));
+  }
+  static nlohmann::json describe(const dims& d) {
+    return {{"family", "gpt-neox"},
+            {"layers", d.layers},
+            {"heads", d.heads},
+            {"d_model", d.d_model},
+            {"ffn", d.ffn},
+            {"seq", d.seq},
+            {"vocab", d.vocab},
+            {"rope_theta", d.rope_theta},
+            {"rotary_fraction", d.rotary_fraction},
+            {"norm_eps", d.norm_eps},
+            {"per_head_qkv", d.fused_qkv == st::qkv_layout::per_head},
+            {"exact_gelu", d.gelu == st::gelu_form::exact},
+            {"parallel_residual", d.parallel_residual}};
+  }
+};
+
+// GPTNeoXForCausalLM's name of a strata parameter (or "" for one it does not know).
+inline std::string hf_name(const std::string& name) {
+  if (name == "wte") return "gpt_neox.embed_in.weight";
+  if (name == "lm_head.weight") return name;
+  if (name.rfind("ln_f.", 0) == 0) return "gpt_neox.final_layer_norm." + name.substr(5);
+  if (name.rfind("h.", 0) != 0) return "";
+  const auto dot = name.find('.', 2);
+  const std::string layer = name.substr(2, dot - 2), rest = name.substr(dot + 1);
+  const std::string prefix = "gpt_neox.layers." + layer + ".";
+  const std::pair<const char*, const char*> renames[] = {{"ln_1.", "input_layernorm."},
+                                                         {"ln_2.", "post_attention_layernorm."},
+                                                         {"attn.qkv.", "attention.query_key_value."},
+                                                         {"attn.proj.", "attention.dense."},
+                                                         {"mlp.fc.", "mlp.dense_h_to_4h."},
+                                                         {"mlp.proj.", "mlp.dense_4h_to_h."}};
+  for (const auto& [from, to] : renames)
+    if (rest.rfind(from, 0) == 0) return prefix + to + rest.substr(std::string(from).size());
+  return "";
+}
+
+}  // namespace neox
