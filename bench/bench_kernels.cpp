@@ -475,6 +475,209 @@ void BM_convert_array(benchmark::State& state) {
 using strata::bf16;
 
 // linear at the attention projection (OC = C) and the MLP up-projection (OC = 4C).
+
+// --- The building blocks against the hand-written kernels they replaced ----------------------
+// residual, SwiGLU and RMSNorm are written with kernels/elementwise.hpp and kernels/rowwise.hpp;
+// their hand-written host loops, as they were, are kept here as the baseline. Each benchmark
+// runs both, alternately in the same loop, and reports each one's time per call and
+// ratio = hand-written time / building-block time (>= 1: the building block is as fast or faster).
+namespace hand_written {
+using strata::acc_t;
+using strata::convert;
+
+template <class T>
+void residual_forward(T* out, const T* a, const T* b, std::int64_t n) {
+  using A = acc_t<T>;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = convert<T>(convert<A>(a[i]) + convert<A>(b[i]));
+}
+
+template <class T>
+void residual_backward(T* da, T* db, const T* dout, std::int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (da) da[i] = dout[i];
+    if (db) db[i] = dout[i];
+  }
+}
+
+template <class T>
+void swiglu_forward(T* out, const T* gate_up, std::int64_t N_, std::int64_t H) {
+  using A = acc_t<T>;
+#pragma omp parallel for schedule(static) if (N_ * H > 65536)
+  for (std::int64_t n = 0; n < N_; ++n) {
+    const T* z = gate_up + n * 2 * H;
+    const T* u = z + H;
+    T* y = out + n * H;
+    for (std::int64_t i = 0; i < H; ++i) {
+      const A zi = convert<A>(z[i]);
+      const A sig = A(1) / (A(1) + k::exp_fast(-zi));
+      y[i] = convert<T>(zi * sig * convert<A>(u[i]));
+    }
+  }
+}
+
+template <class T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, std::int64_t N_, std::int64_t H) {
+  using A = acc_t<T>;
+#pragma omp parallel for schedule(static) if (N_ * H > 65536)
+  for (std::int64_t n = 0; n < N_; ++n) {
+    const T* z = gate_up + n * 2 * H;
+    const T* u = z + H;
+    const T* dy = dout + n * H;
+    T* dz = dgate_up + n * 2 * H;
+    T* du = dz + H;
+    for (std::int64_t i = 0; i < H; ++i) {
+      const A zi = convert<A>(z[i]), g = convert<A>(dy[i]);
+      const A sig = A(1) / (A(1) + k::exp_fast(-zi));
+      dz[i] = convert<T>(g * convert<A>(u[i]) * sig * (A(1) + zi * (A(1) - sig)));
+      du[i] = convert<T>(g * zi * sig);
+    }
+  }
+}
+
+template <class T>
+void rmsnorm_forward(T* out, acc_t<T>* rstd, const T* inp, const T* weight, std::int64_t N_, std::int64_t C_,
+                     acc_t<T> eps) {
+#pragma omp parallel for schedule(static) if (N_ * C_ > 16384)
+  for (std::int64_t n = 0; n < N_; ++n) {
+    const auto s = k::rmsnorm_detail::normalise_row(out + n * C_, inp + n * C_, weight, C_, eps);
+    if (rstd) rstd[n] = s;
+  }
+}
+
+template <class T>
+void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const acc_t<T>* rstd,
+                      std::int64_t N_, std::int64_t C_) {
+  using A = acc_t<T>;
+#pragma omp parallel for schedule(static) if (N_ * C_ > 16384)
+  for (std::int64_t n = 0; n < N_; ++n) {
+    const T* x = inp + n * C_;
+    const T* dy = dout + n * C_;
+    T* dx = dinp + n * C_;
+    const A s = rstd[n];
+    const A dnorm_norm_mean =
+        k::layernorm_detail::sum_in_lanes<A>(
+            C_, [=](std::int64_t c) { return convert<A>(dy[c]) * convert<A>(weight[c]) * (convert<A>(x[c]) * s); }) /
+        A(C_);
+    for (std::int64_t c = 0; c < C_; ++c) {
+      const A norm = convert<A>(x[c]) * s;
+      const A dnorm = convert<A>(dy[c]) * convert<A>(weight[c]);
+      dx[c] = convert<T>(s * (dnorm - norm * dnorm_norm_mean));
+    }
+  }
+  constexpr std::int64_t block = 64;
+  const std::int64_t blocks = (C_ + block - 1) / block;
+#pragma omp parallel for schedule(static) if (N_ * C_ > 16384)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t lo = b * block, hi = lo + block < C_ ? lo + block : C_;
+    A dw[block] = {};
+    for (std::int64_t n = 0; n < N_; ++n) {
+      const T* x = inp + n * C_;
+      const T* dy = dout + n * C_;
+      const A s = rstd[n];
+      for (std::int64_t c = lo; c < hi; ++c) dw[c - lo] += convert<A>(dy[c]) * (convert<A>(x[c]) * s);
+    }
+    for (std::int64_t c = lo; c < hi; ++c) dweight[c] = convert<T>(convert<A>(dweight[c]) + dw[c - lo]);
+  }
+}
+}  // namespace hand_written
+
+// Times hand() and built() alternately, one call each per iteration; the iteration time is the
+// building block's (manual time), the counters say both and their ratio.
+template <class Hand, class Built>
+void side_by_side(benchmark::State& state, Hand hand, Built built, double bytes) {
+  using clock = std::chrono::steady_clock;
+  hand(), built();  // warm
+  double t_hand = 0, t_built = 0;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    hand();
+    const auto t1 = clock::now();
+    built();
+    const auto t2 = clock::now();
+    const double h = std::chrono::duration<double>(t1 - t0).count(), b = std::chrono::duration<double>(t2 - t1).count();
+    t_hand += h, t_built += b;
+    state.SetIterationTime(b);
+  }
+  const double n = double(state.iterations());
+  state.counters["hand_us"] = 1e6 * t_hand / n;
+  state.counters["built_us"] = 1e6 * t_built / n;
+  state.counters["ratio"] = t_hand / t_built;
+  state.counters["GBps"] = benchmark::Counter(bytes * n / t_built * 1e-9);
+}
+void side_by_side_us(benchmark::internal::Benchmark* b) {
+  b->MinTime(min_time)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+template <class T_>
+void BM_built_residual_forward(benchmark::State& state) {
+  const std::int64_t n = N * C;
+  auto a = random_array<T_>(n, 15), b = random_array<T_>(n, 16);
+  std::vector<T_> out(a.size()), out2(a.size());
+  side_by_side(
+      state, [&] { hand_written::residual_forward(out2.data(), a.data(), b.data(), n); },
+      [&] { k::residual_forward(host{}, out.data(), a.data(), b.data(), n); }, 3.0 * n * sizeof(T_));
+}
+
+template <class T_>
+void BM_built_residual_backward(benchmark::State& state) {
+  const std::int64_t n = N * C;
+  auto dout = random_array<T_>(n, 17);
+  std::vector<T_> da(dout.size()), db(dout.size());
+  side_by_side(
+      state, [&] { hand_written::residual_backward(da.data(), db.data(), dout.data(), n); },
+      [&] { k::residual_backward(host{}, da.data(), db.data(), dout.data(), n); }, 3.0 * n * sizeof(T_));
+}
+
+template <class T_>
+void BM_built_swiglu_forward(benchmark::State& state) {
+  auto gate_up = random_array<T_>(N * 2 * swiglu_H, 13, 3.0);
+  std::vector<T_> out(static_cast<std::size_t>(N * swiglu_H));
+  side_by_side(
+      state, [&] { hand_written::swiglu_forward(out.data(), gate_up.data(), N, swiglu_H); },
+      [&] { k::swiglu_forward(host{}, out.data(), gate_up.data(), N, swiglu_H); }, 3.0 * N * swiglu_H * sizeof(T_));
+}
+
+template <class T_>
+void BM_built_swiglu_backward(benchmark::State& state) {
+  auto gate_up = random_array<T_>(N * 2 * swiglu_H, 13, 3.0), dout = random_array<T_>(N * swiglu_H, 14);
+  std::vector<T_> dgate_up(gate_up.size());
+  side_by_side(
+      state, [&] { hand_written::swiglu_backward(dgate_up.data(), dout.data(), gate_up.data(), N, swiglu_H); },
+      [&] { k::swiglu_backward(host{}, dgate_up.data(), dout.data(), gate_up.data(), N, swiglu_H); },
+      5.0 * N * swiglu_H * sizeof(T_));
+}
+
+template <class T_>
+void BM_built_rmsnorm_forward(benchmark::State& state) {
+  auto inp = random_array<T_>(N * C, 9), w = random_array<T_>(C, 10);
+  std::vector<T_> out(inp.size());
+  std::vector<strata::acc_t<T_>> rstd(static_cast<std::size_t>(N));
+  const auto eps = strata::acc_t<T_>(1e-5);
+  side_by_side(
+      state, [&] { hand_written::rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), N, C, eps); },
+      [&] { k::rmsnorm_forward(host{}, out.data(), rstd.data(), inp.data(), w.data(), N, C, eps); },
+      2.0 * N * C * sizeof(T_));
+}
+
+template <class T_>
+void BM_built_rmsnorm_backward(benchmark::State& state) {
+  auto inp = random_array<T_>(N * C, 9), w = random_array<T_>(C, 10), dout = random_array<T_>(N * C, 12);
+  std::vector<T_> out(inp.size()), dinp(inp.size()), dw(w.size());
+  std::vector<strata::acc_t<T_>> rstd(static_cast<std::size_t>(N));
+  k::rmsnorm_forward(host{}, out.data(), rstd.data(), inp.data(), w.data(), N, C, strata::acc_t<T_>(1e-5));
+  side_by_side(
+      state,
+      [&] {
+        hand_written::rmsnorm_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), N, C);
+      },
+      [&] {
+        k::rmsnorm_backward(host{}, dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), N, C);
+      },
+      4.0 * N * C * sizeof(T_));
+}
+
 BENCHMARK_TEMPLATE(BM_linear_forward, float)->Arg(C)->Arg(4 * C)->Apply(timed_ms);
 BENCHMARK_TEMPLATE(BM_linear_forward, bf16)->Arg(C)->Arg(4 * C)->Apply(timed_ms);
 BENCHMARK_TEMPLATE(BM_linear_backward, float)->Arg(C)->Arg(4 * C)->Apply(timed_ms);
@@ -558,6 +761,19 @@ BENCHMARK_TEMPLATE(BM_convert_array, bf16, float)->Apply(timed_ms);
 BENCHMARK_TEMPLATE(BM_convert_array, float, bf16)->Apply(timed_ms);
 BENCHMARK_TEMPLATE(BM_convert_array, strata::fp16, float)->Apply(timed_ms);
 BENCHMARK_TEMPLATE(BM_convert_array, float, strata::fp16)->Apply(timed_ms);
+
+BENCHMARK_TEMPLATE(BM_built_residual_forward, float)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_residual_forward, bf16)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_residual_backward, float)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_residual_backward, bf16)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_swiglu_forward, float)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_swiglu_forward, bf16)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_swiglu_backward, float)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_swiglu_backward, bf16)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_rmsnorm_forward, float)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_rmsnorm_forward, bf16)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_rmsnorm_backward, float)->Apply(side_by_side_us);
+BENCHMARK_TEMPLATE(BM_built_rmsnorm_backward, bf16)->Apply(side_by_side_us);
 
 }  // namespace
 

@@ -754,6 +754,102 @@ void test_swiglu(std::int64_t N, std::int64_t H_) {
   check("swiglu_backward", dt, sh, rel_error(dd.host(), dref), tol_for<T>());
 }
 
+// The device-neutral building blocks (kernels/elementwise.hpp, kernels/rowwise.hpp): functors
+// written once, run on both devices, the GPU's results against the host's.
+struct bb_gate {  // y = z · e^u over strided halves; its gradient into two strided outputs
+  template <class A>
+  STRATA_HD void operator()(A& y, A z, A u) const {
+    y = z * k::hd_exp(u);
+  }
+};
+struct bb_gate_backward {
+  template <class A>
+  STRATA_HD void operator()(A& dz, A& du, A dy, A z, A u) const {
+    const A e = k::hd_exp(u);
+    dz = dy * e;
+    du = dy * z * e;
+  }
+};
+template <class T>
+struct bb_rms {  // y = x · w / rms(x); rstd kept
+  const T* x;
+  const T* w;
+  T* y;
+  float* rstd;
+  std::int64_t C;
+  STRATA_HD float term(std::int64_t r, std::int64_t c) const {
+    const float v = st::convert<float>(x[r * C + c]);
+    return v * v;
+  }
+  STRATA_HD float finish(std::int64_t r, float s) const { return rstd[r] = 1.0f / st::hd::sqrt(s / float(C) + 1e-5f); }
+  STRATA_HD void write(std::int64_t r, std::int64_t c, float s) const {
+    y[r * C + c] = st::convert<T>(st::convert<float>(x[r * C + c]) * s * st::convert<float>(w[c]));
+  }
+};
+template <class T>
+struct bb_column_term {
+  const T* dy;
+  const T* x;
+  const float* rstd;
+  std::int64_t C;
+  STRATA_HD float operator()(std::int64_t r, std::int64_t c) const {
+    return st::convert<float>(dy[r * C + c]) * st::convert<float>(x[r * C + c]) * rstd[r];
+  }
+};
+template <class T>
+struct bb_reverse {
+  const T* in;
+  T* out;
+  std::int64_t n;
+  STRATA_HD void operator()(std::int64_t i) const { out[i] = in[n - 1 - i]; }
+};
+
+template <class T>
+void test_building_blocks(std::int64_t N, std::int64_t C) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({N, C});
+  // elementwise: strided forward and a two-output strided backward
+  const auto zu = random_vec<T>(std::size_t(N * 2 * C), -2, 2, 180);
+  const auto g = random_vec<T>(std::size_t(N * C), -1, 1, 181);
+  std::vector<T> y(std::size_t(N * C)), dzu(std::size_t(N * 2 * C));
+  auto fwd = [&](auto dev, T* out, const T* in) {
+    k::elementwise(dev, N, C, k::outputs(out), k::inputs(k::strided(in, 2 * C), k::strided(in + C, 2 * C)), bb_gate{});
+  };
+  auto bwd = [&](auto dev, T* d, const T* dy, const T* in) {
+    k::elementwise(dev, N, C, k::outputs(k::strided(d, 2 * C), k::strided(d + C, 2 * C)),
+                   k::inputs(dy, k::strided(in, 2 * C), k::strided(in + C, 2 * C)), bb_gate_backward{});
+  };
+  fwd(H, y.data(), zu.data());
+  bwd(H, dzu.data(), g.data(), zu.data());
+  dvec<T> dzu_d(zu), dg(g), dy(std::size_t(N * C)), ddzu(nan_vec<T>(std::size_t(N * 2 * C)));
+  fwd(D, dy.get(), dzu_d.get());
+  bwd(D, ddzu.get(), dg.get(), dzu_d.get());
+  check("elementwise (strided)", dt, sh, rel_error(dy.host(), y), tol_for<T>());
+  check("elementwise (two outputs)", dt, sh, rel_error(ddzu.host(), dzu), tol_for<T>());
+  // row_reduce and sum_columns: an RMS norm and its gain's gradient; twice, bitwise equal
+  const auto x = random_vec<T>(std::size_t(N * C), -2, 2, 182);
+  const auto w = random_vec<T>(std::size_t(C), 0.5f, 1.5f, 183);
+  std::vector<T> out(std::size_t(N * C));
+  std::vector<float> rstd(static_cast<std::size_t>(N));
+  auto dw = random_vec<T>(std::size_t(C), -1, 1, 184);
+  dvec<T> dx(x), dwt(w), dout(nan_vec<T>(std::size_t(N * C))), ddw(dw), ddw2(dw);
+  dvec<float> drstd(static_cast<std::size_t>(N));
+  k::row_reduce(H, N, C, bb_rms<T>{x.data(), w.data(), out.data(), rstd.data(), C});
+  k::sum_columns(H, N, C, dw.data(), bb_column_term<T>{g.data(), x.data(), rstd.data(), C});
+  k::row_reduce(D, N, C, bb_rms<T>{dx.get(), dwt.get(), dout.get(), drstd.get(), C});
+  k::sum_columns(D, N, C, ddw.get(), bb_column_term<T>{dg.get(), dx.get(), drstd.get(), C});
+  k::sum_columns(D, N, C, ddw2.get(), bb_column_term<T>{dg.get(), dx.get(), drstd.get(), C});
+  check("row_reduce", dt, sh, rel_error(dout.host(), out), tol_for<T>());
+  check("row_reduce (per-row value)", "fp32", sh, rel_error(drstd.host(), rstd), 1e-5);
+  check("sum_columns", dt, sh, rel_error(ddw.host(), dw), tol_for<T>());
+  check_true("sum_columns (deterministic)", dt, sh, bitwise_equal(ddw.host(), ddw2.host()), "two runs bitwise equal");
+  // for_each_index: a gather
+  dvec<T> rev(std::size_t(N * C));
+  k::for_each_index(D, N * C, bb_reverse<T>{dx.get(), rev.get(), N * C});
+  auto expect = x;
+  std::reverse(expect.begin(), expect.end());
+  check_true("for_each_index", dt, sh, bitwise_equal(rev.host(), expect), "the reversed input, bitwise");
+}
+
 template <class T>
 void test_embedding(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t V) {
   const std::string dt = st::dtype_name<T>(), sh = shape_str({B, T_, C, V});
@@ -1382,6 +1478,10 @@ int main(int argc, char** argv) {
     test_swiglu<bf16>(300, 1024);
     test_swiglu<bf16>(77, 130);  // H not a multiple of the pack: the scalar path
     test_swiglu<fp16>(64, 512);
+    test_building_blocks<float>(300, 768);
+    test_building_blocks<bf16>(1000, 768);
+    test_building_blocks<bf16>(77, 130);  // rows not a multiple of the pack: element by element
+    test_building_blocks<fp16>(64, 512);
     test_embedding<float>(4, 64, 768, 1000);
     test_embedding<bf16>(4, 64, 768, 1000);
     test_embedding<bf16>(3, 50, 100, 77);  // C not a multiple of the pack

@@ -23,6 +23,13 @@ STRATA_HD inline double sqrt(double x) {
   return std::sqrt(x);
 #endif
 }
+STRATA_HD inline float sqrt(float x) {
+#if defined(__CUDA_ARCH__)
+  return ::sqrtf(x);
+#else
+  return std::sqrt(x);
+#endif
+}
 STRATA_HD inline double pow(double x, double y) {
 #if defined(__CUDA_ARCH__)
   return ::pow(x, y);

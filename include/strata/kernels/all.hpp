@@ -15,6 +15,7 @@
 #include "strata/kernels/attention.hpp"
 #include "strata/kernels/cached_attention.hpp"
 #include "strata/kernels/cross_entropy.hpp"
+#include "strata/kernels/elementwise.hpp"
 #include "strata/kernels/embedding.hpp"
 #include "strata/kernels/gelu.hpp"
 #include "strata/kernels/gemm.hpp"
@@ -28,6 +29,7 @@
 #include "strata/kernels/residual.hpp"
 #include "strata/kernels/rmsnorm.hpp"
 #include "strata/kernels/rope.hpp"
+#include "strata/kernels/rowwise.hpp"
 #include "strata/kernels/swiglu.hpp"
 #if defined(__CUDACC__)
 #include "strata/kernels/cuda/runtime.cuh"

@@ -77,6 +77,13 @@ inline launch_dims rows_launch(std::int64_t rows, int warps = 8) {
   return {unsigned(blocks), unsigned(32 * warps)};
 }
 
+// One block per row (kernels::row_reduce): about four columns per thread, 32 to 256 threads, a
+// function of the row length only, so the row sums' order is the same on every GPU.
+inline int row_reduce_block(std::int64_t cols) {
+  STRATA_CHECK(cols > 0, "gpu::row_reduce_block: need cols > 0, got ", cols);
+  return int(32 * std::clamp<std::int64_t>(ceil_div(cols, 32 * 4), 1, 8));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Deterministic column sums (LayerNorm's dweight/dbias, Linear's dbias): out[c] = sum_r f(r, c)
 // over N rows. Rows are cut into `chunks` chunks of `rows_per_chunk` consecutive rows; one block

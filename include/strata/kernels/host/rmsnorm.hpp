@@ -7,16 +7,19 @@
 // out), out = rmsnorm(resid), one pass over the rows with the numbers of residual_forward
 // followed by rmsnorm_forward.
 //
-// Rows are independent and run in parallel; each row's sums use layernorm's fixed lane order.
-// The weight gradient is a column sum over rows, done by column blocks so each element is one
-// fixed sequential sum, whatever the thread count.
+// Written with the row-wise building blocks (kernels/rowwise.hpp): the forward and the input
+// gradient are a row_reduce each (rows in parallel, each row's sum in layernorm's fixed lane
+// order), the weight gradient a sum_columns (fixed row chunks, then the chunks in order): the
+// same bits whatever the thread count.
 #pragma once
 #include <cmath>
 #include <cstdint>
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/hd_math.hpp"
 #include "strata/kernels/host/layernorm.hpp"  // layernorm_detail::sum_in_lanes
+#include "strata/kernels/host/rowwise.hpp"
 #include "strata/policy/device.hpp"
 #include "strata/kernels/host/instantiation.hpp"
 
@@ -34,6 +37,62 @@ inline A normalise_row(T* y, const T* x, const T* weight, std::int64_t C, A eps)
   for (std::int64_t c = 0; c < C; ++c) y[c] = convert<T>(convert<A>(x[c]) * s * convert<A>(weight[c]));
   return s;
 }
+
+// The forward, per row: sum x², then 1/rms, then each output (normalise_row's numbers).
+template <class T, class A = acc_t<T>>
+struct forward_op {
+  T* out;
+  A* rstd;  // nullable
+  const T* inp;
+  const T* weight;
+  std::int64_t C;
+  A eps;
+  STRATA_HD STRATA_ALWAYS_INLINE A term(std::int64_t r, std::int64_t c) const {
+    const A v = convert<A>(inp[r * C + c]);
+    return v * v;
+  }
+  STRATA_HD A finish(std::int64_t r, A sq) const {
+    const A s = A(1) / hd::sqrt(sq / A(C) + eps);
+    if (rstd) rstd[r] = s;
+    return s;
+  }
+  STRATA_HD STRATA_ALWAYS_INLINE void write(std::int64_t r, std::int64_t c, A s) const {
+    out[r * C + c] = convert<T>(convert<A>(inp[r * C + c]) * s * convert<A>(weight[c]));
+  }
+};
+
+// The input gradient, per row: mean(dnorm · norm), then dinp.
+template <class T, class A = acc_t<T>>
+struct backward_op {
+  T* dinp;
+  const T* dout;
+  const T* inp;
+  const T* weight;
+  const A* rstd;
+  std::int64_t C;
+  STRATA_HD STRATA_ALWAYS_INLINE A term(std::int64_t r, std::int64_t c) const {
+    return convert<A>(dout[r * C + c]) * convert<A>(weight[c]) * (convert<A>(inp[r * C + c]) * rstd[r]);
+  }
+  STRATA_HD A finish(std::int64_t, A sum) const { return sum / A(C); }
+  STRATA_HD STRATA_ALWAYS_INLINE void write(std::int64_t r, std::int64_t c, A dnorm_norm_mean) const {
+    const A s = rstd[r];
+    const A norm = convert<A>(inp[r * C + c]) * s;
+    const A dnorm = convert<A>(dout[r * C + c]) * convert<A>(weight[c]);
+    dinp[r * C + c] = convert<T>(s * (dnorm - norm * dnorm_norm_mean));
+  }
+};
+
+// The weight gradient's term: dout · norm.
+template <class T, class A = acc_t<T>>
+struct dweight_term {
+  const T* dout;
+  const T* inp;
+  const A* rstd;
+  std::int64_t C;
+  STRATA_HD STRATA_ALWAYS_INLINE A operator()(std::int64_t r, std::int64_t c) const {
+    return convert<A>(dout[r * C + c]) * (convert<A>(inp[r * C + c]) * rstd[r]);
+  }
+};
 }  // namespace rmsnorm_detail
 
 // rstd may be null when no backward pass follows (inference).
@@ -41,11 +100,7 @@ template <class T>
 void rmsnorm_forward(host, T* out, acc_t<T>* rstd /*nullable*/, const T* inp, const T* weight, std::int64_t N,
                      std::int64_t C, acc_t<T> eps) {
   STRATA_CHECK(N >= 0 && C > 0, "rmsnorm_forward: need N >= 0 and C > 0, got N = ", N, ", C = ", C);
-#pragma omp parallel for schedule(static) if (N * C > 16384)
-  for (std::int64_t n = 0; n < N; ++n) {
-    const auto s = rmsnorm_detail::normalise_row(out + n * C, inp + n * C, weight, C, eps);
-    if (rstd) rstd[n] = s;
-  }
+  row_reduce(host{}, N, C, rmsnorm_detail::forward_op<T>{out, rstd, inp, weight, C, eps});
 }
 
 // resid = a + b, then out = rmsnorm(resid); rstd may be null.
@@ -72,41 +127,11 @@ void residual_rmsnorm_forward(host, T* resid, T* out, acc_t<T>* rstd /*nullable*
 template <class T>
 void rmsnorm_backward(host, T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const acc_t<T>* rstd,
                       std::int64_t N, std::int64_t C) {
-  using A = acc_t<T>;
   STRATA_CHECK(N >= 0 && C > 0, "rmsnorm_backward: need N >= 0 and C > 0, got N = ", N, ", C = ", C);
   STRATA_CHECK(rstd != nullptr, "rmsnorm_backward: rstd from the forward pass is required");
 
-#pragma omp parallel for schedule(static) if (N * C > 16384)
-  for (std::int64_t n = 0; n < N; ++n) {
-    const T* x = inp + n * C;
-    const T* dy = dout + n * C;
-    T* dx = dinp + n * C;
-    const A s = rstd[n];
-    const A dnorm_norm_mean =
-        layernorm_detail::sum_in_lanes<A>(
-            C, [=](std::int64_t c) { return convert<A>(dy[c]) * convert<A>(weight[c]) * (convert<A>(x[c]) * s); }) /
-        A(C);
-    for (std::int64_t c = 0; c < C; ++c) {
-      const A norm = convert<A>(x[c]) * s;
-      const A dnorm = convert<A>(dy[c]) * convert<A>(weight[c]);
-      dx[c] = convert<T>(s * (dnorm - norm * dnorm_norm_mean));
-    }
-  }
-
-  constexpr std::int64_t block = 64;
-  const std::int64_t blocks = (C + block - 1) / block;
-#pragma omp parallel for schedule(static) if (N * C > 16384)
-  for (std::int64_t b = 0; b < blocks; ++b) {
-    const std::int64_t lo = b * block, hi = lo + block < C ? lo + block : C;
-    A dw[block] = {};
-    for (std::int64_t n = 0; n < N; ++n) {
-      const T* x = inp + n * C;
-      const T* dy = dout + n * C;
-      const A s = rstd[n];
-      for (std::int64_t c = lo; c < hi; ++c) dw[c - lo] += convert<A>(dy[c]) * (convert<A>(x[c]) * s);
-    }
-    for (std::int64_t c = lo; c < hi; ++c) dweight[c] = convert<T>(convert<A>(dweight[c]) + dw[c - lo]);
-  }
+  row_reduce(host{}, N, C, rmsnorm_detail::backward_op<T>{dinp, dout, inp, weight, rstd, C});
+  sum_columns(host{}, N, C, dweight, rmsnorm_detail::dweight_term<T>{dout, inp, rstd, C});
 }
 
 // Compiled once where a program asks (kernels/host/instantiation.hpp).
