@@ -717,6 +717,33 @@ void test_rope(std::int64_t B, std::int64_t T_, std::int64_t heads, std::int64_t
   }
 }
 
+// Every activation, element-wise and gated (kernels/activation.hpp), on the device against the host.
+template <class T>
+void test_activations(std::int64_t N, std::int64_t H_) {
+  const std::string dt = st::dtype_name<T>(), sh = shape_str({N, H_});
+  const std::size_t n = std::size_t(N * H_);
+  const auto x = random_vec<T>(n, -4, 4, 190), g = random_vec<T>(n, -1, 1, 191);
+  const auto gu = random_vec<T>(2 * n, -4, 4, 192);
+  for (const auto a : {st::activation::gelu_tanh, st::activation::gelu_exact, st::activation::silu,
+                       st::activation::relu, st::activation::relu_squared}) {
+    const std::string name = st::activation_name(a);
+    std::vector<T> ref(n), dref(n), gref(n), dgref(2 * n);
+    k::activation_forward(H, ref.data(), x.data(), std::int64_t(n), a);
+    k::activation_backward(H, dref.data(), x.data(), g.data(), std::int64_t(n), a);
+    k::glu_forward(H, gref.data(), gu.data(), N, H_, a);
+    k::glu_backward(H, dgref.data(), g.data(), gu.data(), N, H_, a);
+    dvec<T> dx(x), dg(g), dgu(gu), dy(n), ddx(nan_vec<T>(n)), dgy(n), ddgu(nan_vec<T>(2 * n));
+    k::activation_forward(D, dy.get(), dx.get(), std::int64_t(n), a);
+    k::activation_backward(D, ddx.get(), dx.get(), dg.get(), std::int64_t(n), a);
+    k::glu_forward(D, dgy.get(), dgu.get(), N, H_, a);
+    k::glu_backward(D, ddgu.get(), dg.get(), dgu.get(), N, H_, a);
+    check("activation_forward " + name, dt, sh, rel_error(dy.host(), ref), tol_for<T>());
+    check("activation_backward " + name, dt, sh, rel_error(ddx.host(), dref), tol_for<T>());
+    check("glu_forward " + name, dt, sh, rel_error(dgy.host(), gref), tol_for<T>());
+    check("glu_backward " + name, dt, sh, rel_error(ddgu.host(), dgref), tol_for<T>());
+  }
+}
+
 // The per-head fused QKV regrouped on the device: exactly the host's permutation, both ways.
 template <class T>
 void test_qkv_layout(std::int64_t rows, std::int64_t heads, std::int64_t hd) {
@@ -1473,6 +1500,8 @@ int main(int argc, char** argv) {
     test_rope<float>(2, 50, 4, 4, 32, 10000.0, 3, 8);  // partial rotary (GPT-NeoX's quarter)
     test_rope<bf16>(2, 50, 4, 4, 32, 10000.0, 0, 8);
     test_qkv_layout<float>(100, 4, 32);
+    test_activations<float>(64, 96);
+    test_activations<bf16>(33, 40);
     test_qkv_layout<bf16>(37, 6, 16);
     test_swiglu<float>(300, 1024);
     test_swiglu<bf16>(300, 1024);

@@ -27,7 +27,7 @@ struct dims {
   double rope_theta = 10000.0, rotary_fraction = 0.25, norm_eps = 1e-5;
   // GPT-NeoX's variants, settable so that a test can show each one matters.
   st::qkv_layout fused_qkv = st::qkv_layout::per_head;
-  st::gelu_form gelu = st::gelu_form::exact;
+  st::activation act = st::activation::gelu_exact;
   bool parallel_residual = true;
 };
 
@@ -46,7 +46,7 @@ struct model {
                                                                 .rope_theta = d.rope_theta,
                                                                 .rotary_fraction = d.rotary_fraction,
                                                                 .fused_qkv = d.fused_qkv,
-                                                                .gelu = d.gelu,
+                                                                .ffn_activation = d.act,
                                                                 .parallel_residual = d.parallel_residual}),
                           st::layer<st::layernorm<P>>("ln_f", {.channels = d.d_model, .eps = d.norm_eps}),
                           st::layer<st::lm_head<P>>("lm_head", {.vocab = d.vocab, .channels = d.d_model}));
@@ -63,7 +63,7 @@ struct model {
             {"rotary_fraction", d.rotary_fraction},
             {"norm_eps", d.norm_eps},
             {"per_head_qkv", d.fused_qkv == st::qkv_layout::per_head},
-            {"exact_gelu", d.gelu == st::gelu_form::exact},
+            {"activation", st::activation_name(d.act)},
             {"parallel_residual", d.parallel_residual}};
   }
 };

@@ -145,7 +145,7 @@ TEST_CASE("each variant matters: with any one of them changed, the same weights 
   d.fused_qkv = st::qkv_layout::grouped;
   const double grouped = error_with(d);
   d = f.dims;
-  d.gelu = st::gelu_form::tanh;
+  d.act = st::activation::gelu_tanh;
   const double tanh_gelu = error_with(d);
   d = f.dims;
   d.parallel_residual = false;

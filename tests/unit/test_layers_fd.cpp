@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include <strata/strata.hpp>
@@ -39,17 +40,20 @@ constexpr double fd_step = 1e-6;
 
 }  // namespace
 
-TEST_CASE("transformer block: input and parameter gradients match finite differences in double") {
+namespace {
+// A block's input and every parameter gradient against central differences, L = sum(r * y).
+template <class Block>
+void check_block_gradients(const char* what, const typename Block::config& cfg) {
+  CAPTURE(std::string(what));
   st::memory_ledger ledger;
   st::model_context<P64> ctx(ledger, st::seed{3});
-  st::transformer_block<P64>::config cfg{8, 2, 32, 1e-5, 0.3, 0.2};  // larger init: non-trivial gradients
-  st::transformer_block<P64> block(st::module_scope<P64>(ctx, "block"), cfg);
+  Block block(st::module_scope<P64>(ctx, "block"), cfg);
   auto& params = ctx.params();
   params.materialize();
 
-  const std::int64_t B = 2, T = 4, C = 8;
+  const std::int64_t B = 2, T = 4, C = cfg.channels;
   std::vector<double> x = random_vector(B * T * C, 1);
-  const std::vector<double> r = random_vector(B * T * C, 2);  // L = sum(r * y)
+  const std::vector<double> r = random_vector(B * T * C, 2);
   auto loss = [&] {
     auto y = block.forward({x.data(), {B, T, C}});
     double s = 0;
@@ -95,6 +99,54 @@ TEST_CASE("transformer block: input and parameter gradients match finite differe
     INFO("parameter " << e.name << " relative error " << err);
     CHECK(err <= 1e-6);
   }
+}
+}  // namespace
+
+TEST_CASE("transformer block: input and parameter gradients match finite differences in double") {
+  using block = st::transformer_block<P64>;
+  check_block_gradients<block>("GPT-2's", {8, 2, 32, 1e-5, 0.3, 0.2});  // larger init: non-trivial gradients
+  // GPT-NeoX's: parallel residual, per-head fused QKV, rotary on a quarter of each head, exact GELU.
+  check_block_gradients<block>("GPT-NeoX's", {.channels = 16,
+                                              .heads = 2,
+                                              .hidden = 32,
+                                              .init_std = 0.3,
+                                              .proj_init_std = 0.2,
+                                              .rope_theta = 100,
+                                              .rotary_fraction = 0.25,
+                                              .fused_qkv = st::qkv_layout::per_head,
+                                              .ffn_activation = st::activation::gelu_exact,
+                                              .parallel_residual = true});
+  check_block_gradients<block>("ReLU² MLP", {.channels = 8,
+                                             .heads = 2,
+                                             .hidden = 32,
+                                             .init_std = 0.3,
+                                             .proj_init_std = 0.2,
+                                             .ffn_activation = st::activation::relu_squared});
+  check_block_gradients<block>("SiLU MLP", {.channels = 8,
+                                            .heads = 2,
+                                            .hidden = 32,
+                                            .init_std = 0.3,
+                                            .proj_init_std = 0.2,
+                                            .ffn_activation = st::activation::silu});
+  // Llama's with a GELU gate (GeGLU) and with the default SiLU one.
+  using llama_block = st::llama_block<P64>;
+  check_block_gradients<llama_block>("GeGLU", {.channels = 8,
+                                               .heads = 2,
+                                               .hidden = 16,
+                                               .init_std = 0.3,
+                                               .proj_init_std = 0.2,
+                                               .kv_heads = 1,
+                                               .rope_theta = 100,
+                                               .bias = false,
+                                               .ffn_activation = st::activation::gelu_tanh});
+  check_block_gradients<llama_block>("SwiGLU", {.channels = 8,
+                                                .heads = 2,
+                                                .hidden = 16,
+                                                .init_std = 0.3,
+                                                .proj_init_std = 0.2,
+                                                .kv_heads = 1,
+                                                .rope_theta = 100,
+                                                .bias = false});
 }
 
 TEST_CASE("GPT-2 model: every parameter's gradient through the fused loss matches finite differences") {

@@ -1,5 +1,6 @@
-// The kernels behind the model variants (GPT-NeoX, Pythia): exact GELU, rotary embedding over
-// part of each head, and the per-head fused QKV layout.
+// The kernels behind the model variants (GPT-NeoX, Pythia and others): exact GELU, rotary
+// embedding over part of each head, the per-head fused QKV layout, and the feed-forward
+// activations (kernels/activation.hpp), element-wise and gated.
 //
 // Backwards against float64 fourth-order finite differences (finite_difference.hpp: random
 // inputs, a random weighting g of the output, L = sum(g * out); max relative error <= 1e-6 with a
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "strata/kernels/all.hpp"
@@ -202,4 +204,82 @@ TEST_CASE("qkv layout: per-head [H, 3, d] to grouped [3, H, d] by the index form
   k::qkv_to_per_head(host{}, ptg.data(), g.data(), rows, H, d);
   CHECK(weighted_sum(g, px) == doctest::Approx(weighted_sum(ptg, x)).epsilon(1e-14));
   CHECK_THROWS_AS(k::qkv_from_per_head(host{}, grouped.data(), per_head.data(), rows, 0, d), strata::error);
+}
+
+// --- activations, element-wise and gated ----------------------------------------------------------
+
+namespace {
+// Random inputs kept 0.05 away from 0, where ReLU's derivative jumps.
+vec away_from_zero(std::size_t n, std::uint64_t stream) {
+  vec v = randn(n, stream, 2.0);
+  for (auto& x : v) x = x < 0 ? x - 0.05 : x + 0.05;
+  return v;
+}
+double reference(strata::activation a, double x) {
+  switch (a) {
+    case strata::activation::gelu_tanh:
+      return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    case strata::activation::gelu_exact: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    case strata::activation::silu: return x / (1 + std::exp(-x));
+    case strata::activation::relu: return x > 0 ? x : 0;
+    case strata::activation::relu_squared: return x > 0 ? x * x : 0;
+  }
+  return 0;
+}
+constexpr strata::activation all_activations[] = {strata::activation::gelu_tanh, strata::activation::gelu_exact,
+                                                  strata::activation::silu, strata::activation::relu,
+                                                  strata::activation::relu_squared};
+}  // namespace
+
+TEST_CASE("activations: each one's value from its definition, its backward against finite differences") {
+  const std::int64_t n = 37;
+  for (const auto a : all_activations) {
+    CAPTURE(std::string(strata::activation_name(a)));
+    vec x = away_from_zero(sz(n), 71), g = randn(sz(n), 72), y(sz(n));
+    k::activation_forward(host{}, y.data(), x.data(), n, a);
+    double worst = 0;
+    for (std::int64_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(y[sz(i)] - reference(a, x[sz(i)])));
+    CHECK(worst <= 1e-13);
+    auto loss = [&] {
+      k::activation_forward(host{}, y.data(), x.data(), n, a);
+      return weighted_sum(g, y);
+    };
+    vec dx(sz(n), std::numeric_limits<double>::quiet_NaN());  // written, not read
+    k::activation_backward(host{}, dx.data(), x.data(), g.data(), n, a);
+    check_gradient(strata::activation_name(a), dx, x, loss);
+  }
+  // The tanh and exact GELU kernels behind a projection's fused GELU give the same values.
+  const vec x = randn(41, 73, 2.0);
+  vec ours(x.size()), theirs(x.size());
+  k::activation_forward(host{}, ours.data(), x.data(), 41, strata::activation::gelu_exact);
+  k::gelu_forward(host{}, theirs.data(), x.data(), 41, strata::gelu_form::exact);
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(ours[i] == doctest::Approx(theirs[i]).epsilon(1e-14));
+}
+
+TEST_CASE("gated activations (GLU): a(z)·u and both halves' gradients against finite differences") {
+  const std::int64_t N = 5, H = 7;
+  for (const auto a : all_activations) {
+    CAPTURE(std::string(strata::activation_name(a)));
+    vec gu = away_from_zero(sz(N * 2 * H), 81), g = randn(sz(N * H), 82), y(sz(N * H));
+    k::glu_forward(host{}, y.data(), gu.data(), N, H, a);
+    double worst = 0;
+    for (std::int64_t r = 0; r < N; ++r)
+      for (std::int64_t c = 0; c < H; ++c)
+        worst = std::max(worst,
+                         std::fabs(y[sz(r * H + c)] - reference(a, gu[sz(r * 2 * H + c)]) * gu[sz(r * 2 * H + H + c)]));
+    CHECK(worst <= 1e-13);
+    auto loss = [&] {
+      k::glu_forward(host{}, y.data(), gu.data(), N, H, a);
+      return weighted_sum(g, y);
+    };
+    vec dgu(sz(N * 2 * H), std::numeric_limits<double>::quiet_NaN());
+    k::glu_backward(host{}, dgu.data(), g.data(), gu.data(), N, H, a);
+    check_gradient(strata::activation_name(a), dgu, gu, loss);
+  }
+  // SiLU's GLU is the SwiGLU kernel.
+  const vec gu = randn(sz(N * 2 * H), 83, 2.0);
+  vec glu(sz(N * H)), swiglu(sz(N * H));
+  k::glu_forward(host{}, glu.data(), gu.data(), N, H, strata::activation::silu);
+  k::swiglu_forward(host{}, swiglu.data(), gu.data(), N, H);
+  CHECK(glu == swiglu);
 }

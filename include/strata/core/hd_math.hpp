@@ -30,6 +30,20 @@ STRATA_HD inline float sqrt(float x) {
   return std::sqrt(x);
 #endif
 }
+STRATA_HD inline double erfc(double x) {
+#if defined(__CUDA_ARCH__)
+  return ::erfc(x);
+#else
+  return std::erfc(x);
+#endif
+}
+STRATA_HD inline float erfc(float x) {
+#if defined(__CUDA_ARCH__)
+  return ::erfcf(x);
+#else
+  return std::erfc(x);
+#endif
+}
 STRATA_HD inline double pow(double x, double y) {
 #if defined(__CUDA_ARCH__)
   return ::pow(x, y);

@@ -11,6 +11,7 @@
 // (kernels/host/gemm.hpp, STRATA_HOST_BLAS).
 #pragma once
 
+#include "strata/kernels/activation.hpp"
 #include "strata/kernels/adamw.hpp"
 #include "strata/kernels/attention.hpp"
 #include "strata/kernels/cached_attention.hpp"

@@ -1,7 +1,8 @@
-// strata/layers/swiglu.hpp - the SwiGLU feed-forward block (Llama's): no biases.
+// strata/layers/swiglu.hpp - the gated feed-forward block: SwiGLU (Llama's) by default, no biases.
 //
-// x [rows, C] -> gate|up = x·[Wgate; Wup]ᵀ [rows, 2F] (one fused GEMM) -> h = silu(gate)·up
-// [rows, F] -> y = h·Wdownᵀ [rows, C].
+// x [rows, C] -> gate|up = x·[Wgate; Wup]ᵀ [rows, 2F] (one fused GEMM) -> h = a(gate)·up
+// [rows, F] -> y = h·Wdownᵀ [rows, C]. a is config.gate (kernels/activation.hpp): silu (SwiGLU),
+// gelu_tanh or gelu_exact (GeGLU), relu (ReGLU) or relu_squared.
 // Tensor parallel over t ranks: gate|up column-parallel with its two halves split separately
 // (each rank gets F/t gate and the matching F/t up features), the gate on them, down
 // row-parallel: one region, entered and left once, as GPT-2's MLP.
@@ -10,6 +11,7 @@
 
 #include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
+#include "strata/kernels/activation.hpp"
 #include "strata/kernels/swiglu.hpp"
 #include "strata/layers/cost.hpp"
 #include "strata/layers/linear.hpp"
@@ -25,7 +27,8 @@ class swiglu {
   struct config {
     std::int64_t channels = 0, hidden = 0;
     double init_std = 0.02;
-    double proj_init_std = 0.02;  // the down projection
+    double proj_init_std = 0.02;         // the down projection
+    activation gate = activation::silu;  // the gate's activation
   };
 
   // Each token alone: generation runs forward on the new tokens (layers/cached_forward.hpp).
@@ -73,7 +76,8 @@ class swiglu {
     ensure_size(act_, scope_.ledger(), memory_category::activations, rows * hidden);
     {
       STRATA_PROFILE("swiglu.forward");
-      kernels::swiglu_forward(device{}, act_.data(), pre.data, rows, hidden);
+      if (cfg_.gate == activation::silu) kernels::swiglu_forward(device{}, act_.data(), pre.data, rows, hidden);
+      else kernels::glu_forward(device{}, act_.data(), pre.data, rows, hidden, cfg_.gate);
     }
     strata::shape s = pre.shape;
     s.dims[static_cast<std::size_t>(s.rank - 1)] = hidden;
@@ -87,7 +91,9 @@ class swiglu {
     buffer<T> dpre(scope_.ledger(), memory_category::activations, dact.size() * 2, uninitialized);
     {
       STRATA_PROFILE("swiglu.backward");
-      kernels::swiglu_backward(device{}, dpre.data(), dact.data(), pre_, rows, hidden);
+      if (cfg_.gate == activation::silu)
+        kernels::swiglu_backward(device{}, dpre.data(), dact.data(), pre_, rows, hidden);
+      else kernels::glu_backward(device{}, dpre.data(), dact.data(), pre_, rows, hidden, cfg_.gate);
     }
     return gate_up_.backward(dpre);
   }

@@ -9,19 +9,21 @@
 // GPT-2's is transformer_block<P> (LayerNorm, multi-head attention with biases, GELU MLP);
 // Llama's is llama_block<P> = transformer_block<P, rmsnorm, swiglu> with a config saying
 // kv_heads, rope_theta and bias = false; GPT-NeoX's is transformer_block<P> with rope_theta,
-// rotary_fraction 0.25, fused_qkv = per_head, gelu = exact and parallel_residual. The attention
-// variants (rotary_fraction, fused_qkv) are attention.hpp's; gelu reaches a feed-forward block
-// that has that setting (mlp). Under tensor parallelism attention and the feed-forward
-// block are one tensor-parallel region each; norms and residuals see whole activations (or, under
-// sequence parallelism, [B, T/t, C]: this rank's tokens). recompute_core(true) hands selective
+// rotary_fraction 0.25, fused_qkv = per_head, ffn_activation = gelu_exact and parallel_residual.
+// The attention variants (rotary_fraction, fused_qkv) are attention.hpp's; ffn_activation, when
+// given, sets the feed-forward block's activation (mlp's act, swiglu's gate). Under tensor
+// parallelism attention and the feed-forward block are one tensor-parallel region each; norms and
+// residuals see whole activations (or, under sequence parallelism, [B, T/t, C]: this rank's
+// tokens). recompute_core(true) hands selective
 // recomputation to the attention. Checkpoint names: ln_1, attn, ln_2, mlp, whatever the norm.
 // Generation: forward_cached is forward with the attention's cached step (the norms and the
 // feed-forward block work token by token: layers/cached_forward.hpp).
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "strata/core/profile.hpp"
-#include "strata/kernels/gelu_form.hpp"
+#include "strata/kernels/activation.hpp"
 #include "strata/kernels/residual.hpp"
 #include "strata/layers/attention.hpp"
 #include "strata/layers/cached_forward.hpp"
@@ -64,7 +66,7 @@ class transformer_block {
     bool bias = true;                            // biases on the attention's projections
     double rotary_fraction = 1;                  // the share of each head the rotary embedding turns
     qkv_layout fused_qkv = qkv_layout::grouped;  // the fused QKV weight's row order
-    gelu_form gelu = gelu_form::tanh;            // the feed-forward block's GELU, where it has one
+    std::optional<activation> ffn_activation{};  // the feed-forward block's; unset: its own default
     bool parallel_residual = false;              // y = x + attn(norm_1(x)) + ffn(norm_2(x))
     // The feed-forward block's own settings, where it has them (moe_options for st::moe).
     typename detail::ffn_options_of<FeedForward<P>>::type ffn{};
@@ -96,7 +98,11 @@ class transformer_block {
     else {
       typename ffn_type::config f{
           .channels = c.channels, .hidden = c.hidden, .init_std = c.init_std, .proj_init_std = c.proj_init_std};
-      if constexpr (requires { f.gelu = c.gelu; }) f.gelu = c.gelu;
+      if constexpr (requires { f.act = activation{}; }) {
+        if (c.ffn_activation) f.act = *c.ffn_activation;
+      } else if constexpr (requires { f.gate = activation{}; }) {
+        if (c.ffn_activation) f.gate = *c.ffn_activation;
+      }
       return f;
     }
   }
