@@ -52,7 +52,8 @@ inline st::hf_weight_map hf_map(const dims& d) {
   auto m = embedding_rules("llama", d.tied);
   add_attention_rules(m, d.heads * d.head_dim(), d.kv() * d.head_dim());
   return m
-      .stack("h.{i}.mlp.gate_up.weight", {"model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"})
+      .stack("h.{i}.mlp.gate_up.weight",
+             {"model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"})
       .rename("h.{i}.mlp.down.weight", "model.layers.{i}.mlp.down_proj.weight");
 }
 

@@ -154,8 +154,9 @@ TEST_CASE("rules place each parameter: layer and expert indices carried, parts s
   const auto p = m.place({{"x.2.y.2", {1}}, {"x.12.y.3", {1}}, {"x.4.y.z", {1}}});
   CHECK(p[0].parts[0].name == "a.2");
   CHECK(p[1].parts[0].name == "b.12.3");
-  CHECK(message_of([&] { m.place({{"x.y.1", {1}}}); }) ==
-        "toy: no rule maps parameter 'x.y.1' to a Hugging Face tensor");
+  CHECK(message_of([&] {
+          m.place({{"x.y.1", {1}}});
+        }) == "toy: no rule maps parameter 'x.y.1' to a Hugging Face tensor");
   CHECK(p[2].parts[0].name == "never");
 }
 
@@ -245,14 +246,17 @@ TEST_CASE("a file's errors name the file, the tensor, the shapes or the index") 
   };
   CHECK(with([](auto& t) { t.pop_back(); }) ==
         "toy: 'hf_weights_test.safetensors' has no tensor 'model.norm.weight' (nor 'norm.weight')");
-  CHECK(with([&](auto& t) { find(t, "model.layers.1.k.weight") = numbered("model.layers.1.k.weight", {4, 4}, 7); }) ==
+  CHECK(with([&](auto& t) {
+          find(t, "model.layers.1.k.weight") = numbered("model.layers.1.k.weight", {4, 4}, 7);
+        }) ==
         "toy: 'hf_weights_test.safetensors': tensor 'model.layers.1.k.weight' has shape [4, 4], the model expects "
         "[2, 4]");
   // The transposed tensor is expected as the file stores it.
   CHECK(with([&](auto& t) {
           find(t, "model.layers.0.attn.c_proj.weight") = numbered("model.layers.0.attn.c_proj.weight", {4, 3}, 7);
-        }) == "toy: 'hf_weights_test.safetensors': tensor 'model.layers.0.attn.c_proj.weight' has shape [4, 3], the "
-              "model expects [3, 4]");
+        }) ==
+        "toy: 'hf_weights_test.safetensors': tensor 'model.layers.0.attn.c_proj.weight' has shape [4, 3], the "
+        "model expects [3, 4]");
   CHECK(with([&](auto& t) { t.push_back(numbered("layers.0.q.bias", {4}, 7)); }) ==
         "toy: 'hf_weights_test.safetensors' holds tensor 'layers.0.q.bias' twice, as 'model.layers.0.q.bias' and as "
         "'layers.0.q.bias'; keep one of them");
@@ -260,23 +264,28 @@ TEST_CASE("a file's errors name the file, the tensor, the shapes or the index") 
           auto v = values_of(find(t, "model.layers.1.v.bias"));
           v[1] = std::numeric_limits<double>::quiet_NaN();
           find(t, "model.layers.1.v.bias") = st::make_tensor<double>("model.layers.1.v.bias", {2}, v);
-        }) == "toy: 'hf_weights_test.safetensors': tensor 'model.layers.1.v.bias' holds nan at flat index 1 of its 2 "
-              "values; weights must be finite numbers");
+        }) ==
+        "toy: 'hf_weights_test.safetensors': tensor 'model.layers.1.v.bias' holds nan at flat index 1 of its 2 "
+        "values; weights must be finite numbers");
   CHECK(with([&](auto& t) {
           auto v = values_of(find(t, "model.embed_tokens.weight"));
           v[13] = -std::numeric_limits<double>::infinity();
           find(t, "model.embed_tokens.weight") = st::make_tensor<double>("model.embed_tokens.weight", {6, 4}, v);
-        }) == "toy: 'hf_weights_test.safetensors': tensor 'model.embed_tokens.weight' holds -inf at flat index 13 of "
-              "its 24 values; weights must be finite numbers");
-  CHECK(with([&](auto& t) { find(t, "model.wpe.weight") = numbered("model.wpe.weight", {2, 4}, 7); }) ==
+        }) ==
+        "toy: 'hf_weights_test.safetensors': tensor 'model.embed_tokens.weight' holds -inf at flat index 13 of "
+        "its 24 values; weights must be finite numbers");
+  CHECK(with([&](auto& t) {
+          find(t, "model.wpe.weight") = numbered("model.wpe.weight", {2, 4}, 7);
+        }) ==
         "toy: 'hf_weights_test.safetensors': tensor 'model.wpe.weight' has 2 rows, fewer than the model's 3 (a "
         "tensor can be cropped, not extended)");
   // A name without the prefix is looked for as it is.
   st::hf_weight_map head("toy", "model.");
   head.rename("lm_head.weight", "lm_head.weight");
   st::write_safetensors(path, good.tensors);
-  CHECK(message_of([&] { st::read_hf_weights(path, head, {{"lm_head.weight", {6, 4}}}); }) ==
-        "toy: 'hf_weights_test.safetensors' has no tensor 'lm_head.weight'");
+  CHECK(message_of([&] {
+          st::read_hf_weights(path, head, {{"lm_head.weight", {6, 4}}});
+        }) == "toy: 'hf_weights_test.safetensors' has no tensor 'lm_head.weight'");
   // Exporting the wrong number of weights.
   CHECK(message_of([] { st::write_hf_weights<float>(path, toy_map(), toy_params(), std::vector<double>(207)); }) ==
         "toy: exporting 207 weights, the model has 208");
@@ -288,7 +297,8 @@ TEST_CASE("rules that cannot make a parameter are refused, naming it") {
   };
   st::hf_weight_map rows("toy");
   rows.stack("qkv", {{"q", 4}, {"k", 2}, {"v", 2}});
-  CHECK(place(rows, {{"qkv", {6, 4}}}) == "toy: parameter 'qkv' of shape [6, 4] has 6 rows; its rule's 3 tensors give 8");
+  CHECK(place(rows, {{"qkv", {6, 4}}}) ==
+        "toy: parameter 'qkv' of shape [6, 4] has 6 rows; its rule's 3 tensors give 8");
   st::hf_weight_map shares("toy");
   shares.stack("w", {{"a", 1}, "b", "c"});
   CHECK(place(shares, {{"w", {6, 4}}}) ==
@@ -307,15 +317,18 @@ TEST_CASE("rules that cannot make a parameter are refused, naming it") {
   st::hf_weight_map lost("toy");
   lost.rename("a", "t").tie("head", "b", "tied");
   st::write_safetensors(path, {st::make_tensor<float>("t", {2}, {1, 2})});
-  CHECK(message_of([&] { st::read_hf_weights(path, lost, {{"a", {2}}}); }) ==
-        "toy: tensor 'head' is tied to parameter 'b', which the model does not have");
+  CHECK(message_of([&] {
+          st::read_hf_weights(path, lost, {{"a", {2}}});
+        }) == "toy: tensor 'head' is tied to parameter 'b', which the model does not have");
   // Rules themselves.
   st::hf_weight_map m("toy");
   CHECK(message_of([&] { m.rename("h.{i}.w", "layers.{j}.w"); }) ==
         "toy: the rule for 'h.{i}.w' names tensor 'layers.{j}.w', whose {j} the parameter's pattern does not have");
-  CHECK(message_of([&] { m.rename("h.{i.w", "x"); }) == "toy: pattern 'h.{i.w': the '{' at offset 2 needs a name and a '}' after it");
-  CHECK(message_of([&] { m.add({.param = "w", .parts = {"a", "b"}, .crop_rows = true}); }) ==
-        "toy: the rule for 'w' crops rows; only one untransposed tensor can be cropped");
+  CHECK(message_of([&] { m.rename("h.{i.w", "x"); }) ==
+        "toy: pattern 'h.{i.w': the '{' at offset 2 needs a name and a '}' after it");
+  CHECK(message_of([&] {
+          m.add({.param = "w", .parts = {"a", "b"}, .crop_rows = true});
+        }) == "toy: the rule for 'w' crops rows; only one untransposed tensor can be cropped");
   CHECK(message_of([&] { m.stack("w", {}); }) == "toy: the rule for 'w' names no tensor");
   CHECK(m.rules().empty());
 }

@@ -158,7 +158,8 @@ inline std::string fill_hf_pattern(const std::string& model, const std::string& 
 
 inline std::vector<std::string> hf_pattern_keys(const std::string& model, const std::string& pattern) {
   std::vector<std::string> keys;
-  walk_hf_pattern(model, pattern, [](const std::string&) {}, [&](const std::string& key) { keys.push_back(key); });
+  walk_hf_pattern(
+      model, pattern, [](const std::string&) {}, [&](const std::string& key) { keys.push_back(key); });
   return keys;
 }
 
@@ -247,8 +248,9 @@ class hf_weight_map {
                    "' of shape ", hf_shape_text(p.shape), " has ", rows, " rows; its rule's tensors give ", given,
                    ", and the ", rows - given, " left do not make ", shares, " equal shares");
       for (const auto& part : rule->parts) {
-        hf_tensor t{detail::fill_hf_pattern(model_, part.name, values), {}, part.rows == 0 ? (rows - given) / shares
-                                                                                         : part.rows};
+        hf_tensor t{detail::fill_hf_pattern(model_, part.name, values),
+                    {},
+                    part.rows == 0 ? (rows - given) / shares : part.rows};
         if (p.shape.empty()) {
           t.rows = 1;
         } else if (p.transposed) {
@@ -354,7 +356,8 @@ void write_hf_weights(const std::string& path, const hf_weight_map& map, const h
       if (p.transposed) {
         const std::int64_t rows = part.rows, cols = part.shape[0];
         for (std::int64_t r = 0; r < rows; ++r)
-          for (std::int64_t c = 0; c < cols; ++c) values[std::size_t(c * rows + r)] = serial[at + std::size_t(r * cols + c)];
+          for (std::int64_t c = 0; c < cols; ++c)
+            values[std::size_t(c * rows + r)] = serial[at + std::size_t(r * cols + c)];
       }
       tensors.push_back(make_tensor<T>(part.name, part.shape, values));
       at += std::size_t(n);
