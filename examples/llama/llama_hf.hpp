@@ -10,104 +10,65 @@
 //
 // import_hf reads names with or without the "model." prefix (LlamaModel files have none; both
 // forms of one tensor are refused, naming it) and skips, naming them in a note, the tensors it
-// does not use, of any dtype (rotary inv_freq buffers, ...): examples/common/hf_names.hpp. A tied
-// model reads no head of its own; an lm_head.weight in the file must then equal the embedding.
+// does not use, of any dtype (rotary inv_freq buffers, ...): the library's rules
+// (strata/train/hf_weights.hpp) do it all. A tied model reads no head of its own; an
+// lm_head.weight in the file must then equal the embedding.
 #pragma once
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include <strata/train/safetensors.hpp>
-
-#include "../common/hf_names.hpp"
+#include <strata/parallel/sequential_model.hpp>
+#include <strata/policy/policy.hpp>
+#include <strata/train/hf_weights.hpp>
 
 #include "llama.hpp"
 
 namespace llama {
 
-// One strata parameter [rows, cols] (cols = 1 for a vector): Hugging Face tensors stacked by rows.
-struct hf_param {
-  std::string name;
-  std::int64_t rows = 0, cols = 1;
-  std::vector<std::pair<std::string, std::int64_t>> parts;  // (Hugging Face name, rows)
-  std::int64_t numel() const { return rows * cols; }
-};
-
-// Block l's attention and norms (C wide, q query and kv key/value features), appended to `out`:
-// the parameters every family built on the Llama's block shares.
-inline void add_attention_params(std::vector<hf_param>& out, std::int64_t l, std::int64_t C, std::int64_t q,
-                                 std::int64_t kv) {
-  const std::string s = "h." + std::to_string(l) + ".", hf = "model.layers." + std::to_string(l) + ".";
-  out.push_back({s + "ln_1.weight", C, 1, {{hf + "input_layernorm.weight", C}}});
-  out.push_back({s + "attn.qkv.weight",
-                 q + 2 * kv,
-                 C,
-                 {{hf + "self_attn.q_proj.weight", q},
-                  {hf + "self_attn.k_proj.weight", kv},
-                  {hf + "self_attn.v_proj.weight", kv}}});
-  out.push_back({s + "attn.proj.weight", C, q, {{hf + "self_attn.o_proj.weight", C}}});
-  out.push_back({s + "ln_2.weight", C, 1, {{hf + "post_attention_layernorm.weight", C}}});
+// The attention and norms of every block (q query and kv key/value features), added to `m`: the
+// rules every family built on the Llama's block shares.
+inline st::hf_weight_map& add_attention_rules(st::hf_weight_map& m, std::int64_t q, std::int64_t kv) {
+  return m.rename("h.{i}.ln_1.weight", "model.layers.{i}.input_layernorm.weight")
+      .stack("h.{i}.attn.qkv.weight", {{"model.layers.{i}.self_attn.q_proj.weight", q},
+                                       {"model.layers.{i}.self_attn.k_proj.weight", kv},
+                                       {"model.layers.{i}.self_attn.v_proj.weight", kv}})
+      .rename("h.{i}.attn.proj.weight", "model.layers.{i}.self_attn.o_proj.weight")
+      .rename("h.{i}.ln_2.weight", "model.layers.{i}.post_attention_layernorm.weight");
 }
 
-// Every parameter of the unsplit model, in its flat (serial) order.
-inline std::vector<hf_param> hf_layout(const dims& d) {
-  const std::int64_t C = d.d_model, V = d.vocab, F = d.ffn_width(), q = d.heads * d.head_dim(),
-                     kv = d.kv() * d.head_dim();
-  std::vector<hf_param> out{{"wte", V, C, {{"model.embed_tokens.weight", V}}}};
-  for (std::int64_t l = 0; l < d.layers; ++l) {
-    const std::string s = "h." + std::to_string(l) + ".", hf = "model.layers." + std::to_string(l) + ".";
-    add_attention_params(out, l, C, q, kv);
-    out.push_back(
-        {s + "mlp.gate_up.weight", 2 * F, C, {{hf + "mlp.gate_proj.weight", F}, {hf + "mlp.up_proj.weight", F}}});
-    out.push_back({s + "mlp.down.weight", C, F, {{hf + "mlp.down_proj.weight", C}}});
-  }
-  out.push_back({"norm.weight", C, 1, {{"model.norm.weight", C}}});
-  if (!d.tied) out.push_back({"lm_head.weight", V, C, {{"lm_head.weight", V}}});
-  return out;
+// The embedding, final norm and head: `family` ("llama") names the messages; a tied head is
+// checked against the embedding when a file holds one.
+inline st::hf_weight_map embedding_rules(const char* family, bool tied) {
+  st::hf_weight_map m(family, "model.");
+  m.rename("wte", "model.embed_tokens.weight").rename("norm.weight", "model.norm.weight");
+  if (tied) m.tie("lm_head.weight", "wte", "the model is tied");
+  else m.rename("lm_head.weight", "lm_head.weight");
+  return m;
 }
 
-// Writes serial weights as the tensors of `layout`, in storage type T ("llama" or another family
-// built on the same layout names itself in the messages).
-template <class T>
-void write_layout(const std::string& path, const char* model, const std::vector<hf_param>& layout,
-                  const std::vector<double>& serial) {
-  std::vector<st::named_tensor> tensors;
-  std::size_t at = 0;
-  for (const auto& p : layout) {
-    for (const auto& [hf_name, rows] : p.parts) {
-      const auto n = std::size_t(rows * p.cols);
-      STRATA_CHECK(at + n <= serial.size(), model, ": exporting ", serial.size(), " weights, the model has more");
-      std::vector<double> values(serial.begin() + std::ptrdiff_t(at), serial.begin() + std::ptrdiff_t(at + n));
-      std::vector<std::int64_t> shape{rows};
-      if (p.cols > 1) shape.push_back(p.cols);
-      tensors.push_back(st::make_tensor<T>(hf_name, shape, values));
-      at += n;
-    }
-  }
-  STRATA_CHECK(at == serial.size(), model, ": exporting ", serial.size(), " weights, the model has ", at);
-  write_safetensors(path, tensors, {{"format", "pt"}, {"written_by", "strata"}});
+// The rules from strata's parameter names to LlamaForCausalLM's.
+inline st::hf_weight_map hf_map(const dims& d) {
+  auto m = embedding_rules("llama", d.tied);
+  add_attention_rules(m, d.heads * d.head_dim(), d.kv() * d.head_dim());
+  return m
+      .stack("h.{i}.mlp.gate_up.weight",
+             {"model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"})
+      .rename("h.{i}.mlp.down.weight", "model.layers.{i}.mlp.down_proj.weight");
 }
 
-// Reads the tensors of `layout` from `file`, stacked into serial weights; each must be there with
-// its shape (the error names the file, tensor and shapes).
-inline std::vector<double> read_layout(hf_names::hf_file& file, const std::vector<hf_param>& layout) {
-  std::vector<double> serial;
-  for (const auto& p : layout) {
-    for (const auto& [hf_name, rows] : p.parts) {
-      std::vector<std::int64_t> want{rows};
-      if (p.cols > 1) want.push_back(p.cols);
-      const auto t = file.read(hf_name, want);
-      for (std::int64_t i = 0; i < t.numel(); ++i) serial.push_back(t.at(i));
-    }
-  }
-  return serial;
+// The unsplit model's parameters in serial order, with their shapes.
+inline st::hf_parameter_shapes hf_shapes(const dims& d) {
+  return st::sequential_model<model<st::policy<st::host, st::serial, st::fp32>>>::serial_parameter_shapes(d);
 }
+
+// Every parameter of the unsplit model, in its flat (serial) order, with the tensors it is made of.
+inline std::vector<st::hf_parameter> hf_layout(const dims& d) { return hf_map(d).place(hf_shapes(d)); }
 
 // Writes the serial weights as a LlamaForCausalLM safetensors file, in storage type T.
 template <class T>
 void export_hf(const std::string& path, const dims& d, const std::vector<double>& serial) {
-  write_layout<T>(path, "llama", hf_layout(d), serial);
+  st::write_hf_weights<T>(path, hf_map(d), hf_shapes(d), serial);
 }
 
 // Reads a LlamaForCausalLM safetensors file into serial weights for dims `d`; every tensor must be
@@ -116,20 +77,7 @@ void export_hf(const std::string& path, const dims& d, const std::vector<double>
 // one in the file must equal model.embed_tokens.weight.
 inline std::vector<double> import_hf(const std::string& path, const dims& d,
                                      std::vector<std::string>* notes = nullptr) {
-  hf_names::hf_file file("llama", path, "model.");
-  std::vector<double> serial = read_layout(file, hf_layout(d));
-  if (d.tied && file.find("lm_head.weight") != nullptr) {
-    const auto head = file.read("lm_head.weight", {d.vocab, d.d_model});
-    for (std::int64_t i = 0; i < head.numel(); ++i)
-      STRATA_CHECK(head.at(i) == serial[std::size_t(i)], "llama: '", path,
-                   "': tensor 'lm_head.weight' differs from "
-                   "model.embed_tokens.weight at element ",
-                   i, " (", head.at(i), " vs ", serial[std::size_t(i)],
-                   "); the model is tied (dims::tied) and cannot load an untied head");
-    if (notes) notes->push_back("lm_head.weight equals model.embed_tokens.weight (the model is tied): read once");
-  }
-  if (notes && !file.skipped_note().empty()) notes->push_back(file.skipped_note());
-  return serial;
+  return st::read_hf_weights(path, hf_map(d), hf_shapes(d), notes);
 }
 
 }  // namespace llama

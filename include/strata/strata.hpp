@@ -76,6 +76,8 @@
 #include "strata/train/checkpoint.hpp"
 #include "strata/train/corpus.hpp"
 #include "strata/train/generate.hpp"
+#include "strata/train/hf_file.hpp"
+#include "strata/train/hf_weights.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
 #include "strata/train/sampling.hpp"

@@ -1,5 +1,5 @@
 // Fuzzes gpt2_train's --init-from readers: the GPT-2 and Llama importers
-// (examples/gpt2/gpt2_hf.hpp, examples/llama/llama_hf.hpp over examples/common/hf_names.hpp),
+// (examples/gpt2/gpt2_hf.hpp, examples/llama/llama_hf.hpp over strata/train/hf_weights.hpp),
 // which find each tensor with or without its prefix, skip tensors nobody uses (of any dtype),
 // crop a longer position table and compare a stored head with the embedding: logic of their own
 // on top of safetensors_reader, fed here with tiny models' files.
@@ -52,7 +52,7 @@ std::vector<double> ramp(std::size_t n) {
 std::vector<st::named_tensor> gpt2_tensors(const std::string& prefix, std::int64_t positions) {
   std::vector<st::named_tensor> out;
   for (auto p : gpt2::hf_layout(gdims)) {
-    std::string name = p.hf_name.substr(std::string("transformer.").size());
+    std::string name = p.parts[0].name.substr(std::string("transformer.").size());
     auto shape = p.transposed ? std::vector<std::int64_t>{p.shape[1], p.shape[0]} : p.shape;
     if (name == "wpe.weight") shape[0] = positions;
     std::int64_t n = 1;

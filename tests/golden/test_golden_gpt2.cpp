@@ -101,7 +101,7 @@ struct golden : fixture_file {
   std::vector<double> serial(const std::string& prefix) const {
     std::vector<double> out;
     for (const auto& p : gpt2::hf_layout(d)) {
-      const auto v = values(prefix + p.hf_name);
+      const auto v = values(prefix + p.parts[0].name);
       REQUIRE(std::int64_t(v.size()) == p.numel());
       if (!p.transposed) {
         out.insert(out.end(), v.begin(), v.end());

@@ -63,7 +63,7 @@ struct fixture {
     std::vector<double> g;
     for (const auto& p : llama::hf_layout(dims))
       for (const auto& part : p.parts) {
-        const auto v = values("grad." + part.first);
+        const auto v = values("grad." + part.name);
         g.insert(g.end(), v.begin(), v.end());
       }
     return g;

@@ -66,7 +66,7 @@ struct fixture {
     std::vector<double> g;
     for (const auto& p : mixtral::hf_layout(dims))
       for (const auto& part : p.parts) {
-        const auto v = values(prefix + part.first);
+        const auto v = values(prefix + part.name);
         g.insert(g.end(), v.begin(), v.end());
       }
     return g;

@@ -376,9 +376,9 @@ TEST_CASE("a longer position table is cropped to --seq, a shorter one refused; l
 }
 
 TEST_CASE("the skipped-tensor note groups names by their layer number") {
-  CHECK(hf_names::name_groups({{"a.bias", "F32"}}) == "a.bias (F32)");
-  CHECK(hf_names::name_groups({{"h.0.attn.bias", "BOOL"}, {"h.1.attn.bias", "BOOL"}, {"h.10.attn.bias", "BOOL"}}) ==
+  CHECK(st::hf_name_groups({{"a.bias", "F32"}}) == "a.bias (F32)");
+  CHECK(st::hf_name_groups({{"h.0.attn.bias", "BOOL"}, {"h.1.attn.bias", "BOOL"}, {"h.10.attn.bias", "BOOL"}}) ==
         "h.{0,1,10}.attn.bias (BOOL)");
-  CHECK(hf_names::name_groups({{"h.2.x", "F32"}, {"h.3.x", "F32"}, {"h.4.x", "F32"}, {"y", "I64"}}) ==
+  CHECK(st::hf_name_groups({{"h.2.x", "F32"}, {"h.3.x", "F32"}, {"h.4.x", "F32"}, {"y", "I64"}}) ==
         "h.{2..4}.x (F32), y (I64)");
 }

@@ -319,13 +319,20 @@ class sequential_model {
   // The serial model's parameters in order, each with its element count: the layout the
   // gathered weights, exports and comparisons with the serial run use. Built without allocating.
   static std::vector<std::pair<std::string, std::int64_t>> serial_parameters(const config& c) {
+    std::vector<std::pair<std::string, std::int64_t>> out;
+    for (const auto& [name, s] : serial_parameter_shapes(c)) out.push_back({name, s.numel()});
+    return out;
+  }
+  // The same parameters with their whole (unsplit) shapes: what a file of named tensors, such
+  // as a Hugging Face safetensors file (train/hf_weights.hpp), lays them out by.
+  static std::vector<std::pair<std::string, strata::shape>> serial_parameter_shapes(const config& c) {
     memory_ledger scratch;
     model_context<policy> ctx(scratch, strata::seed{});
     const layers_type layers = Model::layers(c);
     replica r;
     build(r, ctx, layers, true, true, {0, layers.blocks().count});
-    std::vector<std::pair<std::string, std::int64_t>> out;
-    for (const auto& e : ctx.params().entries()) out.push_back({e.name, e.numel});
+    std::vector<std::pair<std::string, strata::shape>> out;
+    for (const auto& e : ctx.params().entries()) out.push_back({e.name, e.shape});
     return out;
   }
 

@@ -1,5 +1,6 @@
-// examples/common/hf_names.hpp - the Hugging Face names of an example model's weights, as the
-// importers (gpt2_hf.hpp, llama_hf.hpp) find them in the files users hold.
+// strata/train/hf_file.hpp - a Hugging Face safetensors file as an importer reads it: tensors
+// found under their full names or without the model's prefix, every tensor used checked, the
+// others skipped and named.
 //
 // An importer asks for each tensor under the name transformers' *ForCausalLM writes
 // ("transformer.h.0.attn.c_attn.weight", "model.layers.0.self_attn.q_proj.weight"). The same
@@ -11,6 +12,8 @@
 // h.{0..11}.attn.bias, h.{0..11}.attn.masked_bias (BOOL)"). A tensor that is used keeps every
 // check: it must be there, with the model's shape, a dtype strata converts and finite values
 // (the first NaN or infinity is refused, naming the tensor and its flat index).
+//
+// train/hf_weights.hpp maps a model's parameters onto such a file by rules; this is its reader.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -21,13 +24,12 @@
 #include <utility>
 #include <vector>
 
-#include <strata/train/safetensors.hpp>
+#include "strata/core/error.hpp"
+#include "strata/train/safetensors.hpp"
 
-namespace hf_names {
+namespace strata {
 
-namespace st = strata;
-
-inline std::string shape_text(const std::vector<std::int64_t>& s) {
+inline std::string hf_shape_text(const std::vector<std::int64_t>& s) {
   std::string r = "[";
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (i) r += ", ";
@@ -38,7 +40,7 @@ inline std::string shape_text(const std::vector<std::int64_t>& s) {
 
 // Names that differ only in one number (a layer index) as one: "h.{0..11}.attn.bias"; the rest
 // as they are. Each group with its dtype unless every group has the same one, said once at the end.
-inline std::string name_groups(const std::vector<std::pair<std::string, std::string>>& names_and_dtypes) {
+inline std::string hf_name_groups(const std::vector<std::pair<std::string, std::string>>& names_and_dtypes) {
   struct group {
     std::string head, tail;  // the name around its number ("h.", ".attn.bias"), or the whole name in head
     std::set<long long> numbers;
@@ -124,18 +126,18 @@ inline std::string name_groups(const std::vector<std::pair<std::string, std::str
 
 // One Hugging Face safetensors file, read for a model's importer; `model` ("gpt2", "llama") opens
 // every message, `prefix` ("transformer.", "model.") is the part of a name the base model's files
-// leave out.
+// leave out ("" when there is none).
 class hf_file {
  public:
   hf_file(std::string model, const std::string& path, std::string prefix)
       : model_(std::move(model)), prefix_(std::move(prefix)), file_(path) {}
 
   const std::string& path() const { return file_.path(); }
-  const st::safetensors_reader& reader() const { return file_; }
+  const safetensors_reader& reader() const { return file_; }
 
   // The entry of tensor `name` (its *ForCausalLM name): under that name, or without the prefix;
   // null when neither is there. Both is an error naming the two.
-  const st::safetensors_entry* find(const std::string& name) const {
+  const safetensors_entry* find(const std::string& name) const {
     const auto* full = file_.find(name);
     if (name.rfind(prefix_, 0) != 0 || prefix_.empty()) return full;
     const std::string bare = name.substr(prefix_.size());
@@ -147,7 +149,7 @@ class hf_file {
 
   // The tensor `name`, which must be there with shape `want` (with rows_may_differ, only its
   // dimensions after the first must match) and a dtype strata converts. It counts as used.
-  st::named_tensor read(const std::string& name, const std::vector<std::int64_t>& want, bool rows_may_differ = false) {
+  named_tensor read(const std::string& name, const std::vector<std::int64_t>& want, bool rows_may_differ = false) {
     const auto* e = find(name);
     STRATA_CHECK(e != nullptr, model_, ": '", path(), "' has no tensor '", name, "'",
                  name.rfind(prefix_, 0) == 0 && !prefix_.empty() ? " (nor '" + name.substr(prefix_.size()) + "')" : "");
@@ -156,22 +158,24 @@ class hf_file {
     const bool fits = rows_may_differ ? e->shape.size() == want.size() && !want.empty() &&
                                             std::equal(want.begin() + 1, want.end(), e->shape.begin() + 1)
                                       : e->shape == want;
-    STRATA_CHECK(fits, model_, ": '", path(), "': tensor '", e->name, "' has shape ", shape_text(e->shape),
-                 ", the model expects ", shape_text(want));
+    STRATA_CHECK(fits, model_, ": '", path(), "': tensor '", e->name, "' has shape ", hf_shape_text(e->shape),
+                 ", the model expects ", hf_shape_text(want));
     used_.insert(e->name);
-    st::named_tensor t = file_.read(*e);
+    named_tensor t = file_.read(*e);
+    values_ = t.values();
     // A NaN or an infinity would make every gradient non-finite: each step skipped, and the
     // poisoned weights checkpointed as if trained.
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      const double x = t.at(i);
-      STRATA_CHECK(std::isfinite(x), model_, ": '", path(), "': tensor '", e->name, "' holds ", x, " at flat index ", i,
-                   " of its ", t.numel(), " values; weights must be finite numbers");
-    }
+    for (std::size_t i = 0; i < values_.size(); ++i)
+      STRATA_CHECK(std::isfinite(values_[i]), model_, ": '", path(), "': tensor '", e->name, "' holds ", values_[i],
+                   " at flat index ", i, " of its ", values_.size(), " values; weights must be finite numbers");
     return t;
   }
 
+  // The values of the tensor read() returned last, as double (read once, by the check).
+  const std::vector<double>& last_values() const { return values_; }
+
   // Marks a tensor the importer looked at and need not load (e.g. a head equal to the embedding).
-  void use(const st::safetensors_entry& e) { used_.insert(e.name); }
+  void use(const safetensors_entry& e) { used_.insert(e.name); }
 
   // The file's tensors no read() or use() took, in the file's (name) order.
   std::vector<std::pair<std::string, std::string>> skipped() const {
@@ -185,13 +189,14 @@ class hf_file {
     const auto s = skipped();
     if (s.empty()) return "";
     return "skipped " + std::to_string(s.size()) + (s.size() == 1 ? " tensor" : " tensors") +
-           " strata does not use: " + name_groups(s);
+           " strata does not use: " + hf_name_groups(s);
   }
 
  private:
   std::string model_, prefix_;
-  st::safetensors_reader file_;
+  safetensors_reader file_;
   std::set<std::string> used_;
+  std::vector<double> values_;
 };
 
-}  // namespace hf_names
+}  // namespace strata
