@@ -5,8 +5,8 @@
 // residual (y = x + attn(ln_1(x)) + mlp(ln_2(x))), LayerNorm with biases, attention with biases,
 // its fused query_key_value weight's rows per head ([heads, 3, d]) and rotary positions on the
 // first quarter of each head; an MLP with exact (erf) GELU; a final LayerNorm; an untied LM head.
-// hf_name maps each strata parameter to GPTNeoXForCausalLM's name: the layouts agree, so the
-// weights load without transposes or permutations.
+// hf_map gives each strata parameter GPTNeoXForCausalLM's name: the layouts agree, so the weights
+// load without transposes or permutations.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,6 +18,7 @@
 #include <strata/layers/lm_head.hpp>
 #include <strata/layers/sequential.hpp>
 #include <strata/layers/transformer_block.hpp>
+#include <strata/train/hf_weights.hpp>
 
 namespace neox {
 namespace st = strata;
@@ -68,24 +69,22 @@ struct model {
   }
 };
 
-// GPTNeoXForCausalLM's name of a strata parameter (or "" for one it does not know).
-inline std::string hf_name(const std::string& name) {
-  if (name == "wte") return "gpt_neox.embed_in.weight";
-  if (name == "lm_head.weight") return name;
-  if (name.rfind("ln_f.", 0) == 0) return "gpt_neox.final_layer_norm." + name.substr(5);
-  if (name.rfind("h.", 0) != 0) return "";
-  const auto dot = name.find('.', 2);
-  const std::string layer = name.substr(2, dot - 2), rest = name.substr(dot + 1);
-  const std::string prefix = "gpt_neox.layers." + layer + ".";
-  const std::pair<const char*, const char*> renames[] = {{"ln_1.", "input_layernorm."},
-                                                         {"ln_2.", "post_attention_layernorm."},
-                                                         {"attn.qkv.", "attention.query_key_value."},
-                                                         {"attn.proj.", "attention.dense."},
-                                                         {"mlp.fc.", "mlp.dense_h_to_4h."},
-                                                         {"mlp.proj.", "mlp.dense_4h_to_h."}};
-  for (const auto& [from, to] : renames)
-    if (rest.rfind(from, 0) == 0) return prefix + to + rest.substr(std::string(from).size());
-  return "";
+// GPTNeoXForCausalLM's names of the parameters, as rules (train/hf_weights.hpp): renames only, the
+// layouts agree. `before` goes in front of every file name (the fixture's "grad." tensors).
+inline st::hf_weight_map hf_map(const std::string& before = "") {
+  const std::string n = before + "gpt_neox.";
+  st::hf_weight_map m("gpt-neox", before.empty() ? "gpt_neox." : "");
+  m.rename("wte", n + "embed_in.weight").rename("lm_head.weight", before + "lm_head.weight");
+  for (const std::string x : {"weight", "bias"}) {
+    m.rename("ln_f." + x, n + "final_layer_norm." + x)
+        .rename("h.{i}.ln_1." + x, n + "layers.{i}.input_layernorm." + x)
+        .rename("h.{i}.ln_2." + x, n + "layers.{i}.post_attention_layernorm." + x)
+        .rename("h.{i}.attn.qkv." + x, n + "layers.{i}.attention.query_key_value." + x)
+        .rename("h.{i}.attn.proj." + x, n + "layers.{i}.attention.dense." + x)
+        .rename("h.{i}.mlp.fc." + x, n + "layers.{i}.mlp.dense_h_to_4h." + x)
+        .rename("h.{i}.mlp.proj." + x, n + "layers.{i}.mlp.dense_4h_to_h." + x);
+  }
+  return m;
 }
 
 }  // namespace neox

@@ -56,18 +56,12 @@ struct fixture {
     for (std::int64_t i = 0; i < it->second.numel(); ++i) v[std::size_t(i)] = it->second.at(i);
     return v;
   }
-  // `prefix` + the Hugging Face name of every strata parameter, stacked in serial order.
+  // The tensors `prefix` + the Hugging Face name of every strata parameter, stacked in serial
+  // order by the model's rules (neox::hf_map, train/hf_weights.hpp).
   template <class Model>
   std::vector<double> serial(const char* prefix) const {
-    std::vector<double> out;
-    for (const auto& [name, numel] : st::sequential_model<Model>::serial_parameters(dims)) {
-      const std::string hf = neox::hf_name(name);
-      REQUIRE_MESSAGE(!hf.empty(), "no Hugging Face name for '" << name << "'");
-      const auto v = values(prefix + hf);
-      REQUIRE(std::int64_t(v.size()) == numel);
-      out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
+    return st::read_hf_weights(fixtures + "/neox_parallel.safetensors", neox::hf_map(prefix),
+                               st::sequential_model<Model>::serial_parameter_shapes(dims));
   }
 };
 

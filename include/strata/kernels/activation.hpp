@@ -140,17 +140,15 @@ void with_kind(activation a, F&& f) {
 template <class D, class T>
 void activation_forward(D d, T* out, const T* x, std::int64_t n, activation a) {
   STRATA_CHECK(n >= 0, "activation_forward: negative length ", n);
-  activation_detail::with_kind(a, [&]<activation K>() {
-    elementwise(d, n, outputs(out), inputs(x), activation_detail::forward_op<K>{});
-  });
+  activation_detail::with_kind(
+      a, [&]<activation K>() { elementwise(d, n, outputs(out), inputs(x), activation_detail::forward_op<K>{}); });
 }
 
 template <class D, class T>
 void activation_backward(D d, T* dx, const T* x, const T* dout, std::int64_t n, activation a) {
   STRATA_CHECK(n >= 0, "activation_backward: negative length ", n);
-  activation_detail::with_kind(a, [&]<activation K>() {
-    elementwise(d, n, outputs(dx), inputs(dout, x), activation_detail::backward_op<K>{});
-  });
+  activation_detail::with_kind(
+      a, [&]<activation K>() { elementwise(d, n, outputs(dx), inputs(dout, x), activation_detail::backward_op<K>{}); });
 }
 
 template <class D, class T>
