@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <strata/strata.hpp>
@@ -101,6 +102,79 @@ void check_block_gradients(const char* what, const typename Block::config& cfg) 
   }
 }
 }  // namespace
+
+namespace {
+// An attention of one's own, given to transformer_block as a type: strata's, its output scaled by
+// a factor its config holds (a stand-in for any variant).
+template <class P>
+class scaled_attention {
+ public:
+  using policy = P;
+  using T = typename P::storage;
+  struct config {
+    typename st::attention<P>::config inner;
+    double scale = 1;
+  };
+  static constexpr st::layer_cost cost(const config& c, const st::cost_scope& s) {
+    st::layer_cost r = st::attention<P>::cost(c.inner, s);
+    r.activation_bytes += r.output_bytes;  // its own output
+    return r;
+  }
+  scaled_attention(st::module_scope<P> scope, const config& c) : scope_(scope), cfg_(c), inner_(scope, c.inner) {}
+  st::tensor_view<const T> forward(st::tensor_view<const T> x) {
+    const auto y = inner_.forward(x);
+    st::ensure_size(out_, scope_.ledger(), st::memory_category::activations, y.numel());
+    for (std::int64_t i = 0; i < y.numel(); ++i) out_[std::size_t(i)] = T(cfg_.scale) * y.data[i];
+    return {out_.data(), y.shape};
+  }
+  st::buffer<T> backward(const st::buffer<T>& dout) {
+    st::buffer<T> scaled(scope_.ledger(), st::memory_category::activations, dout.size());
+    for (std::size_t i = 0; i < dout.size(); ++i) scaled[i] = T(cfg_.scale) * dout[i];
+    return inner_.backward(scaled);
+  }
+  template <class F>
+  void visit_parameters(F&& f) const {
+    inner_.visit_parameters(f);
+  }
+
+ private:
+  st::module_scope<P> scope_;
+  config cfg_;
+  st::attention<P> inner_;
+  st::buffer<T> out_;
+};
+}  // namespace
+
+TEST_CASE("a block takes an attention of one's own as a type, with its whole config") {
+  using block = st::transformer_block<P64, st::layernorm, st::mlp, scaled_attention>;
+  static_assert(std::is_same_v<block::attention_type, scaled_attention<P64>>);
+  const block::config cfg{
+      .channels = 8,
+      .heads = 2,
+      .hidden = 32,
+      .init_std = 0.3,
+      .proj_init_std = 0.2,
+      .attn = {.inner = {.channels = 8, .heads = 2, .init_std = 0.3, .proj_init_std = 0.2}, .scale = 0.5}};
+  check_block_gradients<block>("scaled attention", cfg);
+  // With scale 1 it is strata's own block: the same parameters (by name, so the same values) and
+  // the same output, bit for bit.
+  const std::vector<double> x = random_vector(2 * 4 * 8, 1);
+  const auto run = [&]<class B>(const typename B::config& c) {
+    st::memory_ledger ledger;
+    st::model_context<P64> ctx(ledger, st::seed{3});
+    B b(st::module_scope<P64>(ctx, "block"), c);
+    ctx.params().materialize();
+    const auto y = b.forward({x.data(), {2, 4, 8}});
+    return std::vector<double>(y.data, y.data + y.numel());
+  };
+  block::config one = cfg;
+  one.attn.scale = 1;
+  const auto own = run.operator()<block>(one);
+  const auto strata_s = run.operator()<st::transformer_block<P64>>(
+      {.channels = 8, .heads = 2, .hidden = 32, .init_std = 0.3, .proj_init_std = 0.2});
+  CHECK(own == strata_s);
+  CHECK(run.operator()<block>(cfg) != strata_s);
+}
 
 TEST_CASE("transformer block: input and parameter gradients match finite differences in double") {
   using block = st::transformer_block<P64>;

@@ -16,11 +16,14 @@
 // residuals see whole activations (or, under sequence parallelism, [B, T/t, C]: this rank's
 // tokens). recompute_core(true) hands selective
 // recomputation to the attention. Checkpoint names: ln_1, attn, ln_2, mlp, whatever the norm.
-// Generation: forward_cached is forward with the attention's cached step (the norms and the
+// transformer_block<P, Norm, FeedForward, Attention> takes the three kinds of layer as types: an
+// attention of one's own (any hidden layer [B, T, C] -> [B, T, C]) gets its whole config from the
+// block config's `attn`. Generation: forward_cached is forward with the attention's cached step (the norms and the
 // feed-forward block work token by token: layers/cached_forward.hpp).
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "strata/core/profile.hpp"
 #include "strata/kernels/activation.hpp"
@@ -39,6 +42,16 @@ namespace detail {
 // The settings a feed-forward block takes beyond its width (an MoE's router and experts: its
 // options_type), or none.
 struct no_ffn_options {};
+// The settings a block passes to an attention of another type than strata's: its whole config.
+struct no_attention_options {};
+template <class A, class Default>
+struct attention_options_of {
+  using type = typename A::config;
+};
+template <class Default>
+struct attention_options_of<Default, Default> {
+  using type = no_attention_options;
+};
 template <class F>
 struct ffn_options_of {
   using type = no_ffn_options;
@@ -50,7 +63,8 @@ struct ffn_options_of<F> {
 };
 }  // namespace detail
 
-template <class P, template <class> class Norm = layernorm, template <class> class FeedForward = mlp>
+template <class P, template <class> class Norm = layernorm, template <class> class FeedForward = mlp,
+          template <class> class Attention = attention>
 class transformer_block {
  public:
   using policy = P;
@@ -70,23 +84,29 @@ class transformer_block {
     bool parallel_residual = false;              // y = x + attn(norm_1(x)) + ffn(norm_2(x))
     // The feed-forward block's own settings, where it has them (moe_options for st::moe).
     typename detail::ffn_options_of<FeedForward<P>>::type ffn{};
+    // An attention of another type than st::attention: its whole config (the fields above that
+    // describe attention are then not used).
+    typename detail::attention_options_of<Attention<P>, attention<P>>::type attn{};
   };
   using norm_type = Norm<P>;
   using ffn_type = FeedForward<P>;
+  using attention_type = Attention<P>;
 
   static constexpr typename norm_type::config ln_config(const config& c) {
     return {.channels = c.channels, .eps = c.eps};
   }
-  static constexpr typename attention<P>::config attn_config(const config& c) {
-    return {.channels = c.channels,
-            .heads = c.heads,
-            .kv_heads = c.kv_heads,
-            .rope_theta = c.rope_theta,
-            .bias = c.bias,
-            .rotary_fraction = c.rotary_fraction,
-            .fused_qkv = c.fused_qkv,
-            .init_std = c.init_std,
-            .proj_init_std = c.proj_init_std};
+  static constexpr typename attention_type::config attn_config(const config& c) {
+    if constexpr (!std::is_same_v<attention_type, attention<P>>) return c.attn;
+    else
+      return {.channels = c.channels,
+              .heads = c.heads,
+              .kv_heads = c.kv_heads,
+              .rope_theta = c.rope_theta,
+              .bias = c.bias,
+              .rotary_fraction = c.rotary_fraction,
+              .fused_qkv = c.fused_qkv,
+              .init_std = c.init_std,
+              .proj_init_std = c.proj_init_std};
   }
   static constexpr typename ffn_type::config mlp_config(const config& c) {
     if constexpr (requires { typename ffn_type::options_type; })
@@ -108,7 +128,10 @@ class transformer_block {
   }
 
   static constexpr tensor_extent_list tensor_extents(const config& c) {
-    return attention<P>::tensor_extents(attn_config(c)).add(ffn_type::tensor_extents(mlp_config(c)));
+    tensor_extent_list r;
+    if constexpr (requires { attention_type::tensor_extents(attn_config(c)); })
+      r = attention_type::tensor_extents(attn_config(c));
+    return r.add(ffn_type::tensor_extents(mlp_config(c)));
   }
   // The four layers, plus two residual adds whose sums r and y are kept (y is the output); with a
   // parallel residual one three-way sum, y alone kept.
@@ -118,7 +141,7 @@ class transformer_block {
     residual.backward_flops = 2 * residual.forward_flops;
     residual.output_bytes = residual.activation_bytes =
         s.local_rows() * c.channels * static_cast<std::int64_t>(sizeof(T));
-    const layer_cost ln = norm_type::cost(ln_config(c), s), attn = attention<P>::cost(attn_config(c), s),
+    const layer_cost ln = norm_type::cost(ln_config(c), s), attn = attention_type::cost(attn_config(c), s),
                      ffn = ffn_type::cost(mlp_config(c), s);
     layer_cost r;
     if (c.parallel_residual) {
@@ -151,7 +174,10 @@ class transformer_block {
         ln_2_(scope / "ln_2", ln_config(c)),
         mlp_(scope / "mlp", mlp_config(c)) {}
 
-  void recompute_core(bool on) { attn_.recompute_core(on); }
+  void recompute_core(bool on) {
+    if constexpr (requires { attn_.recompute_core(on); }) attn_.recompute_core(on);
+    else fail(scope_.qualify_layer(), ": selective recomputation needs an attention with recompute_core(bool)");
+  }
 
   tensor_view<const T> forward(tensor_view<const T> x) {
     return forward_with(x, [&](tensor_view<const T> h) { return attn_.forward(h); });
@@ -184,7 +210,7 @@ class transformer_block {
 
   void release_activations() {
     ln_1_.release_activations();
-    attn_.release_activations();
+    if constexpr (requires { attn_.release_activations(); }) attn_.release_activations();
     ln_2_.release_activations();
     mlp_.release_activations();
     resid_ = buffer<T>();
@@ -236,7 +262,7 @@ class transformer_block {
   module_scope<P> scope_;
   config cfg_;
   norm_type ln_1_;
-  attention<P> attn_;
+  attention_type attn_;
   norm_type ln_2_;
   ffn_type mlp_;
   buffer<T> resid_, out_;
