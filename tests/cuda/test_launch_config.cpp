@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "strata/core/dtype.hpp"
@@ -60,6 +61,22 @@ TEST_CASE("cuda launch: element-wise and row grids cover the work") {
   CHECK(r.grid == 126);
   CHECK_THROWS_AS(gpu::elementwise_launch(-1, 8), strata::error);
   CHECK_THROWS_AS(gpu::elementwise_launch(10, 8, 100), strata::error);
+}
+
+TEST_CASE("cuda reductions: a row_reduce block is a whole number of warps, 32 to 256, from the row length alone") {
+  // About four columns a thread: 128 columns or fewer take one warp, each further 128 another,
+  // up to eight warps (1024 columns and more).
+  const std::pair<std::int64_t, int> expected[] = {{1, 32},     {128, 32},   {129, 64},   {256, 64},       {257, 96},
+                                                   {1000, 256}, {1024, 256}, {4096, 256}, {1LL << 40, 256}};
+  for (const auto& [cols, block] : expected) {
+    CAPTURE(cols);
+    CHECK(gpu::row_reduce_block(cols) == block);
+  }
+  for (std::int64_t cols = 1; cols <= 2048; ++cols) {
+    const int b = gpu::row_reduce_block(cols);
+    CHECK((b % 32 == 0 && b >= 32 && b <= 256));
+  }
+  CHECK_THROWS_AS(gpu::row_reduce_block(0), strata::error);
 }
 
 TEST_CASE("cuda reductions: column chunks depend on N only and cover every row once") {
