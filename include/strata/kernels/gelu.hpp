@@ -1,6 +1,6 @@
-// strata/kernels/gelu.hpp - GELU, tanh approximation (GPT-2's), element-wise:
-// gelu_forward, gelu_backward, and bias_gelu_backward (GELU's backward with the bias gradient of
-// the projection before it).
+// strata/kernels/gelu.hpp - GELU, element-wise, in the tanh approximation (GPT-2's, the default)
+// or the exact form (gelu_form.hpp): gelu_forward, gelu_backward, and bias_gelu_backward (GELU's
+// backward with the bias gradient of the projection before it).
 //
 // What a layer includes to call this op on any device: the host overload
 // (kernels/host/gelu.hpp) and, when nvcc compiles the translation unit, the CUDA overload

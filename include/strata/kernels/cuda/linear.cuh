@@ -3,10 +3,11 @@
 //   inp [N, C], weight [OC, C] (PyTorch's nn.Linear layout), bias [OC] (nullable), out [N, OC]
 //
 // Forward: one cuBLASLt GEMM with the bias fused as its epilogue (fp32 accumulation, bias added
-// in fp32, one rounding). linear_gelu_forward also fuses GELU (tanh approximation), keeping the
-// pre-activation for the backward pass. Backward, as the host kernel: the input gradient by a GEMM
-// with beta = 0 (written, not read), the weight gradient by a GEMM with beta = 1 (accumulated),
-// and the bias gradient as a deterministic column sum added to it (column_sum.cuh).
+// in fp32, one rounding). linear_gelu_forward also applies GELU (fused into the epilogue for the
+// tanh form), keeping the pre-activation for the backward pass. Backward, as the host kernel: the
+// input gradient by a GEMM with beta = 0 (written, not read), the weight gradient by a GEMM with
+// beta = 1 (accumulated), and the bias gradient as a deterministic column sum added to it
+// (column_sum.cuh).
 #pragma once
 #include <cstdint>
 #include <type_traits>
