@@ -56,6 +56,9 @@ echo "ok: every checkpoint left in the $tries directories verifies"
 if command -v flock > /dev/null; then
   host=$(hostname)
   cp -r base held
+  # The copy's lock file still names the killed run's process: start from none, so the wait below
+  # reads the holder's own id.
+  rm -f held/run.lock
   before=$(cd held && find . -type f ! -name run.lock | sort | xargs md5sum)
   flock held/run.lock sh -c 'printf "host %s\npid %s\n" "$1" $$ > held/run.lock; exec sleep 60' sh "$host" \
     > /dev/null 2>&1 &
