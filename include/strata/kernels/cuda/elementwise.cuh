@@ -75,9 +75,10 @@ void elementwise(cuda, std::int64_t rows, std::int64_t cols, operand_list<O, TO.
   if (rows == 0 || cols == 0) return;
   constexpr auto ko = std::index_sequence_for<TO...>{};
   constexpr auto ki = std::index_sequence_for<TI...>{};
-  const bool dense = (elementwise_detail::settle(out, cols, "elementwise", ko) &
-                      elementwise_detail::settle(in, cols, "elementwise", ki)) ||
-                     rows == 1;
+  // Both checked (each refuses a bad stride by name), then combined.
+  const bool outputs_dense = elementwise_detail::settle(out, cols, "elementwise", ko);
+  const bool inputs_dense = elementwise_detail::settle(in, cols, "elementwise", ki);
+  const bool dense = (outputs_dense && inputs_dense) || rows == 1;
   using first = elementwise_detail::element_t<0, operand_list<O, TO...>>;
   constexpr int width = gpu::pack_width<first>;
   const bool packs = (dense || cols % width == 0) && cuda_detail::packable(out, dense, width, ko) &&

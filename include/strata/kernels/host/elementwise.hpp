@@ -155,8 +155,10 @@ void elementwise(host, std::int64_t rows, std::int64_t cols, operand_list<O, TO.
   if (rows == 0 || cols == 0) return;
   constexpr auto ko = std::index_sequence_for<TO...>{};
   constexpr auto ki = std::index_sequence_for<TI...>{};
-  const bool dense = elementwise_detail::settle(out, cols, "elementwise", ko) &
-                     elementwise_detail::settle(in, cols, "elementwise", ki);
+  // Both checked (each refuses a bad stride by name), then combined.
+  const bool outputs_dense = elementwise_detail::settle(out, cols, "elementwise", ko);
+  const bool inputs_dense = elementwise_detail::settle(in, cols, "elementwise", ki);
+  const bool dense = outputs_dense && inputs_dense;
   if (dense || rows == 1) {
     const std::int64_t n = rows * cols;
 #pragma omp parallel for schedule(static) if (n > elementwise_parallel_threshold)
