@@ -29,6 +29,7 @@
 #include "strata/core/init.hpp"
 #include "strata/kernels/all.hpp"
 #include "finite_difference.hpp"
+#include "rope_reference.hpp"
 
 namespace {
 
@@ -153,29 +154,7 @@ TEST_CASE("residual_rmsnorm_forward: the numbers of residual_forward then rmsnor
   CHECK(same(bf16{}));
 }
 
-// --- RoPE ------------------------------------------------------------------------------------
-
-namespace {
-// Rotate-half written out: x·cos + rotate_half(x)·sin with rotate_half(x) = [-x2, x1], on the q
-// and k heads of every token, the angle (pos0 + p) · theta^(-2i/d) in double.
-vec rope_reference(const vec& qkv, const attention_shape& s, double theta, std::int64_t pos0) {
-  vec y = qkv;
-  const std::int64_t d = s.head_dim, half = d / 2, W = s.row_width();
-  for (std::int64_t b = 0; b < s.batch; ++b)
-    for (std::int64_t p = 0; p < s.seq; ++p)
-      for (std::int64_t h = 0; h < s.heads + s.kv_heads; ++h) {
-        const double* x = qkv.data() + (b * s.seq + p) * W + h * d;
-        double* o = y.data() + (b * s.seq + p) * W + h * d;
-        for (std::int64_t i = 0; i < d; ++i) {
-          const std::int64_t pair = i % half;
-          const double angle = double(pos0 + p) * std::pow(theta, -2.0 * double(pair) / double(d));
-          const double rotated = i < half ? -x[i + half] : x[i - half];
-          o[i] = x[i] * std::cos(angle) + rotated * std::sin(angle);
-        }
-      }
-  return y;
-}
-}  // namespace
+// --- RoPE (against rope_reference.hpp) ----------------------------------------------------------
 
 TEST_CASE("rope: forward is rotate-half; backward is its gradient and its transpose; pos0 shifts") {
   const attention_shape s{.batch = 2, .seq = 5, .heads = 4, .kv_heads = 2, .head_dim = 8};
@@ -187,7 +166,7 @@ TEST_CASE("rope: forward is rotate-half; backward is its gradient and its transp
     for (std::int64_t pos0 : {std::int64_t(0), std::int64_t(7)}) {
       vec y = qkv;
       k::rope_forward(host{}, y.data(), s, theta, pos0);
-      const vec ref = rope_reference(qkv, s, theta, pos0);
+      const vec ref = rope_test::reference(qkv, s, theta, pos0);
       double worst = 0;
       for (std::size_t i = 0; i < y.size(); ++i) worst = std::max(worst, std::fabs(y[i] - ref[i]));
       INFO("pos0 = ", pos0, ": max |rope - reference| = ", worst);

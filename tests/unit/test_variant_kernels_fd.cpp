@@ -17,6 +17,7 @@
 
 #include "strata/kernels/all.hpp"
 #include "finite_difference.hpp"
+#include "rope_reference.hpp"
 
 namespace {
 namespace k = strata::kernels;
@@ -106,29 +107,7 @@ TEST_CASE("exact gelu fused with the projection: linear_gelu_forward and bias_ge
   check_gradient("exact linear_gelu dbias", dbias, bias, loss);
 }
 
-// --- partial rotary -----------------------------------------------------------------------------
-
-namespace {
-// Rotate-half on the first r elements of each q and k head: element i < r/2 pairs with i + r/2,
-// angle (pos0 + p) · theta^(-2i/r); elements r .. d-1 and the value heads kept.
-vec partial_rope_reference(const vec& qkv, const attention_shape& s, double theta, std::int64_t pos0, std::int64_t r) {
-  vec y = qkv;
-  const std::int64_t d = s.head_dim, half = r / 2, W = s.row_width();
-  for (std::int64_t b = 0; b < s.batch; ++b)
-    for (std::int64_t p = 0; p < s.seq; ++p)
-      for (std::int64_t h = 0; h < s.heads + s.kv_heads; ++h) {
-        const double* x = qkv.data() + (b * s.seq + p) * W + h * d;
-        double* o = y.data() + (b * s.seq + p) * W + h * d;
-        for (std::int64_t i = 0; i < r; ++i) {
-          const std::int64_t pair = i % half;
-          const double angle = double(pos0 + p) * std::pow(theta, -2.0 * double(pair) / double(r));
-          const double rotated = i < half ? -x[i + half] : x[i - half];
-          o[i] = x[i] * std::cos(angle) + rotated * std::sin(angle);
-        }
-      }
-  return y;
-}
-}  // namespace
+// --- partial rotary (against rope_reference.hpp) --------------------------------------------------
 
 TEST_CASE("partial rotary: the first r elements of each q and k head turn, the rest are kept") {
   const attention_shape s{.batch = 2, .seq = 5, .heads = 2, .kv_heads = 2, .head_dim = 16};
@@ -139,7 +118,7 @@ TEST_CASE("partial rotary: the first r elements of each q and k head turn, the r
     for (std::int64_t pos0 : {std::int64_t(0), std::int64_t(6)}) {
       vec y = qkv;
       k::rope_forward(host{}, y.data(), s, theta, pos0, r);
-      const vec ref = partial_rope_reference(qkv, s, theta, pos0, r);
+      const vec ref = rope_test::reference(qkv, s, theta, pos0, r);
       double worst = 0;
       for (std::size_t i = 0; i < y.size(); ++i) worst = std::max(worst, std::fabs(y[i] - ref[i]));
       INFO("r = ", r, ", pos0 = ", pos0, ": max |rope - reference| = ", worst);
