@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -38,7 +40,10 @@
 #include <nlohmann/json.hpp>
 
 #include <strata/core/json_number.hpp>
+#include <strata/plan/calibration.hpp>
+#include <strata/plan/hardware_json.hpp>
 #include <strata/plan/plan.hpp>
+#include <strata/plan/time_model.hpp>
 
 #include "common/cli_checks.hpp"
 #include "common/model_families.hpp"
@@ -163,14 +168,20 @@ struct options {
   bool sp = false;
   std::string cp_form = "ring";
   std::string recompute = "none", precision = "bf16", optimizer = "adamw", schedule;
-  std::string hw = "h100_80gb";
+  std::string hw = "h100_80gb", hw_file;
   bool json = false;
+  bool explain = false;
+  std::string explain_svg;
   // back-of-envelope
   std::string params, master;
   // search
   bool search = false;
   int gpus = 0, top = 10;
-  double efficiency = 0.5;
+  // With --search, the settings given pin every candidate to them (e.g. a published run's).
+  bool pin_zero = false, pin_cp = false, pin_recompute = false, pin_sp = false, pin_schedule = false;
+  std::vector<int> rank_layout;  // tp, pp, dp: where that layout ranks, and how much faster the first is
+  // calibration
+  std::string calibrate;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -295,103 +306,30 @@ st::plan_setup make_setup(int dp, int cp, const std::string& cp_form, int tp, in
 // The step-time model (the ranking of --search; plan mode prints the same estimate)
 // ---------------------------------------------------------------------------------------------
 //
-// An analytic estimate, meant to order layouts rather than to predict a wall clock:
-//
-//   peak        = the device's dense peak for the storage precision (16-bit or fp32)
-//   gpus        = dp x cp x tp x pp
-//   T_compute   = flops_per_rank / (efficiency x peak)
-//                 (the plan's flops_per_rank: the busiest pipeline stage's FLOPs of one step,
-//                 recomputation included, over its dp x cp x tp ranks)
-//   placement   : ranks are numbered tp fastest, then cp, then dp, then pp (policy/mesh_axes.hpp),
-//                 so a tp group spans tp consecutive ranks, a cp group has its members tp apart,
-//                 a dp group tp·cp apart, a pp group tp·cp·dp apart. A group uses the intra-node
-//                 bandwidth and latency when every copy of it lies within one node of
-//                 gpus_per_node ranks, and the inter-node ones otherwise.
-//   T_tp        = comm_bytes.tp / bw(tp) + latency(tp) x 4 x (layers / pp) x microbatches
-//                 (about four tensor-parallel collectives per block and micro-batch; 0 at tp 1)
-//   T_cp        = comm_bytes.cp / bw(cp) + latency(cp) x steps x (layers / pp) x microbatches
-//                 (0 at cp 1). steps: the exchanges one block's attention waits for per
-//                 micro-batch (layers/context_attention.hpp). Ring: cp-1 forward (the K/V
-//                 blocks, one hop each) and cp backward (the blocks again with their dK/dV
-//                 accumulators, which take one hop more to come home), 2·cp-1; all-to-all: 2
-//                 forward (qkv to heads, the output back) and 2 backward, 4. Recomputation
-//                 (selective or full) runs the forward exchanges again: + cp-1, or + 2.
-//   T_pp        = comm_bytes.pp / bw(pp)
-//   T_ep        = comm_bytes.ep / bw(ep) + latency(ep) x steps x (layers / pp) x microbatches
-//                 (0 at ep 1; every block of the MoE model has its mixture). The expert group is
-//                 ep consecutive members of the gradient group: ep ranks of stride tp. steps: the
-//                 all-to-alls one block waits for per micro-batch (layers/moe.hpp): 3 forward
-//                 (the counts, the rows to their experts, the outputs back) and 2 backward (the
-//                 output gradients out, the input gradients back), 5; full recomputation runs
-//                 the forward's 3 again (selective recomputation does not redo the mixture).
-//   T_dp        = comm_bytes.dp / bw(dp)   (the gradient group dp x cp, whose members are tp
-//                 apart: placed as a group of dp·cp ranks of stride tp; under expert
-//                 parallelism the experts' reduction over the expert-data group is in the same
-//                 bytes, timed at the same bandwidth; not overlapped with compute: conservative)
-//   T_step      = (T_compute + T_tp + T_cp + T_pp + T_ep) / (1 - bubble) + T_dp
-//
-// comm_bytes are the plan's per-rank ring volumes per step; the embedding group's all-reduce of
-// the tied table is not part of the model, and neither is any overlap of the ring's transfers
-// with attention's compute (which context_attention posts ahead). Reported with it:
-//   tokens_per_s   = global_batch x seq / T_step
-//   tflops_per_gpu = model_flops_per_step / T_step / gpus / 1e12   (model FLOPs: no recomputation)
-//   mfu            = tflops_per_gpu x 1e12 / peak
+// plan/time_model.hpp: GEMMs by shape, attention, memory-bound work and the optimizer on the
+// device, communication by the links each group crosses, overlap by axis, the bubble. Reported
+// with it:
+//   tokens_per_s            = global_batch x seq / T_step
+//   tflops_per_gpu          = model_flops_per_step / T_step / gpus / 1e12   (no recomputation)
+//   hardware_tflops_per_gpu = flops_per_step / T_step / gpus / 1e12         (recomputation counted)
+//   mfu                     = tflops_per_gpu x 1e12 / peak
 
 struct step_estimate {
-  double compute_s = 0, tp_s = 0, cp_s = 0, pp_s = 0, ep_s = 0, dp_s = 0, step_s = 0;
-  double tokens_per_s = 0, tflops_per_gpu = 0, mfu = 0;
-  bool tp_intra = true, cp_intra = true, dp_intra = true, pp_intra = true, ep_intra = true;
+  st::step_time time;
+  double tokens_per_s = 0, tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
 };
-
-// Whether every copy of the group along one axis (members `stride` ranks apart, `size` of them)
-// lies within one node, ranks numbered tp fastest, then cp, then dp, then pp.
-bool group_within_node(int ranks, int per_node, int stride, int size) {
-  if (size <= 1) return true;
-  for (int r = 0; r < ranks; ++r) {
-    if ((r / stride) % size != 0) continue;  // r is not the first member of its copy
-    if (r / per_node != (r + (size - 1) * stride) / per_node) return false;
-  }
-  return true;
-}
 
 template <class Dims>
 step_estimate estimate_step(const st::plan_result& r, const st::plan_setup& s, const Dims& m, const st::batch& b,
-                            const st::hw::device_spec& d, int storage_bytes, double efficiency) {
-  const int tp = s.layout.tp, cp = s.layout.cp, dp = s.layout.dp, pp = s.layout.pp, gpus = tp * cp * dp * pp;
-  const int ep = s.layout.ep;
-  const double peak = d.peak_flops(storage_bytes);
+                            const st::hw::device_spec& d) {
+  const int gpus = s.layout.tp * s.layout.cp * s.layout.dp * s.layout.pp;
   step_estimate e;
-  e.tp_intra = group_within_node(gpus, d.gpus_per_node, 1, tp);
-  e.cp_intra = group_within_node(gpus, d.gpus_per_node, tp, cp);
-  // The gradient group dp x cp: cp and dp are adjacent in the rank order, so its members are tp apart.
-  e.dp_intra = group_within_node(gpus, d.gpus_per_node, tp, dp * cp);
-  e.pp_intra = group_within_node(gpus, d.gpus_per_node, tp * cp * dp, pp);
-  // The expert group: ep consecutive members of the gradient group, so tp apart too.
-  e.ep_intra = group_within_node(gpus, d.gpus_per_node, tp, ep);
-  const auto bw = [&](bool intra) { return intra ? d.intra_node_bandwidth : d.inter_node_bandwidth; };
-  const auto latency = [&](bool intra) { return intra ? d.intra_node_latency : d.inter_node_latency; };
-  const double block_micro = double(m.layers / pp) * double(r.microbatches);  // blocks x micro-batches
-
-  e.compute_s = r.flops_per_rank / (efficiency * peak);
-  if (tp > 1) e.tp_s = r.comm_bytes.tp / bw(e.tp_intra) + latency(e.tp_intra) * 4.0 * block_micro;
-  if (cp > 1) {
-    const bool ring = s.layout.context_form != "all_to_all";
-    const bool again = s.recompute != st::recompute_mode::none;  // the forward's exchanges run again
-    const double steps = ring ? (2.0 * cp - 1) + (again ? cp - 1 : 0) : 4.0 + (again ? 2 : 0);
-    e.cp_s = r.comm_bytes.cp / bw(e.cp_intra) + latency(e.cp_intra) * steps * block_micro;
-  }
-  if (pp > 1) e.pp_s = r.comm_bytes.pp / bw(e.pp_intra);
-  if (ep > 1) {
-    // Counts, rows out, outputs back forward; gradients out and back backward; full
-    // recomputation runs the forward's three again.
-    const double steps = 5.0 + (s.recompute == st::recompute_mode::full ? 3 : 0);
-    e.ep_s = r.comm_bytes.ep / bw(e.ep_intra) + latency(e.ep_intra) * steps * block_micro;
-  }
-  if (dp * cp > 1) e.dp_s = r.comm_bytes.dp / bw(e.dp_intra);
-  e.step_s = (e.compute_s + e.tp_s + e.cp_s + e.pp_s + e.ep_s) / (1.0 - r.bubble_fraction) + e.dp_s;
-  e.tokens_per_s = double(b.global) * double(m.seq) / e.step_s;
-  e.tflops_per_gpu = r.model_flops_per_step / e.step_s / double(gpus) / 1e12;
-  e.mfu = e.tflops_per_gpu * 1e12 / peak;
+  e.time = st::estimate_step_time(r, s, d);
+  const double step = e.time.step_s;
+  e.tokens_per_s = double(b.global) * double(m.seq) / step;
+  e.tflops_per_gpu = r.model_flops_per_step / step / double(gpus) / 1e12;
+  e.hardware_tflops_per_gpu = r.flops_per_step / step / double(gpus) / 1e12;
+  e.mfu = e.tflops_per_gpu * 1e12 / d.peak_flops(r.storage_bytes);
   return e;
 }
 
@@ -409,15 +347,23 @@ void add_model_state_fields(nlohmann::ordered_json& out, const st::plan_result& 
 }
 
 nlohmann::ordered_json estimate_json(const step_estimate& e) {
-  return {{"step_time_s", st::json_number(e.step_s)},
-          {"compute_s", st::json_number(e.compute_s)},
-          {"tp_s", st::json_number(e.tp_s)},
-          {"cp_s", st::json_number(e.cp_s)},
-          {"pp_s", st::json_number(e.pp_s)},
-          {"ep_s", st::json_number(e.ep_s)},
-          {"dp_s", st::json_number(e.dp_s)},
+  const st::step_time& t = e.time;
+  return {{"step_time_s", st::json_number(t.step_s)},
+          {"compute_s", st::json_number(t.compute_s())},
+          {"gemm_s", st::json_number(t.gemm_s)},
+          {"attention_s", st::json_number(t.attention_s)},
+          {"memory_s", st::json_number(t.memory_s)},
+          {"recompute_s", st::json_number(t.recompute_s)},
+          {"optimizer_s", st::json_number(t.optimizer_s)},
+          {"tp_s", st::json_number(t.tp_s)},
+          {"cp_s", st::json_number(t.cp_s)},
+          {"pp_s", st::json_number(t.pp_s)},
+          {"ep_s", st::json_number(t.ep_s)},
+          {"dp_s", st::json_number(t.dp_s)},
+          {"bubble_s", st::json_number(t.bubble_s)},
           {"tokens_per_s", st::json_number(e.tokens_per_s)},
           {"tflops_per_gpu", st::json_number(e.tflops_per_gpu)},
+          {"hardware_tflops_per_gpu", st::json_number(e.hardware_tflops_per_gpu)},
           {"mfu", st::json_number(e.mfu)}};
 }
 
@@ -426,6 +372,155 @@ std::string device_text(const st::hw::device_spec& d, int storage_bytes) {
                        std::string(d.name).c_str(), d.memory_bytes / 1e9,
                        si(d.peak_flops(storage_bytes), "FLOP").c_str(), storage_bytes <= 2 ? "16-bit" : "fp32",
                        d.gpus_per_node, d.intra_node_bandwidth / 1e9, d.inter_node_bandwidth / 1e9);
+}
+
+// ---------------------------------------------------------------------------------------------
+// --explain: where one step's time goes
+// ---------------------------------------------------------------------------------------------
+
+const char* recompute_name(st::recompute_mode r) {
+  switch (r) {
+    case st::recompute_mode::selective: return "selective";
+    case st::recompute_mode::full: return "full";
+    default: return "none";
+  }
+}
+
+struct time_row {
+  std::string label;
+  double seconds;
+};
+
+std::vector<time_row> time_rows(const st::step_time& t, const st::plan_setup& s) {
+  const auto where = [](bool intra) { return intra ? "NVLink" : "network"; };
+  const auto ranks = [](int n) { return printf_string("%d rank%s", n, n == 1 ? "" : "s"); };
+  const st::layout_config& L = s.layout;
+  std::vector<time_row> rows = {
+      {"GEMMs", t.gemm_s},
+      {"attention", t.attention_s},
+      {"memory-bound (norms, activations, residual, embedding, loss)", t.memory_s},
+      {std::string("recomputation (") + recompute_name(s.recompute) + ")", t.recompute_s},
+      {"optimizer", t.optimizer_s},
+      {printf_string("tp exposed (%s, %s)", ranks(L.tp).c_str(), where(t.tp_intra)), t.tp_s},
+      {printf_string("cp exposed (%s, %s)", ranks(L.cp).c_str(), where(t.cp_intra)), t.cp_s},
+      {printf_string("ep exposed (%s, %s)", ranks(L.ep).c_str(), where(t.ep_intra)), t.ep_s},
+      {printf_string("dp exposed (dp x cp = %s, %s)", ranks(L.dp * L.cp).c_str(), where(t.dp_intra)), t.dp_s},
+      {printf_string("pp sends at the bubble's edges (%d stage%s, %s)", L.pp, L.pp == 1 ? "" : "s", where(t.pp_intra)),
+       t.pp_s},
+      {"pipeline bubble", t.bubble_s},
+  };
+  return rows;
+}
+
+// A horizontal bar per row, scaled to the step, as a standalone SVG.
+std::string time_svg(const std::vector<time_row>& rows, double step) {
+  const int label_w = 430, bar_w = 420, row_h = 22, top = 34;
+  const int height = top + row_h * int(rows.size()) + 12;
+  std::string svg = printf_string(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n",
+      label_w + bar_w + 120, height);
+  svg += printf_string("<text x=\"8\" y=\"20\" font-weight=\"bold\">one step: %s</text>\n", seconds_text(step).c_str());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const int y = top + row_h * int(i);
+    const double share = step > 0 ? rows[i].seconds / step : 0;
+    std::string label;
+    for (const char ch : rows[i].label)
+      label += ch == '&' ? std::string("&amp;") : ch == '<' ? std::string("&lt;") : std::string(1, ch);
+    svg += printf_string("<text x=\"8\" y=\"%d\">%s</text>\n", y + 15, label.c_str());
+    svg += printf_string("<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"16\" fill=\"#4a7ab5\"/>\n", label_w, y + 3,
+                         std::max(0.0, share) * bar_w);
+    svg += printf_string("<text x=\"%.1f\" y=\"%d\">%s (%s)</text>\n", label_w + std::max(0.0, share) * bar_w + 6,
+                         y + 15, seconds_text(rows[i].seconds).c_str(), percent(share).c_str());
+  }
+  return svg + "</svg>\n";
+}
+
+void explain_step(const options& o, const st::step_time& t, const st::plan_setup& s) {
+  const std::vector<time_row> rows = time_rows(t, s);
+  if (o.explain) {
+    std::printf("\nwhere one step's time goes (busiest rank; communication counted where it is exposed)\n");
+    for (const auto& row : rows)
+      std::printf("  %-62s %10s %7s\n", row.label.c_str(), seconds_text(row.seconds).c_str(),
+                  percent(t.step_s > 0 ? row.seconds / t.step_s : 0).c_str());
+    std::printf("  %-62s %10s\n", "step", seconds_text(t.step_s).c_str());
+  }
+  if (!o.explain_svg.empty()) {
+    std::FILE* f = std::fopen(o.explain_svg.c_str(), "w");
+    STRATA_CHECK(f != nullptr, "--explain-svg: cannot write ", o.explain_svg);
+    const std::string svg = time_svg(rows, t.step_s);
+    const bool ok = std::fwrite(svg.data(), 1, svg.size(), f) == svg.size();
+    STRATA_CHECK(std::fclose(f) == 0 && ok, "--explain-svg: writing ", o.explain_svg, " failed");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mode 4: a device from measurements (--calibrate)
+// ---------------------------------------------------------------------------------------------
+//
+// Reads {"base": preset, "name": ..., "storage_bytes": 2, "gemms": [{"m", "n", "k", "seconds"}],
+// and optionally the measured "memory_bandwidth" (a device-to-device copy's bytes/s) and
+// "intra_node_bandwidth" / "inter_node_bandwidth" (collectives' bus bandwidth, bytes/s)}, and
+// prints the device JSON --hw-file reads: the GEMM figures fitted (plan/calibration.hpp), and
+// measured bandwidths taken as reached (their efficiency 1).
+
+int run_calibrate(const options& o) {
+  std::ifstream in(o.calibrate);
+  if (!in.good()) throw usage_error("--calibrate " + o.calibrate + ": cannot open the file");
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  const auto bad = [&](const std::string& why) { return usage_error("--calibrate " + o.calibrate + ": " + why); };
+  if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
+  nlohmann::json base = nlohmann::json::object();
+  for (const char* key : {"base", "name"})
+    if (j.contains(key)) base[key] = j[key];
+  st::hw::named_device start =
+      st::hw::device_from_json(base.contains("base") ? base : nlohmann::json{{"base", o.hw}}, o.calibrate);
+  const int storage = j.value("storage_bytes", 2);
+  if (storage != 2 && storage != 4) throw bad("\"storage_bytes\" is 2 or 4");
+  if (!j.contains("gemms") || !j["gemms"].is_array() || j["gemms"].empty())
+    throw bad("\"gemms\" lists the measured GEMMs: [{\"m\": .., \"n\": .., \"k\": .., \"seconds\": ..}]");
+  std::vector<st::gemm_sample> samples;
+  for (const auto& g : j["gemms"]) {
+    for (const char* key : {"m", "n", "k", "seconds"})
+      if (!g.contains(key) || !g[key].is_number())
+        throw bad(std::string("a GEMM without a number \"") + key + "\": " + g.dump());
+    samples.push_back({{g["m"].get<std::int64_t>(), g["n"].get<std::int64_t>(), g["k"].get<std::int64_t>()},
+                       g["seconds"].get<double>()});
+  }
+  st::hw::device_spec d = start.get();
+  const auto measured = [&](const char* key, double& field, double& efficiency) {
+    if (!j.contains(key)) return;
+    if (!j[key].is_number() || j[key].get<double>() <= 0)
+      throw bad(std::string("\"") + key + "\" is a positive number");
+    field = j[key].get<double>();
+    efficiency = 1;
+  };
+  double link_efficiency = d.link_efficiency;
+  measured("memory_bandwidth", d.memory_bandwidth, d.memory_efficiency);
+  measured("intra_node_bandwidth", d.intra_node_bandwidth, link_efficiency);
+  measured("inter_node_bandwidth", d.inter_node_bandwidth, link_efficiency);
+  d.link_efficiency = link_efficiency;
+  const st::gemm_fit fit = st::calibrate_gemms(d, samples, storage);
+  const st::hw::device_spec& c = fit.device;
+  std::fprintf(stderr,
+               "strata-plan --calibrate: %d of %zu GEMMs fitted (the rest memory-bound): efficiency %.3f, k_half %.0f, "
+               "rms error %.1f%%\n",
+               fit.samples_used, samples.size(), c.gemm_efficiency, c.gemm_k_half,
+               100 * (std::exp(fit.rms_log_error) - 1));
+  nlohmann::ordered_json out;
+  if (base.contains("base")) out["base"] = base["base"];
+  else out["base"] = o.hw;
+  out["name"] = start.name;
+  out["gemm_efficiency"] = st::json_number(c.gemm_efficiency);
+  out["gemm_k_half"] = st::json_number(c.gemm_k_half);
+  out["memory_bandwidth"] = st::json_number(c.memory_bandwidth);
+  out["memory_efficiency"] = st::json_number(c.memory_efficiency);
+  out["intra_node_bandwidth"] = st::json_number(c.intra_node_bandwidth);
+  out["inter_node_bandwidth"] = st::json_number(c.inter_node_bandwidth);
+  out["link_efficiency"] = st::json_number(c.link_efficiency);
+  std::printf("%s\n", out.dump(1).c_str());
+  return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -455,7 +550,7 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
   const st::plan_result r = plan_with<F>(o.precision, m, b, setup);
   const int storage = storage_bytes_of(o.precision);
   const bool fits = r.fits(d);
-  const step_estimate e = estimate_step(r, setup, m, b, d, storage, o.efficiency);
+  const step_estimate e = estimate_step(r, setup, m, b, d);
   const bool sp = o.sp && o.tp > 1;
   const double mem = d.memory_bytes;
 
@@ -502,7 +597,6 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
                          {"ep", st::json_number(r.comm_bytes.ep)}};
     out["bubble_fraction"] = st::json_number(r.bubble_fraction);
     out["estimate"] = estimate_json(e);
-    out["efficiency"] = st::json_number(o.efficiency);
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
@@ -620,9 +714,12 @@ int run_plan(const options& o, const typename F::dims& m, const st::hw::device_s
     std::printf(" ((pp-1)/(virtual x microbatches + pp-1) = %d/%lld)\n", o.pp - 1,
                 (long long)(o.virtual_chunks * r.microbatches + o.pp - 1));
   else std::printf(" (no pipeline)\n");
-  std::printf("estimate (the --search model at efficiency %g): step %s, %s tokens/s, %.1f TFLOP/s per GPU, MFU %s\n",
-              o.efficiency, seconds_text(e.step_s).c_str(), grouped(std::llround(e.tokens_per_s)).c_str(),
-              e.tflops_per_gpu, percent(e.mfu).c_str());
+  std::printf(
+      "estimate (the --search time model): step %s, %s tokens/s, %.1f TFLOP/s per GPU (%.1f counting "
+      "recomputation), MFU %s\n",
+      seconds_text(e.time.step_s).c_str(), grouped(std::llround(e.tokens_per_s)).c_str(), e.tflops_per_gpu,
+      e.hardware_tflops_per_gpu, percent(e.mfu).c_str());
+  if (o.explain || !o.explain_svg.empty()) explain_step(o, e.time, setup);
   return 0;
 }
 
@@ -705,14 +802,6 @@ struct candidate {
   step_estimate est;
 };
 
-const char* recompute_name(st::recompute_mode r) {
-  switch (r) {
-    case st::recompute_mode::selective: return "selective";
-    case st::recompute_mode::full: return "full";
-    default: return "none";
-  }
-}
-
 template <class F>
 int run_search(const options& o, const typename F::dims& m, const st::hw::device_spec& d) {
   const int G = o.gpus;
@@ -729,6 +818,7 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
     if (G % tp || !tensor_degree_fits<F>(m, tp)) continue;
     contexts.clear();
     for (int cp = 1; cp <= G / tp; ++cp) {
+      if (o.pin_cp && cp != o.cp) continue;
       if ((G / tp) % cp || !context_problem(m, tp, cp, "ring").empty()) continue;
       contexts.emplace_back(cp, "ring");
       if (cp > 1 && context_problem(m, tp, cp, "all_to_all").empty()) contexts.emplace_back(cp, "all_to_all");
@@ -741,6 +831,7 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
         if ((dp * cp) % o.ep) continue;  // --ep stays as given: its expert group lies within dp x cp
         for (const int v : {1, 2, 4}) {
           if (v > 1 && (pp == 1 || m.layers % (pp * v))) continue;
+          if (o.pin_schedule && (v > 1) != (o.schedule == "interleaved")) continue;
           const auto schedule =
               v > 1 ? st::pipeline_schedule_kind::interleaved : st::pipeline_schedule_kind::one_f_one_b;
           for (const std::int64_t micro : {1, 2, 4, 8}) {
@@ -748,12 +839,15 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
             const std::int64_t M = B / (dp * micro);
             if (v > 1 && M % pp) continue;
             for (int zero = 0; zero <= 3; ++zero) {
+              if (o.pin_zero && zero != o.zero) continue;
               if (pp > 1 && zero > 1) continue;
               if (dp * cp == 1 && zero > 0) continue;  // nothing to shard over: the same plan as ZeRO-0
               for (const bool sp : {false, true}) {
                 if (sp && (tp == 1 || (m.seq / cp) % tp)) continue;
+                if (o.pin_sp && sp != o.sp) continue;
                 for (const auto rc :
                      {st::recompute_mode::none, st::recompute_mode::selective, st::recompute_mode::full}) {
+                  if (o.pin_recompute && rc != st::parse_recompute_mode(o.recompute)) continue;
                   candidate c{dp, cp, tp, pp, v, zero, form, micro, sp, rc, {}, {}};
                   const st::plan_setup s = make_setup(dp, cp, form, tp, pp, v, zero, sp, M, rc, opt, schedule, o.ep);
                   const st::batch b{.micro = micro, .global = B};
@@ -764,7 +858,7 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
                   }
                   ++considered;
                   if (!c.plan.fits(d)) continue;
-                  c.est = estimate_step(c.plan, s, m, b, d, storage, o.efficiency);
+                  c.est = estimate_step(c.plan, s, m, b, d);
                   fitting.push_back(c);
                 }
               }
@@ -777,7 +871,7 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
 
   // Fastest first; equal times prefer fewer bytes, then the simpler layout.
   std::sort(fitting.begin(), fitting.end(), [](const candidate& a, const candidate& b) {
-    if (a.est.step_s != b.est.step_s) return a.est.step_s < b.est.step_s;
+    if (a.est.time.step_s != b.est.time.step_s) return a.est.time.step_s < b.est.time.step_s;
     if (a.plan.total_bytes() != b.plan.total_bytes()) return a.plan.total_bytes() < b.plan.total_bytes();
     return std::tuple(a.pp, a.cp, a.cp_form, a.tp, a.v, a.zero, a.micro, a.sp, int(a.recompute)) <
            std::tuple(b.pp, b.cp, b.cp_form, b.tp, b.v, b.zero, b.micro, b.sp, int(b.recompute));
@@ -809,9 +903,10 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
                      {"micro_batch", c.micro},
                      {"sp", c.sp},
                      {"recompute", recompute_name(c.recompute)},
-                     {"step_time_s", st::json_number(c.est.step_s)},
+                     {"step_time_s", st::json_number(c.est.time.step_s)},
                      {"tokens_per_s", st::json_number(c.est.tokens_per_s)},
                      {"tflops_per_gpu", st::json_number(c.est.tflops_per_gpu)},
+                     {"hardware_tflops_per_gpu", st::json_number(c.est.hardware_tflops_per_gpu)},
                      {"mfu", st::json_number(c.est.mfu)},
                      {"total_bytes", c.plan.total_bytes()}});
     }
@@ -821,14 +916,23 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
 
   std::printf("strata-plan --search: %s, global batch %lld\n", F::shape_text(m).c_str(), (long long)B);
   std::printf("on %d x %s\n", G, device_text(d, storage).c_str());
-  std::printf("%s, %s; step-time model: compute at %g of peak, ranks placed tp, cp, dp, pp (see --help)\n",
-              precision_text(o.precision).c_str(), opt == st::optimizer_kind::adamw ? "AdamW" : "SGD with momentum",
-              o.efficiency);
+  std::printf("%s, %s; step-time model per op, ranks placed tp, cp, dp, pp (see --help)\n",
+              precision_text(o.precision).c_str(), opt == st::optimizer_kind::adamw ? "AdamW" : "SGD with momentum");
   if (o.ep > 1)
     std::printf(
         "expert parallel ep %d in every layout (within dp x cp: those where it does not divide dp x cp are not "
         "considered)\n",
         o.ep);
+  std::string pins;
+  const auto pin = [&](bool given, const std::string& text) {
+    if (given) pins += (pins.empty() ? "" : ", ") + text;
+  };
+  pin(o.pin_cp, "cp " + std::to_string(o.cp));
+  pin(o.pin_zero, "ZeRO-" + std::to_string(o.zero));
+  pin(o.pin_sp, o.sp ? "sequence parallel" : "no sequence parallelism");
+  pin(o.pin_recompute, o.recompute + " recomputation");
+  pin(o.pin_schedule, "the " + o.schedule + " schedule");
+  if (!pins.empty()) std::printf("every layout with %s (as given)\n", pins.c_str());
   std::printf("%lld layouts considered, %zu fit; the best %zu:\n\n", (long long)considered, fitting.size(), shown);
   std::printf("%3s %4s %3s %-10s %3s %3s %3s %4s %3s %3s %-9s %9s %12s %11s %6s %9s %7s\n", "#", "dp", "cp", "form",
               "tp", "pp", "v", "zero", "mb", "sp", "recompute", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "GB/rank",
@@ -837,33 +941,42 @@ int run_search(const options& o, const typename F::dims& m, const st::hw::device
     const candidate& c = fitting[i];
     std::printf("%3zu %4d %3d %-10s %3d %3d %3d %4d %3lld %3s %-9s %9s %12s %11.1f %6s %9s %7s\n", i + 1, c.dp, c.cp,
                 c.cp > 1 ? c.cp_form.c_str() : "-", c.tp, c.pp, c.v, c.zero, (long long)c.micro, c.sp ? "on" : "off",
-                recompute_name(c.recompute), seconds_text(c.est.step_s).c_str(),
+                recompute_name(c.recompute), seconds_text(c.est.time.step_s).c_str(),
                 grouped(std::llround(c.est.tokens_per_s)).c_str(), c.est.tflops_per_gpu, percent(c.est.mfu).c_str(),
                 gb(double(c.plan.total_bytes())).c_str(),
                 percent(double(c.plan.total_bytes()) / d.memory_bytes).c_str());
+  }
+  if (!o.rank_layout.empty()) {
+    const int tp = o.rank_layout[0], pp = o.rank_layout[1], dp = o.rank_layout[2];
+    const auto it = std::find_if(fitting.begin(), fitting.end(),
+                                 [&](const candidate& c) { return c.tp == tp && c.pp == pp && c.dp == dp; });
+    if (it == fitting.end()) {
+      std::printf("\ntp %d pp %d dp %d: no layout with these degrees fits\n", tp, pp, dp);
+      return 1;
+    }
+    std::printf("\ntp %d pp %d dp %d ranks %td of %zu (its best: %s); the first is %.1f%% faster\n", tp, pp, dp,
+                it - fitting.begin() + 1, fitting.size(), seconds_text(it->est.time.step_s).c_str(),
+                100.0 * (it->est.time.step_s / fitting.front().est.time.step_s - 1));
   }
   return 0;
 }
 
 const char* const search_model_help = R"(
-Search step-time model (ranks the layouts; an estimate, not a measurement):
-  GPUs = dp x cp x tp x pp
-  T_compute = flops_per_rank / (efficiency x peak FLOP/s of the precision)
-  ranks are placed tp fastest, then cp, then dp, then pp (cp ranks tp apart, dp ranks tp x cp
-  apart, pp ranks tp x cp x dp apart); a group uses the intra-node bandwidth and latency when
-  each copy of it lies within one node, the inter-node ones otherwise
-  T_tp   = comm_bytes.tp / bw(tp) + latency(tp) x 4 x layers/pp x micro-batches
-  T_cp   = comm_bytes.cp / bw(cp) + latency(cp) x steps x layers/pp x micro-batches
-           steps per block: ring 2 x cp - 1 (cp - 1 forward, cp backward), all_to_all 4;
-           recomputation adds the forward's again (cp - 1, or 2)
-  T_pp   = comm_bytes.pp / bw(pp)
-  T_ep   = comm_bytes.ep / bw(ep) + latency(ep) x steps x layers/pp x micro-batches
-           (mixtral --ep N > 1: the expert group, ep ranks tp apart within dp x cp); steps per
-           block: 5 all-to-alls (3 forward, 2 backward), full recomputation 3 more
-  T_dp   = comm_bytes.dp / bw(dp x cp)     (the gradient group, experts' reduction included;
-           not overlapped)
-  T_step = (T_compute + T_tp + T_cp + T_pp + T_ep) / (1 - bubble) + T_dp
+Step-time model (ranks the layouts; an estimate, not a measurement; docs/planner.md):
+  GPUs = dp x cp x tp x pp; ranks placed tp fastest, then cp, then dp, then pp
+  per micro-batch on the busiest stage:
+    GEMMs by shape: waves of 128 x 256 output tiles over the SMs at gemm_efficiency x k/(k + k_half)
+    attention at attention_efficiency x peak; norms, activations, residual, embedding and loss
+    at memory_efficiency x memory bandwidth; recomputation as its extra work
+  communication at link_efficiency x the bandwidth of the links a group crosses (NVLink within
+  a node, the network across), plus a latency per ring step:
+    tp exposed (but a device's tensor_overlap share); cp ring hidden behind attention where it
+    is shorter; ep exposed; pp sends only at the bubble's edges; dp buckets hidden behind
+    backward but the last (ZeRO-1's weight gather exposed)
+  T_step = M x micro-batch + bubble (p-1)/V micro-batches + edge sends + dp exposed + optimizer
   tokens/s = global batch x seq / T_step; TFLOP/s per GPU = model FLOPs / T_step / GPUs
+  --explain prints where the time goes, --explain-svg FILE draws it; --hw-file FILE reads a
+  device (a preset with figures replaced: {"base": "a100_80gb", "gemm_efficiency": 0.78})
 )";
 
 // Plan one layout or search, for the family the flags name.
@@ -941,11 +1054,11 @@ int main(int argc, char** argv) {
   auto* zero = app.add_option("--zero", o.zero, "ZeRO stage 0-3 (1: optimizer state, 2: + gradients, 3: + weights)")
                    ->check(CLI::IsMember({0, 1, 2, 3}))
                    ->capture_default_str();
-  layout_flags.push_back(app.add_option("--cp", o.cp,
-                                        "context-parallel degree: each sequence cut into 2 x cp chunks, two per rank "
-                                        "(--seq divisible by 2 x cp)")
-                             ->check(positive)
-                             ->capture_default_str());
+  auto* context = app.add_option("--cp", o.cp,
+                                 "context-parallel degree: each sequence cut into 2 x cp chunks, two per rank "
+                                 "(--seq divisible by 2 x cp)")
+                      ->check(positive)
+                      ->capture_default_str();
   layout_flags.push_back(
       app.add_option("--cp-form", o.cp_form,
                      "how attention reaches the other context ranks: ring (key/value blocks passed "
@@ -958,14 +1071,18 @@ int main(int argc, char** argv) {
   layout_flags.push_back(app.add_option("--virtual", o.virtual_chunks, "model chunks per stage (interleaved schedule)")
                              ->check(positive)
                              ->capture_default_str());
-  layout_flags.push_back(app.add_flag("--sp", o.sp, "sequence parallelism in the tensor-parallel group"));
-  layout_flags.push_back(app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full")
-                             ->check(CLI::IsMember({"none", "selective", "full"}))
-                             ->capture_default_str());
-  layout_flags.push_back(app.add_option("--schedule", o.schedule,
-                                        "pipeline schedule: gpipe, 1f1b, interleaved (default 1f1b, "
-                                        "interleaved when --virtual > 1)")
-                             ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"})));
+  auto* sequence = app.add_flag("--sp,!--no-sp", o.sp, "sequence parallelism in the tensor-parallel group");
+  auto* recompute = app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full")
+                        ->check(CLI::IsMember({"none", "selective", "full"}))
+                        ->capture_default_str();
+  auto* schedule = app.add_option("--schedule", o.schedule,
+                                  "pipeline schedule: gpipe, 1f1b, interleaved (default 1f1b, "
+                                  "interleaved when --virtual > 1); with --search: 1f1b or interleaved only")
+                       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  layout_flags.push_back(schedule);
+  // With --search these pin every candidate instead of choosing a layout.
+  const std::vector<CLI::Option*> search_pins = {context, sequence, recompute, zero, schedule};
+  for (auto* f : {context, sequence, recompute}) layout_flags.push_back(f);
 
   // Training and device.
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16 (16-bit: with fp32 master weights)")
@@ -976,10 +1093,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--hw", o.hw, "device preset: " + preset_names())->check(device_preset())->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON value instead of the table");
-  auto* efficiency =
-      app.add_option("--efficiency", o.efficiency, "share of the peak FLOP/s the step-time model assumes")
-          ->check(cli_checks::real_in(0, false, 1))
-          ->capture_default_str();
+  auto* hw_file = app.add_option("--hw-file", o.hw_file,
+                                 "a device as JSON: a preset (\"base\") with figures replaced, or a whole device_spec");
+  hw_file->excludes(app.get_option("--hw"));
+  auto* explain = app.add_flag("--explain", o.explain, "print where one step's time goes");
+  auto* explain_svg = app.add_option("--explain-svg", o.explain_svg, "draw where one step's time goes as SVG bars");
 
   // Back-of-envelope.
   auto* params = app.add_option("--params", o.params, "model-state estimate for N parameters (70e9 or 70000000000)")
@@ -990,9 +1108,21 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "none"}))
       ->needs(params);
 
+  // Calibration.
+  auto* calibrate = app.add_option("--calibrate", o.calibrate,
+                                   "print a device JSON for --hw-file from measurements on a device (GEMM times, "
+                                   "bandwidths; docs/planner.md)");
+
   // Search.
   auto* search = app.add_flag("--search", o.search, "rank every layout of --gpus devices that fits");
   app.add_option("--gpus", o.gpus, "with --search: number of devices")->check(positive)->needs(search);
+  app.add_option("--rank-layout", o.rank_layout,
+                 "with --search: where the layout of these tensor, pipeline and data-parallel degrees ranks "
+                 "(TP,PP,DP), and how much faster the first is")
+      ->delimiter(',')
+      ->expected(3)
+      ->check(positive)
+      ->needs(search);
   app.add_option("--top", o.top, "with --search: how many layouts to show")
       ->check(positive)
       ->needs(search)
@@ -1001,13 +1131,20 @@ int main(int argc, char** argv) {
   for (auto* f : shape_flags) params->excludes(f);
   for (auto* f : layout_flags) {
     params->excludes(f);
-    search->excludes(f);
+    if (std::find(search_pins.begin(), search_pins.end(), f) == search_pins.end()) search->excludes(f);
   }
   params->excludes(search);
+  calibrate->excludes(params);
+  calibrate->excludes(search);
+  calibrate->excludes(hw_file);
+  for (auto* f : shape_flags) calibrate->excludes(f);
+  for (auto* f : layout_flags) calibrate->excludes(f);
   params->excludes(expert_parallel);
-  params->excludes(efficiency);
+  params->excludes(explain);
+  params->excludes(explain_svg);
+  search->excludes(explain);
+  search->excludes(explain_svg);
   search->excludes(dp);
-  search->excludes(zero);
 
   try {
     app.parse(argc, argv);
@@ -1016,8 +1153,20 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
 
-  const st::hw::device_spec& device = *st::hw::find(o.hw);
+  o.pin_zero = zero->count() > 0;
+  o.pin_cp = context->count() > 0;
+  o.pin_recompute = recompute->count() > 0;
+  o.pin_sp = sequence->count() > 0;
+  o.pin_schedule = schedule->count() > 0;
+  st::hw::named_device from_file;
+  const st::hw::device_spec* preset = st::hw::find(o.hw);
   try {
+    if (!o.hw_file.empty()) {
+      try {
+        from_file = st::hw::device_from_json_file(o.hw_file);
+      } catch (const st::error& e) { throw usage_error(std::string("--hw-file ") + e.what()); }
+    }
+    const st::hw::device_spec& device = o.hw_file.empty() ? *preset : from_file.get();
     if (o.model == "gpt2") {
       if (kv_heads->count() > 0)
         throw usage_error("--kv-heads needs --model llama or mixtral (GPT-2 has as many key/value heads as heads)");
@@ -1033,6 +1182,7 @@ int main(int argc, char** argv) {
       throw usage_error("--ep " + std::to_string(o.ep) + " does not divide --experts " +
                         std::to_string(o.shape.experts) +
                         " (each rank of the expert group holds --experts / --ep of a block's experts)");
+    if (!o.calibrate.empty()) return run_calibrate(o);
     if (!o.params.empty()) return run_model_state(o, device);
 
     // Plan and search need a shape and a batch.
@@ -1042,6 +1192,8 @@ int main(int argc, char** argv) {
         {"--seq", o.shape.seq},       {"--vocab", o.shape.vocab},    {"--global-batch", o.global_batch}};
     for (const auto& [name, value] : required)
       if (value == 0) missing += (missing.empty() ? "" : ", ") + std::string(name);
+    if (o.search && o.pin_schedule && o.schedule == "gpipe")
+      throw usage_error("--search ranks the 1f1b and interleaved schedules; --schedule gpipe pins none of them");
     if (o.search && o.gpus == 0) missing += (missing.empty() ? "" : ", ") + std::string("--gpus");
     if (!missing.empty())
       throw usage_error("missing " + missing +

@@ -1,7 +1,10 @@
 // bench/gpu/gpt2_step.cu - one GPT-2 124M training step (seq 1024, bf16, fp32 master weights
 // and AdamW moments) as the sequence of strata CUDA kernels that makes it, timed.
 //
-//   strata_gpt2_step [--batch B] [--steps S] [--tsv FILE]
+//   strata_gpt2_step [--batch B] [--steps S] [--tsv FILE] [--calibration FILE]
+//
+// --calibration writes the planner's device measurements (bf16 GEMM times over 30 shapes and a
+// device copy's bandwidth) for strata-plan --calibrate (docs/planner.md, "The time model").
 //
 // THIS IS A KERNEL-SEQUENCE STEP, NOT strata's layer-integrated trainer: the layers and the
 // trainer do not hold device buffers yet. The program lays out GPT-2's parameters, gradients and
@@ -100,6 +103,50 @@ double gemm_ceiling_tflops() {
   return 2.0 * double(n) * n * n / (ms * 1e-3) / 1e12;
 }
 
+// The time model's measurements (strata-plan --calibrate reads them): bf16 GEMMs over shapes that
+// span the efficiency's rise with k and the tile waves, and a device-to-device copy's bandwidth
+// (bytes read plus written per second).
+void write_calibration(const char* path, const std::string& device_name) {
+  const std::int64_t largest = 8192 * 16384;
+  dvec<bf16> A(static_cast<std::size_t>(largest)), Bm(static_cast<std::size_t>(largest)),
+      Cm(static_cast<std::size_t>(largest));
+  std::string gemms;
+  for (const std::int64_t m : {2048, 8192})
+    for (const std::int64_t n : {1024, 4096, 12288})
+      for (const std::int64_t kk : {64, 256, 1024, 4096, 12288}) {
+        const double ms = time_ms(
+            [&] {
+              k::cuda_detail::lt_matmul<bf16>("calibration", false, true, m, n, kk, 1.0f, A.get(), kk, Bm.get(), kk,
+                                              0.0f, Cm.get(), n);
+            },
+            5);
+        char row[160];
+        std::snprintf(row, sizeof row, "%s\n  {\"m\": %lld, \"n\": %lld, \"k\": %lld, \"seconds\": %.6e}",
+                      gemms.empty() ? "" : ",", (long long)m, (long long)n, (long long)kk, ms * 1e-3);
+        gemms += row;
+      }
+  const std::size_t bytes = static_cast<std::size_t>(largest) * sizeof(bf16);
+  const double copy_ms = time_ms(
+      [&] {
+        STRATA_CUDA_CHECK(cudaMemcpyAsync(Cm.get(), A.get(), bytes, cudaMemcpyDeviceToDevice, gpu::current_stream()));
+      },
+      5);
+  const bool hopper = device_name.find("H100") != std::string::npos || device_name.find("H200") != std::string::npos;
+  std::FILE* f = std::fopen(path, "w");
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", path);
+    return;
+  }
+  std::fprintf(f,
+               "{\"base\": \"%s\", \"name\": \"%s measured\", \"storage_bytes\": 2,\n \"gemms\": [%s],\n"
+               " \"memory_bandwidth\": %.4e}\n",
+               device_name.find("H200") != std::string::npos ? "h200_141gb"
+               : hopper                                      ? "h100_80gb"
+                                                             : "a100_80gb",
+               device_name.c_str(), gemms.c_str(), 2.0 * double(bytes) / (copy_ms * 1e-3));
+  std::fclose(f);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,13 +154,15 @@ int main(int argc, char** argv) {
   int steps = 10;
   const std::int64_t T = 1024;
   const char* tsv = nullptr;
+  const char* calibration = nullptr;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) B = std::stoll(argv[++i]);
     else if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
     else if (a == "--tsv" && i + 1 < argc) tsv = argv[++i];
+    else if (a == "--calibration" && i + 1 < argc) calibration = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--steps S] [--tsv FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--steps S] [--tsv FILE] [--calibration FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -299,6 +348,7 @@ int main(int argc, char** argv) {
     const double tflops = flops_per_token * tokens_per_s / 1e12;
     const double peak = peak_tflops(prop.name);
     const double ceiling = gemm_ceiling_tflops();
+    if (calibration) write_calibration(calibration, prop.name);
     std::printf(
         "step %.2f ms, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %.1f TFLOP/s peak, %.1f%% of the measured "
         "%.1f TFLOP/s GEMM ceiling\n",

@@ -81,9 +81,12 @@
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
 #include "strata/train/sampling.hpp"
+#include "strata/plan/calibration.hpp"
 #include "strata/plan/hardware.hpp"
+#include "strata/plan/hardware_json.hpp"
 #include "strata/layers/tensor_checks.hpp"
 #include "strata/plan/plan.hpp"
+#include "strata/plan/time_model.hpp"
 
 #include "strata/train/token_data.hpp"
 #include "strata/train/trainable_model.hpp"

@@ -122,6 +122,10 @@ class attention {
     layer_cost core;
     core.core_flops = core.forward_flops = 4 * s.batch * s.seq * s.seq * c.channels / t / s.cp;
     core.backward_flops = 2 * core.forward_flops;
+    core.attention_forward_flops = double(core.forward_flops);
+    core.attention_backward_flops = double(core.backward_flops);
+    core.attention_forward_scores = core.attention_backward_scores =
+        double(s.batch) * double(local.heads) * double(s.local_seq()) * double(s.seq);
     core.core_bytes =
         s.batch * local.heads * s.local_seq() * static_cast<std::int64_t>(sizeof(A));  // a logsumexp per row
     if (s.cp > 1 && s.form == context_form::all_to_all)

@@ -7,8 +7,14 @@
 // tokens of every sequence: rows() counts this rank's tokens). A composite layer sums its parts (a.then(b): b runs
 // after a, so the output is b's). The planner (plan/plan.hpp) adds the parts of a model under a layout; the tests hold
 // the sums to what the allocator and the byte counters really see.
+//
+// For the planner's time model (plan/time_model.hpp) a layer also says what kind of work its
+// FLOPs are: matrix products by shape (gemm_list), the attention core, and the bytes its
+// element- and row-wise kernels read and write (memory-bound work).
 #pragma once
 #include <cstdint>
+
+#include "strata/core/error.hpp"
 
 #include "strata/layers/tensor_split.hpp"
 #include "strata/layers/context_split.hpp"
@@ -30,6 +36,73 @@ struct cost_scope {
   // Tokens held between tensor-parallel regions (a 1/t share under sequence parallelism).
   constexpr std::int64_t local_rows() const { return tp.local_rows(rows()); }
 };
+
+// One matrix product C[m x n] = A[m x k] B[k x n].
+struct gemm_shape {
+  std::int64_t m = 0, n = 0, k = 0;
+  constexpr double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+  bool operator==(const gemm_shape&) const = default;
+};
+
+// The distinct matrix products of a layer, each with how many times one micro-batch runs it.
+// A fixed capacity keeps it a constexpr value; equal shapes share an entry.
+class gemm_list {
+ public:
+  struct entry {
+    gemm_shape shape{};
+    std::int64_t count = 0;
+    bool operator==(const entry&) const = default;
+  };
+  static constexpr int capacity = 40;
+
+  constexpr void add(const gemm_shape& s, std::int64_t count = 1) {
+    if (count == 0 || s.m == 0 || s.n == 0 || s.k == 0) return;
+    for (int i = 0; i < size_; ++i)
+      if (items_[i].shape == s) {
+        items_[i].count += count;
+        return;
+      }
+    if (size_ == capacity) fail("gemm_list: more than ", capacity, " distinct matrix-product shapes in one plan");
+    items_[size_++] = {s, count};
+  }
+  constexpr gemm_list& operator+=(const gemm_list& o) {
+    for (int i = 0; i < o.size_; ++i) add(o.items_[i].shape, o.items_[i].count);
+    return *this;
+  }
+  constexpr gemm_list times(std::int64_t n) const {
+    gemm_list r = *this;
+    for (int i = 0; i < r.size_; ++i) r.items_[i].count *= n;
+    if (n == 0) r.size_ = 0;
+    return r;
+  }
+  constexpr int size() const { return size_; }
+  constexpr const entry* begin() const { return items_; }
+  constexpr const entry* end() const { return items_ + size_; }
+  constexpr double flops() const {
+    double f = 0;
+    for (const entry& e : *this) f += e.shape.flops() * double(e.count);
+    return f;
+  }
+  constexpr bool operator==(const gemm_list& o) const {
+    if (size_ != o.size_) return false;
+    for (int i = 0; i < size_; ++i)
+      if (!(items_[i] == o.items_[i])) return false;
+    return true;
+  }
+
+ private:
+  entry items_[capacity]{};
+  int size_ = 0;
+};
+
+// A linear map y[rows x out] = x[rows x in] W: forward's product, and backward's two (the
+// input gradient, and the weight gradient whose inner dimension is the rows).
+constexpr void add_linear_gemms(gemm_list& forward, gemm_list& backward, std::int64_t rows, std::int64_t in,
+                                std::int64_t out, std::int64_t count = 1) {
+  forward.add({rows, out, in}, count);
+  backward.add({rows, in, out}, count);
+  backward.add({out, in, rows}, count);
+}
 
 struct layer_cost {
   std::int64_t params = 0;         // parameter elements this rank registers
@@ -54,6 +127,14 @@ struct layer_cost {
   //   backward_peak_bytes  the most held during backward above everything kept and the output
   //                        gradient it was handed, the input gradient it returns included.
   std::int64_t forward_peak_bytes = 0, backward_peak_bytes = 0;
+  // The kinds of work, for the time model: matrix products by shape; the attention core's
+  // FLOPs (scores, softmax, values: one fused kernel); bytes read and written by the element-
+  // and row-wise kernels (norms, activations, residual sums, embedding, the loss); and the
+  // entries of attention's score matrix, which a kernel that writes them out would move.
+  gemm_list forward_gemms{}, backward_gemms{};
+  double attention_forward_flops = 0, attention_backward_flops = 0;
+  double attention_forward_scores = 0, attention_backward_scores = 0;
+  double memory_forward_bytes = 0, memory_backward_bytes = 0;
 
   constexpr std::int64_t forward_high() const {
     return forward_peak_bytes > activation_bytes ? forward_peak_bytes : activation_bytes;
@@ -88,6 +169,14 @@ struct layer_cost {
     r.context_backward_bytes = double(n) * context_backward_bytes;
     r.expert_forward_bytes = double(n) * expert_forward_bytes;
     r.expert_backward_bytes = double(n) * expert_backward_bytes;
+    r.forward_gemms = forward_gemms.times(n);
+    r.backward_gemms = backward_gemms.times(n);
+    r.attention_forward_flops = double(n) * attention_forward_flops;
+    r.attention_backward_flops = double(n) * attention_backward_flops;
+    r.attention_forward_scores = double(n) * attention_forward_scores;
+    r.attention_backward_scores = double(n) * attention_backward_scores;
+    r.memory_forward_bytes = double(n) * memory_forward_bytes;
+    r.memory_backward_bytes = double(n) * memory_backward_bytes;
     r.forward_peak_bytes = (n - 1) * activation_bytes + forward_high();
     r.backward_peak_bytes = n > 1 ? output_bytes + backward_peak_bytes : backward_peak_bytes;
     return r;
@@ -111,6 +200,14 @@ struct layer_cost {
     r.context_backward_bytes += o.context_backward_bytes;
     r.expert_forward_bytes += o.expert_forward_bytes;
     r.expert_backward_bytes += o.expert_backward_bytes;
+    r.forward_gemms += o.forward_gemms;
+    r.backward_gemms += o.backward_gemms;
+    r.attention_forward_flops += o.attention_forward_flops;
+    r.attention_backward_flops += o.attention_backward_flops;
+    r.attention_forward_scores += o.attention_forward_scores;
+    r.attention_backward_scores += o.attention_backward_scores;
+    r.memory_forward_bytes += o.memory_forward_bytes;
+    r.memory_backward_bytes += o.memory_backward_bytes;
     // At most both at once.
     r.forward_peak_bytes = forward_high() + o.forward_high();
     r.backward_peak_bytes += o.backward_peak_bytes;

@@ -59,6 +59,8 @@ class embedding {
     r.backward_flops = 2 * rows * c.channels;
     r.output_bytes = s.local_rows() * c.channels * bytes;
     r.activation_bytes = r.output_bytes + rows * 4;
+    // Token and position rows in, their sum out; backward adds dy into both tables' rows.
+    r.memory_forward_bytes = r.memory_backward_bytes = double(3 * rows * c.channels * bytes);
     if (t > 1) {
       r.tensor_forward_bytes = tensor_edge_bytes::leave_forward(s.tp, double(rows * c.channels * bytes));
       r.tensor_backward_bytes = tensor_edge_bytes::leave_backward(s.tp, double(rows * c.channels * bytes));

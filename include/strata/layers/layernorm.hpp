@@ -44,7 +44,9 @@ class layernorm {
     r.backward_flops = 2 * r.forward_flops;
     r.output_bytes = rows * c.channels * static_cast<std::int64_t>(sizeof(T));
     r.activation_bytes = r.output_bytes + 2 * rows * static_cast<std::int64_t>(sizeof(A));
-    r.backward_peak_bytes = r.output_bytes;  // the input gradient
+    r.backward_peak_bytes = r.output_bytes;                // the input gradient
+    r.memory_forward_bytes = double(2 * r.output_bytes);   // x in, y out
+    r.memory_backward_bytes = double(3 * r.output_bytes);  // x and dy in, dx out
     if (s.tp.sequence_parallel)
       r.tensor_backward_bytes =
           ring_all_reduce_bytes(double(2 * c.channels * static_cast<std::int64_t>(sizeof(T))), s.tp.degree);

@@ -104,6 +104,15 @@ class linear {
     r.output_bytes =
         (c.split == tensor_split_kind::column ? rows * local_out(c, int(t)) : s.tp.local_rows(rows) * c.out) * bytes;
     r.activation_bytes = (c.gelu ? 2 : 1) * r.output_bytes;  // with GELU, the pre-activation too
+    {
+      const std::int64_t n = c.split == tensor_split_kind::row ? c.out : local_out(c, int(t));
+      const std::int64_t k = c.split == tensor_split_kind::row ? c.in / t : c.in;
+      add_linear_gemms(r.forward_gemms, r.backward_gemms, rows, k, n);
+      if (c.gelu) {  // GELU reads the pre-activation and writes the output; backward reads it and dy, writes dx
+        r.memory_forward_bytes = double(2 * rows * n * bytes);
+        r.memory_backward_bytes = double(3 * rows * n * bytes);
+      }
+    }
     if (c.split == tensor_split_kind::column) {
       const double input = double(rows * c.in * bytes);
       r.tensor_forward_bytes = tensor_edge_bytes::enter_forward(tp, input);

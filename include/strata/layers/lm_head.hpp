@@ -60,6 +60,10 @@ class lm_head {
     (c.tied_to.empty() ? r.params : r.tied_params) = vl * c.channels;
     r.forward_flops = 2 * rows * c.channels * vl + 5 * rows * vl;
     r.backward_flops = 4 * rows * c.channels * vl;
+    add_linear_gemms(r.forward_gemms, r.backward_gemms, rows, c.channels, vl);
+    // The loss reads the logits twice (maximum, then the sum of exponentials); backward reads
+    // them again and writes their gradient.
+    r.memory_forward_bytes = r.memory_backward_bytes = double(2 * rows * vl * bytes);
     r.activation_bytes = rows * vl * bytes + rows * static_cast<std::int64_t>(sizeof(A)) + rows * 4;
     // The input gathered under sequence parallelism (beside the logits in forward; again in
     // backward, beside the input gradient of every token and this rank's tokens' share of it).

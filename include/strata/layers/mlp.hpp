@@ -55,6 +55,8 @@ class mlp {
     act.forward_flops = 4 * (fc.output_bytes / static_cast<std::int64_t>(sizeof(T)));
     act.backward_flops = 2 * act.forward_flops;
     act.output_bytes = act.activation_bytes = act.backward_peak_bytes = fc.output_bytes;
+    act.memory_forward_bytes = double(2 * fc.output_bytes);
+    act.memory_backward_bytes = double(3 * fc.output_bytes);
     return fc.then(act).then(proj);
   }
 

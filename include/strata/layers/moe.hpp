@@ -135,6 +135,15 @@ class moe {
     experts.idle_params = std::max<std::int64_t>(L - k, 0) * expert_params(c);
     experts.forward_flops = 2 * pairs * C * (first_rows(c) + F) + (gated(c) ? 4 : 8) * pairs * F + 2 * pairs * C;
     experts.backward_flops = 2 * experts.forward_flops;
+    // Each of this rank's L experts takes pairs/L rows under even routing: its two products,
+    // and the activation between them (read the first's output, write the second's input).
+    if (L > 0) {
+      const std::int64_t rows_each = pairs / L;
+      add_linear_gemms(experts.forward_gemms, experts.backward_gemms, rows_each, C, first_rows(c), L);
+      add_linear_gemms(experts.forward_gemms, experts.backward_gemms, rows_each, F, C, L);
+    }
+    experts.memory_forward_bytes = double(pairs * (first_rows(c) + F + 2 * C) * st);
+    experts.memory_backward_bytes = 2 * experts.memory_forward_bytes;
     experts.output_bytes = n * C * st;
     experts.activation_bytes = pairs * (C + first_rows(c) + F + C) * st + experts.output_bytes;
     experts.expert_params = experts.params;

@@ -82,12 +82,18 @@ class recompute {
         r.tensor_backward_bytes += r.tensor_forward_bytes;
         r.context_backward_bytes += r.context_forward_bytes;
         r.expert_backward_bytes += r.expert_forward_bytes;
+        r.backward_gemms += r.forward_gemms;
+        r.attention_backward_flops += r.attention_forward_flops;
+        r.attention_backward_scores += r.attention_forward_scores;
+        r.memory_backward_bytes += r.memory_forward_bytes;
         r.core_bytes = r.core_flops = 0;
         break;
       case recompute_mode::selective:
         // The context group's traffic is attention's core (its ring or all-to-all): redone too.
         r.activation_bytes -= r.core_bytes;
         r.backward_flops += r.core_flops;
+        r.attention_backward_flops += r.attention_forward_flops;
+        r.attention_backward_scores += r.attention_forward_scores;
         r.context_backward_bytes += r.context_forward_bytes;
         r.core_bytes = r.core_flops = 0;
         break;

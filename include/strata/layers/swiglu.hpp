@@ -54,6 +54,8 @@ class swiglu {
     gate.forward_flops = 4 * features;  // sigmoid, two products
     gate.backward_flops = 2 * gate.forward_flops;
     gate.output_bytes = gate.activation_bytes = features * static_cast<std::int64_t>(sizeof(T));
+    gate.memory_forward_bytes = double(3 * gate.output_bytes);   // gate and up in, the product out
+    gate.memory_backward_bytes = double(5 * gate.output_bytes);  // both and dy in, both gradients out
     const layer_cost gate_up = linear<P>::cost(gate_up_config(c), s), down = linear<P>::cost(down_config(c), s);
     layer_cost r = gate_up.then(gate).then(down);
     // Backward holds the gate's output gradient and its pre-activations' (twice as wide) while

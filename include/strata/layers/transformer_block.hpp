@@ -141,6 +141,8 @@ class transformer_block {
     residual.backward_flops = 2 * residual.forward_flops;
     residual.output_bytes = residual.activation_bytes =
         s.local_rows() * c.channels * static_cast<std::int64_t>(sizeof(T));
+    // Two operands in, the sum out; backward adds the branch's input gradient to the residual's.
+    residual.memory_forward_bytes = residual.memory_backward_bytes = double(3 * residual.output_bytes);
     const layer_cost ln = norm_type::cost(ln_config(c), s), attn = attention_type::cost(attn_config(c), s),
                      ffn = ffn_type::cost(mlp_config(c), s);
     layer_cost r;

@@ -87,6 +87,13 @@ struct plan_result {
   double flops_per_rank = 0;                         // the busiest stage's FLOPs per step, over its dp·cp·t ranks
   comm_plan comm_bytes{};
   double bubble_fraction = 0;
+  // The time model's inputs (plan/time_model.hpp): the busiest stage's work for one micro-batch
+  // on one rank (its layers' matrix products, attention and memory-bound bytes; all V chunks), as
+  // planned and without recomputation; and the parameters this rank's optimizer updates.
+  layer_cost stage_work{}, stage_work_plain{};
+  std::int64_t optimizer_params_per_rank = 0;
+  std::int64_t stage_blocks = 0;  // blocks per pipeline stage
+  int storage_bytes = 2;          // bytes per weight, gradient and activation element
 
   constexpr std::int64_t model_state_bytes() const {
     return params_bytes + grads_bytes + master_bytes + optimizer_bytes;
@@ -231,6 +238,8 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
   // One micro-batch on this rank, and the whole model unsplit over the global batch (FLOPs).
   const plan_detail::part_costs mine =
       plan_detail::costs_of<Model>(c, {split, b.micro, s, setup.recompute, cp, form, ep});
+  const plan_detail::part_costs mine_plain =
+      plan_detail::costs_of<Model>(c, {split, b.micro, s, recompute_mode::none, cp, form, ep});
   const plan_detail::part_costs whole = plan_detail::costs_of<Model>(c, {{}, b.global, s, setup.recompute});
   const plan_detail::part_costs plain = plan_detail::costs_of<Model>(c, {{}, b.global, s, recompute_mode::none});
 
@@ -270,6 +279,23 @@ constexpr plan_result plan_model(const typename Model::config& c, const batch& b
     r.optimizer_bytes = dense.optimizer_bytes + experts.optimizer_bytes;
   }
   r.comm_buffer_bytes = z == 1 && replicas_n > 1 ? owned * storage : 0;
+  r.optimizer_params_per_rank = z >= 1 ? owned : psi;
+  r.stage_blocks = per_stage;
+  r.storage_bytes = int(storage);
+
+  // The busiest stage's work per micro-batch: with one stage the whole model, otherwise the first
+  // (the parts before the blocks) or the last (those after), whichever has more FLOPs.
+  {
+    const auto stage = [&](const plan_detail::part_costs& k) {
+      const layer_cost blocks = k.block.repeated(per_stage);
+      if (p == 1) return k.before.then(blocks).then(k.after);
+      const layer_cost first_stage = k.before.then(blocks), last_stage = blocks.then(k.after);
+      const auto flops = [](const layer_cost& x) { return x.forward_flops + x.backward_flops; };
+      return flops(first_stage) >= flops(last_stage) ? first_stage : last_stage;
+    };
+    r.stage_work = stage(mine);
+    r.stage_work_plain = stage(mine_plain);
+  }
 
   // Activations kept from forward to backward, per chunk-micro-batch, on each stage.
   const std::int64_t act_blocks = per_chunk * mine.block.activation_bytes;
