@@ -1,0 +1,22 @@
+# plan_cli.explain_svg: strata-plan --explain-svg FILE writes a standalone SVG with one bar per line
+# of --explain's table (11) and the step's time in its title.
+#   cmake -DPLAN=<strata-plan> -DOUT=<file.svg> -DARGS="<shape and layout flags>" -P check_explain_svg.cmake
+separate_arguments(args UNIX_COMMAND "${ARGS}")
+file(REMOVE ${OUT})
+execute_process(COMMAND ${PLAN} ${args} --explain-svg ${OUT} RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "strata-plan --explain-svg failed (${rc}): ${err}")
+endif()
+file(READ ${OUT} svg)
+string(REGEX MATCHALL "<rect " bars "${svg}")
+list(LENGTH bars n)
+if(NOT svg MATCHES "^<svg xmlns=\"http://www.w3.org/2000/svg\"" OR NOT svg MATCHES "</svg>\n$")
+  message(FATAL_ERROR "${OUT} is not one <svg> element")
+endif()
+if(NOT n EQUAL 11)
+  message(FATAL_ERROR "${OUT} has ${n} bars, expected 11 (one per line of --explain)")
+endif()
+if(NOT svg MATCHES "one step: [0-9.]+ m?s")
+  message(FATAL_ERROR "${OUT} does not name the step's time")
+endif()
+message(STATUS "${OUT}: 11 bars")
