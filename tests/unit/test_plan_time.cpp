@@ -239,6 +239,19 @@ TEST_CASE("every row of the published table: median error at most 5%, largest at
   CHECK(tables >= 1);
 }
 
+TEST_CASE("a layer that states FLOPs but not their kinds is refused by the time model, by name") {
+  // The example GPT-2 with its work's kinds erased: a cost() written before they existed.
+  const gpt2::dims m{.vocab = 256, .seq = 64, .layers = 2, .heads = 4, .d_model = 64};
+  const auto s = layout(1, 1, 1, 1, 1, st::recompute_mode::none);
+  st::plan_result r = st::plan_model<gpt>(m, {.micro = 1, .global = 1}, s);
+  CHECK_NOTHROW(st::estimate_step_time(r, s, st::hw::h100_80gb));
+  r.stage_work_plain.forward_gemms = {};
+  r.stage_work_plain.backward_gemms = {};
+  CHECK_THROWS_WITH(st::estimate_step_time(r, s, st::hw::h100_80gb),
+                    doctest::Contains("% of their FLOPs as matrix products or attention; a layer's cost() leaves its "
+                                      "kinds of work unstated"));
+}
+
 TEST_CASE("calibration finds the GEMM efficiency and k_half that made the measurements") {
   // Measurements made by the model itself with known figures come back as those figures.
   st::hw::device_spec truth = st::hw::h100_80gb;

@@ -153,6 +153,18 @@ constexpr step_time estimate_step_time(const plan_result& r, const plan_setup& s
   };
   const auto latency = [&](bool intra) { return intra ? d.intra_node_latency : d.inter_node_latency; };
 
+  // A layer whose cost() states FLOPs but not their kinds would take no time here: say so.
+  {
+    const layer_cost& w = r.stage_work_plain;
+    const double flops = double(w.forward_flops + w.backward_flops);
+    const double kinds =
+        w.forward_gemms.flops() + w.backward_gemms.flops() + w.attention_forward_flops + w.attention_backward_flops;
+    STRATA_CHECK(flops <= 0 || kinds >= 0.9 * flops, "time model: the layers state ", 100 * kinds / flops,
+                 "% of their FLOPs as matrix products or attention; a layer's cost() leaves its kinds of work "
+                 "unstated (layer_cost::forward_gemms/backward_gemms, attention_*_flops, memory_*_bytes: "
+                 "layers/cost.hpp)");
+  }
+
   // Compute per micro-batch on the busiest stage.
   const work_time planned = work_seconds(r.stage_work, d, S), plain = work_seconds(r.stage_work_plain, d, S);
   t.gemm_s = plain.gemm_s * M;
