@@ -4,13 +4,18 @@
 // others are read against; bench/side_by_side runs the same shapes in PyTorch beside it.
 //
 //   bench_train_step                          Google Benchmark, every shape and precision
-//   bench_train_step --profile [steps] [cpu]  per-op time of each shape and precision
+//   bench_train_step --profile [steps] [cpu|cores]
+//                                             per-op time of each shape and precision
 //                                             (core/profile.hpp), the tables of docs/profiling.md;
-//                                             cpu: by process CPU time rather than wall time.
-//                                             Both name the host BLAS (OpenBLAS's core, or MKL).
+//                                             cpu: by process CPU time rather than wall time;
+//                                             cores: wall time, with each op's cores in use and
+//                                             idle core-time (run under OMP_WAIT_POLICY=passive).
+//                                             All name the host BLAS and the GEMM paths.
 //   bench_train_step --serve SHAPE PRECISION  for bench/side_by_side/run.py: builds the run, says
 //                                             "ready", then for each N read from stdin runs N steps
 //                                             and prints their seconds (0 or end of input: exit)
+//   bench_train_step --describe               one JSON line: the host BLAS and each precision's
+//                                             GEMM path, for run.py's table
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -83,14 +88,14 @@ static void profile(const shape& s, const char* precision, int steps, st::profil
   run<Precision> r(s);
   st::profiler::reset();
   st::profiler::enable(clock);
-  const double t0 = st::profiler::now();
+  const double t0 = st::profiler::now(), cpu0 = st::profiler::cpu_now();
   for (int i = 0; i < steps; ++i) r.train.step(r.batch);
-  const double wall = st::profiler::now() - t0;
-  st::profiler::enable(false);
+  const double wall = st::profiler::now() - t0, cpu = st::profiler::cpu_now() - cpu0;
   std::cout << "## " << s.name << " (" << s.layers << " layers, " << s.d_model << " wide, seq " << s.seq << ", vocab "
             << s.vocab << ", batch " << s.batch << "), " << precision << ": " << double(steps * s.batch * s.seq) / wall
             << " tokens/s over " << steps << " steps\n";
-  st::profiler::report(std::cout, wall, steps);
+  st::profiler::report(std::cout, wall, steps, cpu, st::kernels::openmp::max_threads());
+  st::profiler::enable(false);
   std::cout << "\n";
 }
 
@@ -114,7 +119,20 @@ std::string host_blas() {
   return line.empty() ? "none recognised (portable GEMM, or another CBLAS)" : line;
 }
 
+// {"blas": ..., "fp32_gemm": ..., "bf16_gemm": ...}: what this process's GEMMs run on.
+std::string gemm_paths() {
+  const std::string blas = strata::kernels::blas_core::describe();
+  const std::string fp32 = blas.empty() ? "strata's portable GEMM" : "sgemm (" + blas + ")";
+  std::string bf16 = strata::kernels::gemm_bf16::describe();
+  if (!strata::kernels::gemm_bf16::available()) bf16 += " (" + fp32 + ")";
+  return "{\"blas\": \"" + host_blas() + "\", \"fp32_gemm\": \"" + fp32 + "\", \"bf16_gemm\": \"" + bf16 + "\"}";
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--describe") == 0) {
+    std::cout << gemm_paths() << "\n";
+    return 0;
+  }
   if (argc == 4 && std::strcmp(argv[1], "--serve") == 0) {
     const std::string name = argv[2], precision = argv[3];
     const shape* s = name == "small" ? &small : name == "medium" ? &medium : nullptr;
@@ -127,9 +145,11 @@ int main(int argc, char** argv) {
   }
   if (argc >= 2 && std::strcmp(argv[1], "--profile") == 0) {
     const int steps = argc >= 3 ? std::stoi(argv[2]) : 10;
-    const auto clock =
-        argc >= 4 && std::strcmp(argv[3], "cpu") == 0 ? st::profiler::clock::process_cpu : st::profiler::clock::wall;
-    std::cout << "host BLAS: " << host_blas() << "\n";
+    const std::string mode = argc >= 4 ? argv[3] : "";
+    const auto clock = mode == "cpu"     ? st::profiler::clock::process_cpu
+                       : mode == "cores" ? st::profiler::clock::wall_and_cpu
+                                         : st::profiler::clock::wall;
+    std::cout << "host BLAS: " << host_blas() << "; GEMM paths: " << gemm_paths() << "\n";
     for (const shape& s : {small, medium}) {
       profile<st::fp32>(s, "fp32", steps, clock);
       profile<st::mixed<st::bf16, float>>(s, "bf16", steps, clock);
@@ -137,6 +157,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   benchmark::AddCustomContext("host_blas", host_blas());
+  benchmark::AddCustomContext("bf16_gemm", strata::kernels::gemm_bf16::describe());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -60,11 +60,14 @@ def measure(shape, a, binary, env):
     layers, d, heads, seq, vocab, batch = shape
     name = next(k for k, v in SHAPES.items() if v == shape)
     torch_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_gpt2.py")
+    torch_argv = [sys.executable, torch_script, "--layers", str(layers), "--d-model", str(d), "--heads", str(heads),
+                  "--seq", str(seq), "--vocab", str(vocab), "--batch", str(batch), "--threads", str(a.threads),
+                  "--optimizer", a.torch_optimizer, "--serve"]
     servers = [Server("fp32", [binary, "--serve", name, "fp32"], env),
-               Server("torch", [sys.executable, torch_script, "--layers", str(layers), "--d-model", str(d),
-                                "--heads", str(heads), "--seq", str(seq), "--vocab", str(vocab), "--batch", str(batch),
-                                "--threads", str(a.threads), "--serve"], env),
+               Server("torch", torch_argv, env),
                Server("bf16", [binary, "--serve", name, "bf16"], env)]
+    if a.compile:
+        servers.insert(2, Server("compiled", torch_argv + ["--compile"], env))
     live = [s for s in servers if s.skipped is None]
     # Steps per request: about --slice seconds each, from one timed step.
     steps = {s.name: max(1, round(a.slice / s.seconds(1))) for s in live}
@@ -74,14 +77,43 @@ def measure(shape, a, binary, env):
             rates[s.name].append(steps[s.name] * batch * seq / s.seconds(steps[s.name]))
     for s in servers:
         s.close()
-    ratios = [f / t for f, t in zip(rates["fp32"], rates["torch"])]
-    bf16_ratios = [b / f for b, f in zip(rates["bf16"], rates["fp32"])]
     median = lambda xs: statistics.median(xs) if xs else None
-    return {"shape": name, "dims": shape, "threads": a.threads, "rounds": a.rounds, "tokens_per_s": rates,
-            "torch_tokens_per_s": median(rates["torch"]), "strata_fp32_tokens_per_s": median(rates["fp32"]),
-            "strata_bf16_tokens_per_s": median(rates["bf16"]), "fp32_over_torch_by_round": ratios,
-            "fp32_over_torch": median(ratios), "bf16_over_fp32_by_round": bf16_ratios,
-            "bf16_over_fp32": median(bf16_ratios), "torch_skipped": servers[1].skipped}
+    by_round = lambda num, den: [x / y for x, y in zip(rates.get(num, []), rates.get(den, []))]
+    row = {"shape": name, "dims": shape, "threads": a.threads, "rounds": a.rounds, "tokens_per_s": rates,
+           "skipped": {s.name: s.skipped for s in servers if s.skipped is not None}}
+    for s in servers:
+        row[f"{s.name}_tokens_per_s"] = median(rates[s.name])
+    for num, den in (("fp32", "torch"), ("fp32", "compiled"), ("bf16", "fp32")):
+        row[f"{num}_over_{den}_by_round"] = by_round(num, den)
+        row[f"{num}_over_{den}"] = median(row[f"{num}_over_{den}_by_round"])
+    return row
+
+
+def paths(binary, env, threads):
+    """Which BLAS and GEMM path each side runs: strata's from bench_train_step --describe, PyTorch's
+    from its build configuration and the CPU capability its kernels dispatch to."""
+    described = {}
+    try:
+        described["strata"] = json.loads(subprocess.run([binary, "--describe"], env=env, capture_output=True,
+                                                        text=True, check=True).stdout)
+    except (subprocess.CalledProcessError, json.JSONDecodeError) as e:
+        described["strata"] = {"error": str(e)}
+    probe = ("import json, torch, re\n"
+             "cfg = torch.__config__.show()\n"
+             "blas = re.search(r'BLAS_INFO=(\\w+)', cfg)\n"
+             "mkl = re.search(r'Math Kernel Library Version ([\\d.]+)', cfg)\n"
+             "dnn = re.search(r'MKL-DNN v([\\d.]+)', cfg)\n"
+             "print(json.dumps({'torch': torch.__version__, 'blas': (blas.group(1) if blas else '?') + "
+             "(' ' + mkl.group(1) if mkl else ''), 'onednn': dnn.group(1) if dnn else None, "
+             "'cpu_capability': torch.backends.cpu.get_cpu_capability(), "
+             "'fp32_gemm': 'sgemm (' + (blas.group(1) if blas else '?') + '), AVX-512 FMA' if "
+             "torch.backends.cpu.get_cpu_capability().startswith('AVX512') else 'sgemm'}))\n")
+    try:
+        described["torch"] = json.loads(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                                                       text=True, check=True).stdout)
+    except (subprocess.CalledProcessError, json.JSONDecodeError):
+        described["torch"] = {"skipped": "torch is not installed"}
+    return described
 
 
 def main():
@@ -91,31 +123,46 @@ def main():
     ap.add_argument("--rounds", type=int, default=15, help="rounds; each times every side once")
     ap.add_argument("--slice", type=float, default=1.0, help="seconds of steps per request, about")
     ap.add_argument("--shapes", default="small,medium")
+    ap.add_argument("--torch-optimizer", choices=("fused", "foreach", "default"), default="fused",
+                    help="PyTorch's AdamW: fused (the default here), foreach, or its per-tensor CPU default")
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="leave out the torch.compile column (it compiles for a minute or two per shape)")
     ap.add_argument("--json", help="also write the results here as JSON")
     a = ap.parse_args()
 
     binary = os.path.join(a.build, "bench", "bench_train_step")
     if not os.access(binary, os.X_OK):
         sys.exit(f"side_by_side: no {binary}; build it first: cmake --build {a.build} --target bench_train_step")
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "passive"))
+    # Each side under its own OpenMP defaults (and whatever the caller set): a passive wait policy
+    # puts every thread to sleep between parallel regions, which costs both sides a third to a
+    # half of the small shape's speed and is not what either runs by default.
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    described = paths(binary, env, a.threads)
     rows = [measure(SHAPES[name], a, binary, env) for name in a.shapes.split(",")]
 
-    print(f"| shape (layers, d, heads, seq, vocab, batch) | PyTorch eager tok/s | strata fp32 tok/s | strata bf16 tok/s "
-          f"| fp32 / PyTorch | bf16 / fp32 |  ({a.threads} threads; medians of {a.rounds} interleaved rounds)")
-    print("|---|---|---|---|---|---|")
+    cell = lambda x, fmt: "-" if x is None else format(x, fmt)
+    print(f"PyTorch: AdamW {a.torch_optimizer}, clipping foreach, scaled_dot_product_attention; "
+          f"{a.threads} threads; medians of {a.rounds} interleaved rounds")
+    for side, d in described.items():
+        print(f"{side}: " + ", ".join(f"{k} {v}" for k, v in d.items()))
+    print("| shape (layers, d, heads, seq, vocab, batch) | PyTorch eager tok/s | PyTorch compiled tok/s "
+          "| strata fp32 tok/s | strata bf16 tok/s | fp32 / eager | fp32 / compiled | bf16 / fp32 |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        torch_cell = f"{r['torch_tokens_per_s']:,.0f}" if r["torch_tokens_per_s"] else f"skipped: {r['torch_skipped']}"
-        ratio = f"{r['fp32_over_torch']:.2f}" if r["fp32_over_torch"] else "-"
-        print(f"| {r['shape']} {tuple(r['dims'])} | {torch_cell} | {r['strata_fp32_tokens_per_s']:,.0f} | "
-              f"{r['strata_bf16_tokens_per_s']:,.0f} | {ratio} | {r['bf16_over_fp32']:.2f} |")
+        print(f"| {r['shape']} {tuple(r['dims'])} | {cell(r.get('torch_tokens_per_s'), ',.0f')} "
+              f"| {cell(r.get('compiled_tokens_per_s'), ',.0f')} | {cell(r['fp32_tokens_per_s'], ',.0f')} "
+              f"| {cell(r['bf16_tokens_per_s'], ',.0f')} | {cell(r['fp32_over_torch'], '.2f')} "
+              f"| {cell(r['fp32_over_compiled'], '.2f')} | {cell(r['bf16_over_fp32'], '.2f')} |")
     for r in rows:
-        for key, label in (("fp32_over_torch_by_round", "fp32 / PyTorch"), ("bf16_over_fp32_by_round", "bf16 / fp32")):
-            if r[key]:
-                each = sorted(r[key])
-                print(f"{r['shape']}: {label} by round, sorted: {', '.join(f'{x:.2f}' for x in each)}")
+        for side, why in r["skipped"].items():
+            print(f"{r['shape']}: {side} skipped: {why}")
+        for num, den in (("fp32", "torch"), ("fp32", "compiled"), ("bf16", "fp32")):
+            each = sorted(r[f"{num}_over_{den}_by_round"])
+            if each:
+                print(f"{r['shape']}: {num} / {den} by round, sorted: {', '.join(f'{x:.2f}' for x in each)}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"paths": described, "rows": rows}, f, indent=1)
     return 0
 
 

@@ -1,13 +1,17 @@
 // core/, optim/ schedules and train/ data: the ledger, shapes, the sharding-invariant
-// initializer, the parameter store, the LR schedule, token shards and metrics lines.
+// initializer, the parameter store, the LR schedule, token shards, metrics lines and the per-op
+// profiler.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <unistd.h>
+#include <chrono>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <strata/strata.hpp>
@@ -227,4 +231,92 @@ TEST_CASE("metrics line carries step, loss, lr, grad_norm, tokens_per_s and byte
   CHECK(line.find("\"grad_norm\":null") != std::string::npos);  // JSON has no NaN
   CHECK(line.find("\"tokens_per_s\":200") != std::string::npos);
   CHECK(line.find("\"mem\":{\"parameters\":40,") != std::string::npos);
+}
+
+namespace {
+// Spins on this thread for `seconds` of wall time: CPU time accrues while it runs.
+double spin(double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  double x = 0;
+  while (std::chrono::steady_clock::now() < end) x += 1e-9;
+  return x;
+}
+const st::profiler::row& row_named(const std::vector<st::profiler::row>& rows, const std::string& name) {
+  for (const auto& r : rows)
+    if (name == r.name) return r;
+  FAIL("no profiler row " << name);
+  return rows.front();
+}
+}  // namespace
+
+TEST_CASE("profiler: nested scopes count their own time; wall_and_cpu tells cores in use from waiting") {
+  st::profiler::reset();
+  st::profiler::enable(st::profiler::clock::wall_and_cpu);
+  const double wall0 = st::profiler::now(), cpu0 = st::profiler::cpu_now();
+  double sink = 0;
+  for (int call = 0; call < 2; ++call) {
+    STRATA_PROFILE("outer");
+    sink += spin(0.01);
+    {
+      STRATA_PROFILE("sleeping");  // a thread that waits: wall time, next to no CPU time
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+  }
+  const double wall = st::profiler::now() - wall0, cpu = st::profiler::cpu_now() - cpu0;
+  st::profiler::enable(false);
+  CHECK(sink > 0);
+
+  const auto rows = st::profiler::rows();
+  REQUIRE(rows.size() == 2);
+  const auto& outer = row_named(rows, "outer");
+  const auto& sleeping = row_named(rows, "sleeping");
+  CHECK(outer.calls == 2);
+  CHECK(sleeping.calls == 2);
+  CHECK(std::string(rows.front().name) == "sleeping");  // sorted by own time, largest first
+  // Own time excludes the nested scope: outer spun 2 x 10 ms, sleeping slept 2 x 30 ms.
+  CHECK(sleeping.self_seconds >= 0.06);
+  CHECK(outer.self_seconds >= 0.02);
+  CHECK(outer.self_seconds < sleeping.self_seconds);
+  CHECK(st::profiler::covered_seconds() == doctest::Approx(outer.self_seconds + sleeping.self_seconds));
+  // CPU time: the spin runs on this one thread (at most its wall time, with a little slack for
+  // the clocks' reads); the sleep takes next to none.
+  CHECK(outer.self_cpu_seconds > 0);
+  CHECK(outer.self_cpu_seconds <= 1.05 * outer.self_seconds + 1e-3);
+  CHECK(sleeping.self_cpu_seconds < 0.2 * sleeping.self_seconds);
+
+  // The table with the two extra columns: cores (CPU over wall) and idle core-ms per step.
+  std::ostringstream table;
+  st::profiler::report(table, wall, 2, cpu, 2);
+  const std::string text = table.str();
+  INFO(text);
+  CHECK(text.find("cores") != std::string::npos);
+  CHECK(text.find("idle core-ms/step") != std::string::npos);
+  std::istringstream lines(text);
+  std::string line;
+  bool found = false;
+  while (std::getline(lines, line)) {
+    if (line.rfind("sleeping", 0) != 0) continue;
+    found = true;
+    std::istringstream fields(line.substr(8));
+    double calls = 0, ms = 0, cores = 0, idle = 0;
+    std::string share;
+    fields >> calls >> ms >> share >> cores >> idle;
+    CHECK(calls == 1.0);  // per step
+    CHECK(ms == doctest::Approx(1000 * sleeping.self_seconds / 2).epsilon(0.01));
+    CHECK(cores < 0.2);
+    // 2 threads x its wall time, less its CPU time, per step: the sleep leaves both cores idle.
+    CHECK(idle == doctest::Approx(1000 * (2 * sleeping.self_seconds - sleeping.self_cpu_seconds) / 2).epsilon(0.01));
+  }
+  CHECK(found);
+
+  // On the wall clock alone, the table keeps its four columns.
+  st::profiler::reset();
+  st::profiler::enable(st::profiler::clock::wall);
+  { STRATA_PROFILE("alone"); }
+  st::profiler::enable(false);
+  std::ostringstream plain;
+  st::profiler::report(plain, 1.0, 1);
+  CHECK(plain.str().find("cores") == std::string::npos);
+  CHECK(st::profiler::rows().at(0).self_cpu_seconds == 0);
+  st::profiler::reset();
 }

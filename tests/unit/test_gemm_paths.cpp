@@ -1,7 +1,7 @@
 // The host GEMM's machine-specific paths: OpenBLAS's core selection or MKL's threading layer
-// (kernels/host/blas_core.hpp), and the AMX bf16 kernel (kernels/host/gemm_bf16.hpp), at sizes
-// that cross every block edge. On a machine without AMX the bf16 cases run the fp32-copy path
-// and still hold.
+// (kernels/host/blas_core.hpp), and the bf16 kernel on AMX or AVX-512 BF16
+// (kernels/host/gemm_bf16.hpp), at sizes that cross every block edge. On a machine with neither
+// unit the bf16 cases run the fp32-copy path and still hold.
 #include <doctest/doctest.h>
 
 #include <omp.h>
@@ -40,11 +40,10 @@ double value(const std::vector<bf16>& x, std::int64_t ld, bool trans, std::int64
 TEST_CASE("the bf16 GEMM is within one rounding of the exact product plus fp32 accumulation, at every edge") {
   strata::memory_ledger ledger;
   strata::workspace ws(ledger);
-#if STRATA_HOST_BF16_GEMM
-  const std::string amx = k::gemm_bf16::available() ? "in use" : "compiled, but the kernel refused the tile state";
-  MESSAGE("AMX bf16 kernel " << amx);
-#else
-  MESSAGE("no AMX in this build: bf16 runs through fp32 copies");
+  MESSAGE("bf16 GEMM: " << k::gemm_bf16::describe());
+#if STRATA_HOST_BF16_AVX512
+  // A CPU that runs a build for AVX-512 BF16 has the unit: the kernel is in use, not skipped.
+  CHECK(k::gemm_bf16::available());
 #endif
   // M, N, K past the kernel's 192 x 256 x 384 blocks, none a multiple of 16 or 32, K odd.
   const std::int64_t M = 203, N = 270, K = 401;
@@ -94,6 +93,63 @@ TEST_CASE("the bf16 GEMM gives the same bits at 1, 2 and 3 threads") {
   omp_set_num_threads(before);
   for (std::size_t r = 1; r < results.size(); ++r)
     CHECK(std::memcmp(results[0].data(), results[r].data(), results[0].size() * sizeof(bf16)) == 0);
+}
+
+TEST_CASE("fp32 GEMMs with few panels are split along K: fp32 accuracy, and the same bits at 1, 2 and 3 threads") {
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  namespace gd = k::gemm_detail;
+  // A small model's weight gradients (out x in, K the tokens), one with K not a multiple of the slices.
+  struct shape {
+    std::int64_t M, N, K;
+  };
+  for (const shape s : {shape{96, 96, 1024}, shape{288, 96, 1003}, shape{96, 384, 777}}) {
+    const std::int64_t slices = gd::k_slices(s.M, s.N, s.K);
+    INFO("M ", s.M, " N ", s.N, " K ", s.K, ": ", gd::panels_of(s.M, s.N).count, " panels, ", slices, " slices");
+    CHECK(slices > 1);  // the sliced path is what runs here
+    for (bool ta : {false, true})
+      for (float beta : {0.0f, 1.0f}) {
+        const std::int64_t lda = ta ? s.M : s.K;
+        std::vector<float> A(static_cast<std::size_t>(s.M * s.K)), B(static_cast<std::size_t>(s.K * s.N)),
+            C0(static_cast<std::size_t>(s.M * s.N));
+        for (std::size_t i = 0; i < A.size(); ++i) A[i] = float(strata::counter_normal(12, 1, i));
+        for (std::size_t i = 0; i < B.size(); ++i) B[i] = float(strata::counter_normal(12, 2, i));
+        for (std::size_t i = 0; i < C0.size(); ++i) C0[i] = float(strata::counter_normal(12, 3, i));
+        std::vector<std::vector<float>> results;
+        const int before = omp_get_max_threads();
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          auto C = C0;
+          k::gemm<float>(host{}, ws, ta, false, s.M, s.N, s.K, 0.5f, A.data(), lda, B.data(), s.N, beta, C.data(), s.N);
+          results.push_back(C);
+        }
+        omp_set_num_threads(before);
+        for (std::size_t r = 1; r < results.size(); ++r)
+          CHECK(std::memcmp(results[0].data(), results[r].data(), results[0].size() * sizeof(float)) == 0);
+        double worst = 0;
+        for (std::int64_t i = 0; i < s.M; ++i)
+          for (std::int64_t j = 0; j < s.N; ++j) {
+            double exact = 0, magnitude = 0;
+            for (std::int64_t p = 0; p < s.K; ++p) {
+              const double a = A[static_cast<std::size_t>(ta ? p * lda + i : i * lda + p)];
+              const double t = a * B[static_cast<std::size_t>(p * s.N + j)];
+              exact += t;
+              magnitude += std::fabs(t);
+            }
+            const double c0 = C0[static_cast<std::size_t>(i * s.N + j)];
+            exact = 0.5 * exact + beta * c0;
+            // fp32 accumulation over K terms, the slices' sum, alpha and beta.
+            const double bound = (s.K + 8) * std::ldexp(1.0, -24) * (0.5 * magnitude + beta * std::fabs(c0)) + 1e-30;
+            worst =
+                std::max(worst, std::fabs(double(results[0][static_cast<std::size_t>(i * s.N + j)]) - exact) / bound);
+          }
+        INFO("ta ", ta, " beta ", beta, ": worst error / bound ", worst);
+        CHECK(worst <= 1.0);
+      }
+  }
+  // A product with panels enough for the threads is left whole.
+  CHECK(gd::k_slices(1024, 96, 96) == 1);
+  CHECK(gd::k_slices(1536, 384, 2048) == 1);
 }
 
 TEST_CASE("the host BLAS runs kernels the CPU supports on strata's threads, and is described") {

@@ -8,9 +8,9 @@
 // fp16 are widened to fp32, multiplied with fp32 accumulation, and each output is rounded back
 // once. With beta == 0, C is not read, so an uninitialised (even NaN) C is fine, as for BLAS.
 //
-// The path is STRATA_HOST_BLAS: 1 calls cblas_sgemm/dgemm (fp16, and bf16 without AMX,
-// through fp32 copies in the workspace, slots 0, 1, 2; bf16 with it through gemm_bf16.hpp's
-// kernel, fp32 result in slot 2); 0 calls gemm_detail::reference_gemm. Left undefined, it is 1 exactly
+// The path is STRATA_HOST_BLAS: 1 calls cblas_sgemm/dgemm (fp16, and bf16 without a bf16 unit,
+// through fp32 copies in the workspace, slots 0, 1, 2; bf16 on AMX or AVX-512 BF16 through
+// gemm_bf16.hpp's kernel, fp32 result in slot 2); 0 calls gemm_detail::reference_gemm. Left undefined, it is 1 exactly
 // when <cblas.h> can be included or STRATA_HOST_BLAS_MKL is defined. strata::strata links its BLAS
 // (OpenBLAS, or MKL: kernels/host/blas_core.hpp) and puts the CBLAS header on the include path; a
 // program without a BLAS (a CUDA-only build, whose st::cuda policy never
@@ -23,7 +23,9 @@
 // OpenBLAS splits C by the thread count, and on some cores (Haswell's kernels, which Zen runs too)
 // its edge kernels round differently from its full tiles: the same product then differs in the
 // last bit between 1 and 2 threads. With fixed panels the result does not depend on the thread
-// count on any CBLAS.
+// count on any CBLAS. A product with too few panels to share (a small model's weight gradient)
+// is also cut along K into fixed slices whose partial products are summed in order
+// (gemm_detail::k_slices): the same holds.
 //
 // reference_gemm is defined whatever the setting, so a test can hold it against the BLAS path in
 // one program. It computes each C tile from packed slices of op(A) and op(B) that stay in cache,
@@ -86,27 +88,84 @@ inline void check_gemm_args(bool trans_a, bool trans_b, std::int64_t M, std::int
 // 2 to 16 threads busy.
 inline constexpr std::int64_t panel_min = 128, max_panels = 32, panel_align = 16;
 
-// Runs call(row0, rows, col0, cols) for each panel of an M x N result: the panels of one call
-// on one thread each, and the BLAS inside on that thread alone.
-template <class Call>
-void blas_panels(std::int64_t M, std::int64_t N, Call&& call) {
+// The panels of an M x N result: along rows (by_rows) or columns, `count` of them `width` wide.
+struct panel_split {
+  bool by_rows;
+  std::int64_t extent, width, count;
+};
+inline panel_split panels_of(std::int64_t M, std::int64_t N) {
   const bool by_rows = M >= N;
   const std::int64_t extent = by_rows ? M : N;
   std::int64_t width = (extent + max_panels - 1) / max_panels;
   width = std::max(panel_min, (width + panel_align - 1) / panel_align * panel_align);
-  const std::int64_t panels = (extent + width - 1) / width;
-  const int threads = int(std::min<std::int64_t>(openmp::max_threads(), panels));
+  return {by_rows, extent, width, (extent + width - 1) / width};
+}
+
+// Runs call(row0, rows, col0, cols) for each panel of an M x N result: the panels of one call
+// on one thread each, and the BLAS inside on that thread alone.
+template <class Call>
+void blas_panels(std::int64_t M, std::int64_t N, Call&& call) {
+  const panel_split split = panels_of(M, N);
+  const int threads = int(std::min<std::int64_t>(openmp::max_threads(), split.count));
 #pragma omp parallel num_threads(threads)
   {
     openmp::nested_single_thread();
 #pragma omp for schedule(static)
-    for (std::int64_t p = 0; p < panels; ++p) {
-      const std::int64_t start = p * width, size = std::min(width, extent - start);
-      if (by_rows) call(start, size, std::int64_t(0), N);
+    for (std::int64_t p = 0; p < split.count; ++p) {
+      const std::int64_t start = p * split.width, size = std::min(split.width, split.extent - start);
+      if (split.by_rows) call(start, size, std::int64_t(0), N);
       else call(std::int64_t(0), M, start, size);
     }
   }
 }
+
+// A product whose C has fewer panels than split_tasks, and a long K, is also split along K: a
+// weight gradient (C out x in, K the tokens) of a small model has one to three panels, which
+// leave a second thread idle or half busy. Each slice of K (at least split_k_min long) goes
+// into its own M x N partial product; the partials are summed in slice order. The slice count
+// depends on the shape alone, so the result does not depend on the thread count.
+inline constexpr std::int64_t split_tasks = 8, split_k_min = 256;
+inline std::int64_t k_slices(std::int64_t M, std::int64_t N, std::int64_t K) {
+  const std::int64_t panels = panels_of(M, N).count;
+  if (panels >= split_tasks) return 1;
+  return std::clamp<std::int64_t>(K / split_k_min, 1, (split_tasks + panels - 1) / panels);
+}
+
+#if STRATA_HOST_BLAS
+// C = alpha op(A) op(B) + beta C in `slices` slices of K (k_slices), through a CBLAS sgemm:
+// each (panel, slice) task on one thread, into partial (slices x M x N floats), then the sum.
+template <class Sgemm>
+void sgemm_k_sliced(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t slices,
+                    float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
+                    float* C, std::int64_t ldc, float* partial, Sgemm sgemm) {
+  const panel_split split = panels_of(M, N);
+  const std::int64_t slice = (K + slices - 1) / slices, tasks = split.count * slices;
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+#pragma omp parallel num_threads(int(std::min <std::int64_t>(openmp::max_threads(), tasks)))
+  {
+    openmp::nested_single_thread();
+#pragma omp for schedule(static)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const std::int64_t p = t % split.count, q = t / split.count;
+      const std::int64_t start = p * split.width, size = std::min(split.width, split.extent - start);
+      const std::int64_t r0 = split.by_rows ? start : 0, rows = split.by_rows ? size : M;
+      const std::int64_t c0 = split.by_rows ? 0 : start, cols = split.by_rows ? N : size;
+      const std::int64_t k0 = q * slice, kn = std::min(slice, K - k0);
+      const float* a = trans_a ? A + k0 * lda + r0 : A + r0 * lda + k0;
+      const float* b = trans_b ? B + c0 * ldb + k0 : B + k0 * ldb + c0;
+      sgemm(CblasRowMajor, ta, tb, int(rows), int(cols), int(kn), alpha, a, int(lda), b, int(ldb), 0.0f,
+            partial + q * M * N + r0 * N + c0, int(N));
+    }
+#pragma omp for schedule(static)
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j) {
+        float sum = partial[i * N + j];
+        for (std::int64_t q = 1; q < slices; ++q) sum += partial[(q * M + i) * N + j];
+        C[i * ldc + j] = beta == 0.0f ? sum : sum + beta * C[i * ldc + j];
+      }
+  }
+}
+#endif
 
 // reference_gemm's tiles: a task owns an mb x nb tile of C (32 KiB of fp32 accumulators) and
 // sweeps K in slices of kb, packing op(A)'s mb x kb slice (64 KiB) and op(B)'s kb x nb slice
@@ -207,16 +266,23 @@ void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std:
            b + (trans_b ? c0 * lb : c0), int(lb), beta, c + r0 * lc + c0, int(lc));
     });
   };
+  const std::int64_t slices = gemm_detail::k_slices(M, N, K);
   if constexpr (std::is_same_v<T, float>) {
-    panel_of(A, lda, B, ldb, C, ldc, cblas_sgemm);
+    if (slices > 1)
+      gemm_detail::sgemm_k_sliced(trans_a, trans_b, M, N, K, slices, alpha, A, lda, B, ldb, beta, C, ldc,
+                                  ws.floats(std::size_t(slices * M * N), 3), cblas_sgemm);
+    else panel_of(A, lda, B, ldb, C, ldc, cblas_sgemm);
   } else if constexpr (std::is_same_v<T, double>) {
     panel_of(A, lda, B, ldb, C, ldc, cblas_dgemm);
   } else {
 #if STRATA_HOST_BF16_GEMM
     if constexpr (std::is_same_v<T, bf16>) {
-      // Below a million multiply-adds the packing costs more than the tiles save.
+      // Below a million multiply-adds the packing costs more than the bf16 unit saves.
       if (M * N * K >= (std::int64_t(1) << 20) && gemm_bf16::available()) {
-        // The bf16 inputs as they are (gemm_bf16.hpp), summed into fp32; then alpha, beta, one rounding.
+        // The bf16 inputs as they are (gemm_bf16.hpp), summed into fp32; then alpha, beta, one
+        // rounding. (Slices of K side by side, as the sgemm path runs them, measured slower here:
+        // one thread multiplies a 96 x 96 x 1024 weight gradient in 54 us, and the partials cost
+        // more than the second thread saves.)
         float* c32 = ws.floats(std::size_t(M * N), 2);
         gemm_bf16::product(trans_a, trans_b, M, N, K, A, lda, B, ldb, c32);
 #pragma omp parallel for schedule(static) if (M * N > 32768)
@@ -239,8 +305,12 @@ void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std:
     gemm_detail::widen_block(b32, B, b_rows, b_cols, ldb);
     // With beta == 0 BLAS never reads C, so an uninitialised (even NaN) C is fine, as for sgemm.
     if (beta != 0.0f) gemm_detail::widen_block(c32, C, M, N, ldc);
-    panel_of(static_cast<const float*>(a32), std::max<std::int64_t>(a_cols, 1), static_cast<const float*>(b32),
-             std::max<std::int64_t>(b_cols, 1), c32, N, cblas_sgemm);
+    const float *a32c = a32, *b32c = b32;
+    const std::int64_t la = std::max<std::int64_t>(a_cols, 1), lb = std::max<std::int64_t>(b_cols, 1);
+    if (slices > 1)
+      gemm_detail::sgemm_k_sliced(trans_a, trans_b, M, N, K, slices, alpha, a32c, la, b32c, lb, beta, c32, N,
+                                  ws.floats(std::size_t(slices * M * N), 3), cblas_sgemm);
+    else panel_of(a32c, la, b32c, lb, c32, N, cblas_sgemm);
     gemm_detail::narrow_block(C, ldc, c32, M, N);
   }
 #else

@@ -1,31 +1,53 @@
-// strata/kernels/host/gemm_bf16.hpp - bf16 GEMM on CPUs with AMX (Intel's tile matrix unit),
-// for kernels::gemm<bf16>: the inputs are never widened to fp32 copies.
+// strata/kernels/host/gemm_bf16.hpp - bf16 GEMM on CPUs with a bf16 dot-product unit, for
+// kernels::gemm<bf16>: the inputs are never widened to fp32 copies.
 //
 //   c32[M,N] = op(A)[M,K] · op(B)[K,N], A and B bf16, c32 fp32 (kernels::gemm then forms
 //   alpha · c32 + beta · C and rounds once to bf16)
 //
-// One AMX instruction (tdpbf16ps) multiplies a 16 x 32 bf16 tile by a 32 x 16 one into a 16 x 16
-// fp32 tile: bf16 products exact, accumulated in fp32. The usual blocking: per (MC x KC) block
-// op(A) is packed into 16 x 32 tiles (rows of 32 k), per (KC x NC) block op(B) into 16 x 16
-// tiles with each k pair interleaved (the layout tdpbf16ps reads); a micro-kernel keeps a
-// 32 x 32 block of C in four tile registers over the K block. One thread sums each (MC x NC)
-// block of C over its K blocks in order (product() says how the blocks are shared), so every
-// element's sum runs in an order fixed by the shape alone: the result does not depend on the
-// thread count. Edges of M, N and K are zero-padded in the packs.
+// Two units run the same packed blocks:
+// - AMX (Intel's tile matrix unit): one tdpbf16ps multiplies a 16 x 32 bf16 tile by a 32 x 16
+//   one into a 16 x 16 fp32 tile.
+// - AVX-512 BF16 (Cooper Lake, Sapphire Rapids and later Xeons, AMD Zen 4 and 5): one vdpbf16ps
+//   adds to each of 16 fp32 lanes the two products of a k pair; the micro-kernel keeps 8 rows x
+//   32 columns of C in 16 vector registers and broadcasts each row's k pair from the A pack.
+// Both: bf16 products exact, accumulated in fp32. The usual blocking: per (MC x KC) block op(A)
+// is packed into 16 x 32 tiles (rows of 32 k), per (KC x NC) block op(B) into 16 x 16 tiles with
+// each k pair interleaved (the layout both instructions read); a micro-kernel sums a 32 x 32
+// block of C over the K block. One thread sums each (MC x NC) block of C over its K blocks in
+// order (product() says how the blocks are shared), so every element's sum runs in an order
+// fixed by the shape alone: the result does not depend on the thread count. Edges of M, N and K
+// are zero-padded in the packs.
 //
-// Precision: kernels::gemm's contract (fp32 accumulation of exact products); the unit flushes
+// Precision: kernels::gemm's contract (fp32 accumulation of exact products); both units flush
 // subnormal inputs and results (below 1.2e-38) to zero.
 //
-// Compiled where the compiler targets AMX (-march=native on such a CPU) and used when the kernel
-// grants the process the tile state (Linux 5.16+, arch_prctl ARCH_REQ_XCOMP_PERM); otherwise
-// available() is false and bf16 goes through fp32 copies and sgemm.
+// Compiled where the compiler targets either unit (-march=native on such a CPU). AMX is used when
+// the kernel grants the process the tile state (Linux 5.16+, arch_prctl ARCH_REQ_XCOMP_PERM), else
+// AVX-512 BF16 where the CPU has it; with neither, unit() is none and bf16 goes through fp32
+// copies and sgemm.
 #pragma once
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define STRATA_HOST_BF16_AMX 1
+#else
+#define STRATA_HOST_BF16_AMX 0
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define STRATA_HOST_BF16_AVX512 1
+#else
+#define STRATA_HOST_BF16_AVX512 0
+#endif
+#if STRATA_HOST_BF16_AMX || STRATA_HOST_BF16_AVX512
 #define STRATA_HOST_BF16_GEMM 1
 #else
 #define STRATA_HOST_BF16_GEMM 0
 #endif
+
+#include <string>
+
+namespace strata::kernels::gemm_bf16 {
+enum class unit { none, amx, avx512_bf16 };
+}  // namespace strata::kernels::gemm_bf16
 
 #if STRATA_HOST_BF16_GEMM
 #include <immintrin.h>
@@ -46,16 +68,23 @@ namespace strata::kernels::gemm_bf16 {
 inline constexpr std::int64_t TK = 32;                       // k per tile
 inline constexpr std::int64_t KC = 384, MC = 192, NC = 256;  // multiples of 32
 
-// Whether this process may use the tile registers (asked of the kernel once).
-inline bool available() {
-  static std::once_flag once;
-  static bool granted = false;
-  std::call_once(once, [] {
+// The unit this process multiplies on, decided once: AMX where compiled and the kernel grants the
+// tile registers, else AVX-512 BF16 where compiled and the CPU has it.
+inline unit in_use() {
+  static const unit chosen = [] {
+#if STRATA_HOST_BF16_AMX
     constexpr long req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
-    granted = syscall(SYS_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0;
-  });
-  return granted;
+    if (syscall(SYS_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0) return unit::amx;
+#endif
+#if STRATA_HOST_BF16_AVX512
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512bf16")) return unit::avx512_bf16;
+#endif
+    return unit::none;
+  }();
+  return chosen;
 }
+inline bool available() { return in_use() != unit::none; }
 
 // Every tile 16 rows of 64 bytes: C (0-3) 16 x 16 fp32, A (4, 5) 16 x 32 bf16, B (6, 7) 16 pairs x 16.
 struct alignas(64) tile_config {
@@ -73,8 +102,10 @@ inline std::uint16_t at(const bf16* x, std::int64_t ld, bool trans, std::int64_t
 #if defined(__AVX512F__)
 // GCC 12's AVX-512 intrinsics start from an undefined vector, which it then reports as maybe
 // uninitialised wherever they are inlined (fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 // Stores the 16 x 16 transpose of w's 32-bit words as a tile's 16 rows: row i holds word i of
 // every w[j]. Pairs of rows interleaved by 32 and then 64 bits leave, in 128-bit lane l of
 // u[4g + c], words 4l + c of w[4g .. 4g+3]; the lanes then move into place.
@@ -141,7 +172,9 @@ inline void pack_interleaved_tile(std::uint16_t* tile, const bf16* B, std::int64
   }
 }
 #endif
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #endif
 
 // op(A)[i0 .. i0+mc, k0 .. k0+kc] as 16 x 32 tiles: tile (g, s) holds rows i0 + 16g .., k from
@@ -224,10 +257,11 @@ inline void pack_b(std::uint16_t* dst, const bf16* B, std::int64_t ldb, bool tra
     }
 }
 
+#if STRATA_HOST_BF16_AMX
 // block[32 x 32] (+)= A rows of tile groups g, g+1 · B columns of groups h, h+1 over `steps`
 // k tiles. Absent groups (past the block) are read as padding the packs hold.
-inline void micro_kernel(std::int64_t steps, const std::uint16_t* a0, const std::uint16_t* a1, const std::uint16_t* b0,
-                         const std::uint16_t* b1, float* block, bool accumulate) {
+inline void micro_kernel_amx(std::int64_t steps, const std::uint16_t* a0, const std::uint16_t* a1,
+                             const std::uint16_t* b0, const std::uint16_t* b1, float* block, bool accumulate) {
   constexpr int stride = 32 * sizeof(float);
   if (accumulate) {
     _tile_loadd(0, block, stride);
@@ -256,12 +290,58 @@ inline void micro_kernel(std::int64_t steps, const std::uint16_t* a0, const std:
   _tile_stored(2, block + 16 * 32, stride);
   _tile_stored(3, block + 16 * 32 + 16, stride);
 }
+#endif
+
+#if STRATA_HOST_BF16_AVX512
+// rows (8 x 32 floats, a row stride of 32) (+)= 8 rows of A tiles (a: the first row's start in
+// each tile, a row TK apart) · B columns of tile groups b0, b1, over `steps` k tiles: per k pair,
+// two B vectors and one broadcast k pair of each row, 16 independent accumulators.
+inline void eight_rows_avx512(std::int64_t steps, const std::uint16_t* a, const std::uint16_t* b0,
+                              const std::uint16_t* b1, float* rows, bool accumulate) {
+  __m512 acc[8][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) {
+    acc[r][0] = accumulate ? _mm512_load_ps(rows + r * 32) : _mm512_setzero_ps();
+    acc[r][1] = accumulate ? _mm512_load_ps(rows + r * 32 + 16) : _mm512_setzero_ps();
+  }
+  for (std::int64_t s = 0; s < steps; ++s) {
+    const std::int64_t at_step = s * 16 * TK;
+    for (std::int64_t p = 0; p < TK / 2; ++p) {
+      const auto left = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0 + at_step + p * TK));
+      const auto right = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1 + at_step + p * TK));
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        std::int32_t pair;
+        std::memcpy(&pair, a + at_step + r * TK + 2 * p, sizeof pair);
+        const auto both = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], both, left);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], both, right);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) {
+    _mm512_store_ps(rows + r * 32, acc[r][0]);
+    _mm512_store_ps(rows + r * 32 + 16, acc[r][1]);
+  }
+}
+
+// The AMX micro-kernel's contract on AVX-512 BF16: the 32 x 32 block as four strips of 8 rows.
+inline void micro_kernel_avx512(std::int64_t steps, const std::uint16_t* a0, const std::uint16_t* a1,
+                                const std::uint16_t* b0, const std::uint16_t* b1, float* block, bool accumulate) {
+  eight_rows_avx512(steps, a0, b0, b1, block, accumulate);
+  eight_rows_avx512(steps, a0 + 8 * TK, b0, b1, block + 8 * 32, accumulate);
+  eight_rows_avx512(steps, a1, b0, b1, block + 16 * 32, accumulate);
+  eight_rows_avx512(steps, a1 + 8 * TK, b0, b1, block + 24 * 32, accumulate);
+}
+#endif
 
 // One thread's packs and C block (the tile configuration is per thread state too).
 struct thread_state {
   std::vector<std::uint16_t>& a_pack;
   std::vector<std::uint16_t>& b_pack;
   float* block;
+  unit on;
 };
 
 // The packed op(A) block (i0, k0) and op(B) block (k0, j0), each odd group count padded by a
@@ -293,7 +373,13 @@ inline void multiply_packed(thread_state& s, std::int64_t i0, std::int64_t mc, s
           std::memcpy(s.block + r * 32, c32 + (i0 + ir + r) * N + j0 + jr, std::size_t(cols) * sizeof(float));
       const std::uint16_t* a = s.a_pack.data() + (ir / 16) * steps * 16 * TK;
       const std::uint16_t* b = s.b_pack.data() + (jr / 16) * steps * 16 * TK;
-      micro_kernel(steps, a, a + steps * 16 * TK, b, b + steps * 16 * TK, s.block, !first);
+#if STRATA_HOST_BF16_AMX
+      if (s.on == unit::amx) micro_kernel_amx(steps, a, a + steps * 16 * TK, b, b + steps * 16 * TK, s.block, !first);
+#endif
+#if STRATA_HOST_BF16_AVX512
+      if (s.on == unit::avx512_bf16)
+        micro_kernel_avx512(steps, a, a + steps * 16 * TK, b, b + steps * 16 * TK, s.block, !first);
+#endif
       for (std::int64_t r = 0; r < rows; ++r)
         std::memcpy(c32 + (i0 + ir + r) * N + j0 + jr, s.block + r * 32, std::size_t(cols) * sizeof(float));
     }
@@ -301,8 +387,8 @@ inline void multiply_packed(thread_state& s, std::int64_t i0, std::int64_t mc, s
 
 // c32[M, N] (leading dimension N) = op(A) · op(B). Call only when available().
 //
-// Packing, not the tile unit, bounds this kernel: one tdpbf16ps does 8192 multiply-adds, while
-// every packed element is a load and a store. So a thread packs one operand's block once and
+// On AMX, packing, not the tile unit, bounds this kernel: one tdpbf16ps does 8192 multiply-adds,
+// while every packed element is a load and a store. So a thread packs one operand's block once and
 // multiplies it by every block of the other operand in its share: op(B)'s when M has the more
 // blocks (the threads split M), op(A)'s otherwise (they split N). A thread owns the same share
 // for every (strip, k block): OpenMP gives a static schedule's iterations to the same threads in
@@ -317,22 +403,25 @@ inline void product(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, 
   }
   const std::int64_t blocks_m = (M + MC - 1) / MC, blocks_n = (N + NC - 1) / NC, tasks = blocks_m * blocks_n;
   const int threads = openmp::max_threads();
+  const unit on = in_use();
   enum class share { rows, columns, blocks };
   const share split = blocks_m >= blocks_n && blocks_m >= threads  ? share::rows
                       : blocks_n > blocks_m && blocks_n >= threads ? share::columns
                                                                    : share::blocks;
 #pragma omp parallel num_threads(threads) if (tasks > 1 && M * N * K > 262144)
   {
-    // Per thread: the tile configuration, one block of each pack (an odd group count is padded
-    // by one zero group; kept between calls, as OpenMP keeps its threads), and one 32 x 32
-    // block of C.
+    // Per thread: the tile configuration (AMX), one block of each pack (an odd group count is
+    // padded by one zero group; kept between calls, as OpenMP keeps its threads), and one
+    // 32 x 32 block of C.
+#if STRATA_HOST_BF16_AMX
     const tile_config config;
-    _tile_loadconfig(&config);
+    if (on == unit::amx) _tile_loadconfig(&config);
+#endif
     thread_local std::vector<std::uint16_t> a_pack, b_pack;
     a_pack.resize(std::max(a_pack.size(), std::size_t((MC + 16) * KC)));
     b_pack.resize(std::max(b_pack.size(), std::size_t((NC + 16) * KC)));
     alignas(64) float block[32 * 32];
-    thread_state s{a_pack, b_pack, block};
+    thread_state s{a_pack, b_pack, block, on};
     if (split == share::rows) {
       for (std::int64_t j0 = 0; j0 < N; j0 += NC)
         for (std::int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -372,10 +461,23 @@ inline void product(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, 
         }
       }
     }
-    _tile_release();
+#if STRATA_HOST_BF16_AMX
+    if (on == unit::amx) _tile_release();
+#endif
   }
 }
 
 }  // namespace strata::kernels::gemm_bf16
 
 #endif  // STRATA_HOST_BF16_GEMM
+
+namespace strata::kernels::gemm_bf16 {
+// The bf16 GEMM's path in this process, for logs and benchmarks.
+inline std::string describe() {
+#if STRATA_HOST_BF16_GEMM
+  if (in_use() == unit::amx) return "AMX tiles (tdpbf16ps)";
+  if (in_use() == unit::avx512_bf16) return "AVX-512 BF16 (vdpbf16ps)";
+#endif
+  return "fp32 copies through the fp32 GEMM";
+}
+}  // namespace strata::kernels::gemm_bf16
