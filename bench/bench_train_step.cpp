@@ -122,7 +122,11 @@ std::string host_blas() {
 // {"blas": ..., "fp32_gemm": ..., "bf16_gemm": ...}: what this process's GEMMs run on.
 std::string gemm_paths() {
   const std::string blas = strata::kernels::blas_core::describe();
-  const std::string fp32 = blas.empty() ? "strata's portable GEMM" : "sgemm (" + blas + ")";
+  std::string fp32 = blas.empty() ? "strata's portable GEMM" : "sgemm (" + blas + ")";
+#if STRATA_HOST_BLAS && STRATA_HOST_FP32_AVX512
+  if (strata::kernels::gemm_bf16::fp32_available() && strata::kernels::blas_core::runs_without_avx512())
+    fp32 = "AVX-512 (strata's packed kernel, where C has 2 blocks or more), else " + fp32;
+#endif
   std::string bf16 = strata::kernels::gemm_bf16::describe();
   if (!strata::kernels::gemm_bf16::available()) bf16 += " (" + fp32 + ")";
   return "{\"blas\": \"" + host_blas() + "\", \"fp32_gemm\": \"" + fp32 + "\", \"bf16_gemm\": \"" + bf16 + "\"}";

@@ -1,6 +1,6 @@
 // The host GEMM's machine-specific paths: OpenBLAS's core selection or MKL's threading layer
-// (kernels/host/blas_core.hpp), and the bf16 kernel on AMX or AVX-512 BF16
-// (kernels/host/gemm_bf16.hpp), at sizes that cross every block edge. On a machine with neither
+// (kernels/host/blas_core.hpp), the bf16 kernel on AMX or AVX-512 BF16 and its fp32 form on
+// AVX-512 (kernels/host/gemm_bf16.hpp), at sizes that cross every block edge. On a machine with neither
 // unit the bf16 cases run the fp32-copy path and still hold.
 #include <doctest/doctest.h>
 
@@ -95,18 +95,75 @@ TEST_CASE("the bf16 GEMM gives the same bits at 1, 2 and 3 threads") {
     CHECK(std::memcmp(results[0].data(), results[r].data(), results[0].size() * sizeof(bf16)) == 0);
 }
 
+TEST_CASE("fp32 GEMMs on strata's AVX-512 kernel: fp32 accuracy at every edge, the same bits at 1, 2 and 3 threads") {
+  strata::memory_ledger ledger;
+  strata::workspace ws(ledger);
+  // M, N, K past the kernel's 192 x 256 x 192 blocks, none a multiple of 16 or 32.
+  const std::int64_t M = 203, N = 270, K = 401;
+#if STRATA_HOST_BLAS && STRATA_HOST_FP32_AVX512
+  const bool own = k::gemm_detail::own_fp32_kernel(M, N, K);
+  MESSAGE("fp32 GEMMs of this size: " << std::string(own ? "strata's AVX-512 kernel" : "the BLAS"));
+  // Where the BLAS runs without AVX-512 on this CPU, the kernel is what runs, not skipped.
+  CHECK(own == (k::gemm_bf16::fp32_available() && k::blas_core::runs_without_avx512()));
+  CHECK_FALSE(k::gemm_detail::own_fp32_kernel(96, 96, 1024));  // one block of C: the BLAS's slices share it
+#else
+  MESSAGE("no AVX-512 fp32 kernel in this build: fp32 runs on the BLAS");
+#endif
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 0.5f}) {
+        const std::int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        std::vector<float> A(static_cast<std::size_t>(M * K)), B(static_cast<std::size_t>(K * N)),
+            C0(static_cast<std::size_t>(M * N));
+        for (std::size_t i = 0; i < A.size(); ++i) A[i] = float(strata::counter_normal(13, 1, i));
+        for (std::size_t i = 0; i < B.size(); ++i) B[i] = float(strata::counter_normal(13, 2, i));
+        for (std::size_t i = 0; i < C0.size(); ++i) C0[i] = float(strata::counter_normal(13, 3, i));
+        std::vector<std::vector<float>> results;
+        const int before = omp_get_max_threads();
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          auto C = C0;
+          k::gemm<float>(host{}, ws, ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, beta, C.data(), N);
+          results.push_back(C);
+        }
+        omp_set_num_threads(before);
+        for (std::size_t r = 1; r < results.size(); ++r)
+          CHECK(std::memcmp(results[0].data(), results[r].data(), results[0].size() * sizeof(float)) == 0);
+        double worst = 0;
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j) {
+            double exact = 0, magnitude = 0;
+            for (std::int64_t p = 0; p < K; ++p) {
+              const double a = A[static_cast<std::size_t>(ta ? p * lda + i : i * lda + p)];
+              const double b = B[static_cast<std::size_t>(tb ? j * ldb + p : p * ldb + j)];
+              exact += a * b;
+              magnitude += std::fabs(a * b);
+            }
+            const double c0 = C0[static_cast<std::size_t>(i * N + j)];
+            exact = 0.75 * exact + beta * c0;
+            const double bound = (K + 3) * std::ldexp(1.0, -24) * (0.75 * magnitude + beta * std::fabs(c0)) + 1e-30;
+            worst = std::max(worst, std::fabs(double(results[0][static_cast<std::size_t>(i * N + j)]) - exact) / bound);
+          }
+        INFO("ta ", ta, " tb ", tb, " beta ", beta, ": worst error / bound ", worst);
+        CHECK(worst <= 1.0);
+      }
+}
+
 TEST_CASE("fp32 GEMMs with few panels are split along K: fp32 accuracy, and the same bits at 1, 2 and 3 threads") {
   strata::memory_ledger ledger;
   strata::workspace ws(ledger);
   namespace gd = k::gemm_detail;
-  // A small model's weight gradients (out x in, K the tokens), one with K not a multiple of the slices.
+  // Weight gradients of a small model (out x in, K the tokens), two with K not a multiple of the slices.
   struct shape {
     std::int64_t M, N, K;
   };
-  for (const shape s : {shape{96, 96, 1024}, shape{288, 96, 1003}, shape{96, 384, 777}}) {
+  for (const shape s : {shape{96, 96, 1024}, shape{192, 96, 1003}, shape{96, 256, 777}}) {
     const std::int64_t slices = gd::k_slices(s.M, s.N, s.K);
     INFO("M ", s.M, " N ", s.N, " K ", s.K, ": ", gd::panels_of(s.M, s.N).count, " panels, ", slices, " slices");
     CHECK(slices > 1);  // the sliced path is what runs here
+#if STRATA_HOST_FP32_AVX512
+    CHECK_FALSE(gd::own_fp32_kernel(s.M, s.N, s.K));  // one block of C: not the AVX-512 kernel's
+#endif
     for (bool ta : {false, true})
       for (float beta : {0.0f, 1.0f}) {
         const std::int64_t lda = ta ? s.M : s.K;

@@ -113,6 +113,23 @@ inline const choice& ensure_selected() {
   return result;
 }
 
+// Whether the host BLAS multiplies fp32 without AVX-512 on a CPU that has it: OpenBLAS on a core of
+// its table without AVX-512 kernels, left there by the environment (OPENBLAS_CORETYPE=Haswell, set
+// where OpenBLAS's AVX-512 kernels are not trusted on the CPU) or by its own detection.
+// kernels/host/gemm.hpp then runs strata's own AVX-512 fp32 kernel on large products.
+inline bool runs_without_avx512() {
+#if STRATA_OPENBLAS_CORE_SELECTION
+  const choice& c = ensure_selected();
+  const std::string& core = c.selected.empty() ? c.detected : c.selected;
+  __builtin_cpu_init();
+  const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return cpu && core != "SkylakeX" && core != "Cooperlake" && core != "SapphireRapids";
+#else
+  return false;
+#endif
+}
+
 // One line for a log: "OpenBLAS 0.3.21, core Cooperlake (selected by strata; OpenBLAS detected
 // Prescott)", "OpenBLAS 0.3.21, core Haswell", "MKL 2025.0.0" or "" for another or no BLAS.
 inline std::string describe() {

@@ -10,13 +10,14 @@
 //
 // The path is STRATA_HOST_BLAS: 1 calls cblas_sgemm/dgemm (fp16, and bf16 without a bf16 unit,
 // through fp32 copies in the workspace, slots 0, 1, 2; bf16 on AMX or AVX-512 BF16 through
-// gemm_bf16.hpp's kernel, fp32 result in slot 2); 0 calls gemm_detail::reference_gemm. Left undefined, it is 1 exactly
-// when <cblas.h> can be included or STRATA_HOST_BLAS_MKL is defined. strata::strata links its BLAS
-// (OpenBLAS, or MKL: kernels/host/blas_core.hpp) and puts the CBLAS header on the include path; a
-// program without a BLAS (a CUDA-only build, whose st::cuda policy never
-// multiplies on the host) either has no cblas.h or defines STRATA_HOST_BLAS=0, and needs no stub
-// header and no BLAS library. Define it alike in every translation unit of a program: both paths
-// are the body of one template.
+// gemm_bf16.hpp's kernel, fp32 result in slot 2; large fp32 products through that kernel's
+// AVX-512 form where the BLAS runs without AVX-512, gemm_detail::own_fp32_kernel); 0 calls
+// gemm_detail::reference_gemm. Left undefined, it is 1 exactly when <cblas.h> can be included or
+// STRATA_HOST_BLAS_MKL is defined. strata::strata links its BLAS (OpenBLAS, or MKL:
+// kernels/host/blas_core.hpp) and puts the CBLAS header on the include path; a program without a
+// BLAS (a CUDA-only build, whose st::cuda policy never multiplies on the host) either has no
+// cblas.h or defines STRATA_HOST_BLAS=0, and needs no stub header and no BLAS library. Define it
+// alike in every translation unit of a program: both paths are the body of one template.
 //
 // Thread counts: the BLAS path splits C itself, into panels that depend on the shape alone, and
 // runs the BLAS on one thread per panel (gemm_detail::blas_panels). Left to its own threads,
@@ -130,6 +131,35 @@ inline std::int64_t k_slices(std::int64_t M, std::int64_t N, std::int64_t K) {
   if (panels >= split_tasks) return 1;
   return std::clamp<std::int64_t>(K / split_k_min, 1, (split_tasks + panels - 1) / panels);
 }
+
+#if STRATA_HOST_BF16_GEMM || STRATA_HOST_FP32_AVX512
+// C = alpha op(A) op(B) + beta C through gemm_bf16.hpp's packed kernel: its fp32 sums into c32
+// (M x N), then alpha and beta, and one rounding to T.
+template <class T>
+void packed_product(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const T* A,
+                    std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C, std::int64_t ldc, float* c32) {
+  gemm_bf16::product(trans_a, trans_b, M, N, K, A, lda, B, ldb, c32);
+#pragma omp parallel for schedule(static) if (M * N > 32768)
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) {
+      const float product = alpha * c32[i * N + j];
+      C[i * ldc + j] = convert<T>(beta == 0.0f ? product : product + beta * convert<float>(C[i * ldc + j]));
+    }
+}
+#endif
+
+#if STRATA_HOST_BLAS && STRATA_HOST_FP32_AVX512
+// Whether an fp32 product runs on strata's AVX-512 kernel (gemm_bf16.hpp) rather than the BLAS:
+// where the BLAS runs without AVX-512 on a CPU with it (blas_core::runs_without_avx512), for
+// products of a million multiply-adds or more whose C has two blocks or more to share (a single
+// block is one thread's; the sliced BLAS path keeps both busy). The shape and the machine decide,
+// never the thread count.
+inline bool own_fp32_kernel(std::int64_t M, std::int64_t N, std::int64_t K) {
+  if (M * N * K < (std::int64_t(1) << 20)) return false;
+  const std::int64_t blocks = ((M + gemm_bf16::MC - 1) / gemm_bf16::MC) * ((N + gemm_bf16::NC - 1) / gemm_bf16::NC);
+  return blocks >= 2 && gemm_bf16::fp32_available() && blas_core::runs_without_avx512();
+}
+#endif
 
 #if STRATA_HOST_BLAS
 // C = alpha op(A) op(B) + beta C in `slices` slices of K (k_slices), through a CBLAS sgemm:
@@ -268,6 +298,13 @@ void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std:
   };
   const std::int64_t slices = gemm_detail::k_slices(M, N, K);
   if constexpr (std::is_same_v<T, float>) {
+#if STRATA_HOST_FP32_AVX512
+    if (gemm_detail::own_fp32_kernel(M, N, K)) {
+      gemm_detail::packed_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                  ws.floats(std::size_t(M * N), 2));
+      return;
+    }
+#endif
     if (slices > 1)
       gemm_detail::sgemm_k_sliced(trans_a, trans_b, M, N, K, slices, alpha, A, lda, B, ldb, beta, C, ldc,
                                   ws.floats(std::size_t(slices * M * N), 3), cblas_sgemm);
@@ -283,14 +320,8 @@ void gemm(host, [[maybe_unused]] workspace& ws, bool trans_a, bool trans_b, std:
         // rounding. (Slices of K side by side, as the sgemm path runs them, measured slower here:
         // one thread multiplies a 96 x 96 x 1024 weight gradient in 54 us, and the partials cost
         // more than the second thread saves.)
-        float* c32 = ws.floats(std::size_t(M * N), 2);
-        gemm_bf16::product(trans_a, trans_b, M, N, K, A, lda, B, ldb, c32);
-#pragma omp parallel for schedule(static) if (M * N > 32768)
-        for (std::int64_t i = 0; i < M; ++i)
-          for (std::int64_t j = 0; j < N; ++j) {
-            const float product = alpha * c32[i * N + j];
-            C[i * ldc + j] = convert<T>(beta == 0.0f ? product : product + beta * convert<float>(C[i * ldc + j]));
-          }
+        gemm_detail::packed_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                    ws.floats(std::size_t(M * N), 2));
         return;
       }
     }
