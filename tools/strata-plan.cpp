@@ -398,7 +398,7 @@ std::vector<time_row> time_rows(const st::step_time& t, const st::plan_setup& s)
   std::vector<time_row> rows = {
       {"GEMMs", t.gemm_s},
       {"attention", t.attention_s},
-      {"memory-bound (norms, activations, residual, embedding, loss)", t.memory_s},
+      {"memory-bound (norms, activations, residual, rotary, embedding, loss)", t.memory_s},
       {std::string("recomputation (") + recompute_name(s.recompute) + ")", t.recompute_s},
       {"optimizer", t.optimizer_s},
       {printf_string("tp exposed (%s, %s)", ranks(L.tp).c_str(), where(t.tp_intra)), t.tp_s},
@@ -966,8 +966,8 @@ Step-time model (ranks the layouts; an estimate, not a measurement; docs/planner
   GPUs = dp x cp x tp x pp; ranks placed tp fastest, then cp, then dp, then pp
   per micro-batch on the busiest stage:
     GEMMs by shape: waves of 128 x 256 output tiles over the SMs at gemm_efficiency x k/(k + k_half)
-    attention at attention_efficiency x peak; norms, activations, residual, embedding and loss
-    at memory_efficiency x memory bandwidth; recomputation as its extra work
+    attention at attention_efficiency x peak; norms, activations, residual, rotary, embedding
+    and loss at memory_efficiency x memory bandwidth; recomputation as its extra work
   communication at link_efficiency x the bandwidth of the links a group crosses (NVLink within
   a node, the network across), plus a latency per ring step:
     tp exposed (but a device's tensor_overlap share); cp ring hidden behind attention where it

@@ -1,8 +1,8 @@
 // strata_gpu_layouts - one small GPT-2 run through st::training on GPUs under a layout given on
 // the command line, for scripts/gpu-check's multi-rank rows (launch it with mpirun -np N).
 //
-//   strata_gpu_layouts [--dp N] [--tp N] [--sp] [--pp N] [--microbatches M] [--zero S]
-//                      [--steps 5] [--batch 8] [--json FILE]
+//   strata_gpu_layouts [--dp N] [--cp N] [--cp-form ring|all_to_all] [--tp N] [--sp] [--pp N]
+//                      [--microbatches M] [--zero S] [--steps 5] [--batch 8] [--json FILE]
 //
 // fp32, 4 layers, 256 wide, 8 heads, seq 256, vocabulary 4096, on the generated corpus; writes
 // {"layout": ..., "engine": ..., "losses": [...], "tokens_per_s": ...} (rank 0) so that runs
@@ -28,18 +28,21 @@ namespace st = strata;
 namespace {
 
 using flag_layout =
-    st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
+    st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::context<st::dynamic, st::dynamic_context_form>,
+                 st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
                  st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
 using P = st::policy<st::cuda, flag_layout, st::fp32>;
 
 int run(st::world& world, int argc, char** argv) {
   st::layout_overrides layout{.dp = st::dynamic,
+                              .cp = 1,
                               .tp = 1,
                               .pp = 1,
                               .microbatches = 1,
                               .zero_stage = 0,
                               .sequence_parallel = 0,
                               .virtual_chunks = 1,
+                              .context_form = "ring",
                               .schedule = "1f1b"};
   int steps = 5;
   std::int64_t batch = 8;
@@ -54,6 +57,8 @@ int run(st::world& world, int argc, char** argv) {
     const std::string value = argv[++i];
     const int n = std::atoi(value.c_str());
     if (flag == "--dp") layout.dp = n;
+    else if (flag == "--cp") layout.cp = n;
+    else if (flag == "--cp-form") layout.context_form = value;
     else if (flag == "--tp") layout.tp = n;
     else if (flag == "--pp") layout.pp = n;
     else if (flag == "--microbatches") layout.microbatches = n;
@@ -82,8 +87,10 @@ int run(st::world& world, int argc, char** argv) {
   if (world.rank() != 0) return 0;
   const auto& l = run.layout();
   nlohmann::ordered_json result;
-  result["layout"] = "dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + (l.sequence_parallel ? "+sp" : "") +
-                     " pp" + std::to_string(l.pp) + " zero" + std::to_string(l.zero_stage);
+  result["layout"] = "dp" + std::to_string(l.dp) +
+                     (l.cp > 1 ? " cp" + std::to_string(l.cp) + (l.context_form == "ring" ? "" : " a2a") : "") + " tp" +
+                     std::to_string(l.tp) + (l.sequence_parallel ? "+sp" : "") + " pp" + std::to_string(l.pp) +
+                     " zero" + std::to_string(l.zero_stage);
   result["ranks"] = world.size();
   result["engine"] = run.groups().engine();
   result["losses"] = losses;  // a non-finite loss is null

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-ROWS = ["serial", "nccl1", "dp2_zero1", "tp2_sp", "pp2_1f1b"]
+ROWS = ["serial", "nccl1", "dp2_zero1", "tp2_sp", "pp2_1f1b", "cp2_ring", "cp2_a2a"]
 TOLERANCE = 1e-5
 
 

@@ -6,13 +6,18 @@
 // what each rank's context group carried equals the plan's figure from the layer costs, and
 // attention's activations at cp 4 are a quarter of cp 1's with the ring; the
 // all-to-all form where the key/value heads do not divide, and generation under cp, are refused
-// at once with words that say why. (tests/custom runs the same layouts for a model declared
-// outside the repository, with checkpoints across them and the plan against the allocator.)
+// at once with words that say why; in the emulated device space (every buffer through the space,
+// fresh ones NaN) both forms give the host run's losses bit for bit. (tests/custom runs the same
+// layouts for a model declared outside the repository, with checkpoints across them and the plan
+// against the allocator.)
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include <strata/core/emulated_memory.hpp>
 #include <strata/strata.hpp>
 
 #include "../mpi/layout_equivalence.hpp"
@@ -97,4 +102,31 @@ TEST_CASE("all-to-all over more context ranks than key/value heads, and generati
   st::generator gen(run);
   CHECK_THROWS_WITH_AS((void)gen.generate(prompt, {.new_tokens = 4}),
                        doctest::Contains("under context parallelism (cp=2) is not supported"), st::error);
+}
+
+TEST_CASE("context attention in the emulated device space gives the host run's losses, bit for bit") {
+  // The device path's steps (positions uploaded, copies and sums by for_each_index) on memory that
+  // fills fresh buffers with NaN: a buffer read before it is written would turn the losses to NaN.
+  if (!eight_ranks()) return;
+  using M = llama::model<launch_policy<st::fp32>>;
+  for (const auto& c : {strata_test::context_layouts[0], strata_test::context_layouts[2]}) {
+    CAPTURE(std::string(c.name));
+    auto train = [&](const st::memory_space* memory) {
+      auto o = strata_test::launch(c, setup);
+      o.memory = memory;
+      st::training<M> run(strata_test::world().comm(), llama_shape, o);
+      return strata_test::train_steps(run, llama_shape, setup).losses;
+    };
+    const auto host = train(nullptr);
+    auto& counts = st::emulated_memory_stats();
+    const long before = counts.allocations;
+    const auto emulated = train(&st::emulated_device_memory());
+    CHECK(counts.allocations > before);
+    CHECK(counts.live.empty());
+    REQUIRE(host.size() == emulated.size());
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      CHECK(std::isfinite(host[i]));
+      CHECK(std::memcmp(&host[i], &emulated[i], sizeof(double)) == 0);
+    }
+  }
 }

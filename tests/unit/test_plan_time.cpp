@@ -94,6 +94,32 @@ TEST_CASE("the layers' matrix products and attention are their FLOPs, bar the el
   }
 }
 
+TEST_CASE("attention's memory-bound bytes count the rotary embedding and the per-head regrouping") {
+  // bf16 on a GPU: 16 rows, 8 query heads of 16 (4 key/value heads), tp 2. The rotary embedding
+  // reads and writes the turned part of this rank's q and k heads, each way; the per-head layout
+  // copies qkv aside and regroups it (two reads, two writes), each way.
+  using P = st::policy<st::cuda, st::serial, st::mixed<st::bf16, float>>;
+  using attn = st::attention<P>;
+  st::cost_scope s{.batch = 2, .seq = 8};
+  s.tp.degree = 2;
+  const double rows = 16, bytes = 2;
+  const attn::config plain{.channels = 128, .heads = 8, .kv_heads = 4};
+  attn::config rotary = plain;
+  rotary.rope_theta = 10000;
+  rotary.rotary_fraction = 0.5;  // 8 of each head's 16
+  const st::layer_cost a = attn::cost(plain, s), b = attn::cost(rotary, s);
+  const double rope = 2 * rows * (4 + 2) * 8 * bytes;
+  CHECK(b.memory_forward_bytes - a.memory_forward_bytes == rope);
+  CHECK(b.memory_backward_bytes - a.memory_backward_bytes == rope);
+  attn::config per_head{.channels = 128, .heads = 8};
+  const st::layer_cost grouped = attn::cost(per_head, s);
+  per_head.fused_qkv = st::qkv_layout::per_head;
+  const st::layer_cost regrouped = attn::cost(per_head, s);
+  const double qkv = rows * (4 + 2 * 4) * 16 * bytes;  // this rank's 4 heads, q, k and v
+  CHECK(regrouped.memory_forward_bytes - grouped.memory_forward_bytes == 4 * qkv);
+  CHECK(regrouped.memory_backward_bytes - grouped.memory_backward_bytes == 4 * qkv);
+}
+
 TEST_CASE("groups use NVLink inside a node and the network across, and overlap hides what it can") {
   const gpt2::dims m{.vocab = 51200, .seq = 2048, .layers = 24, .heads = 32, .d_model = 4096};
   constexpr auto d = st::hw::a100_80gb;

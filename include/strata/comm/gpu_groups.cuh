@@ -20,6 +20,9 @@
 // Which group uses what:
 //   tp, embedding  the engine, on the compute stream: a tensor-parallel all-reduce sits between
 //                  two kernels of one layer, so it runs in the stream's order;
+//   cp             the engine, on a stream of its own: the ring's next key/value block moves
+//                  while the current one is attended to (each transfer ordered after the kernels
+//                  enqueued before it; layers/context_attention.hpp waits before reading);
 //   dp             the engine, on a stream of its own: bucket reductions overlap backward (each
 //                  ordered after the kernels that wrote its bucket);
 //   pp             MPI staging, on the compute stream, whatever the engine: the schedule posts
@@ -132,7 +135,7 @@ class run_groups<Device> {
         engine_(choose_gpu_comm_engine(mesh.world())),
         compute_(gpu::current_stream()),
         tp_(mesh.tp(), engine_, compute_, compute_),
-        cp_(mesh.cp(), engine_, compute_, compute_),
+        cp_(mesh.cp(), engine_, cp_stream_, compute_),
         dp_(mesh.gradients(), engine_, dp_stream_, compute_),
         pp_(mesh.pp(), gpu_comm_engine::mpi_staged, compute_, compute_) {
     if (mesh.embedding()) embedding_.emplace(*mesh.embedding(), engine_, compute_, compute_);
@@ -171,7 +174,7 @@ class run_groups<Device> {
   process_mesh* mesh_;
   gpu_comm_engine engine_;
   cudaStream_t compute_;
-  gpu::stream dp_stream_;
+  gpu::stream cp_stream_, dp_stream_;
   gpu_communicator tp_, cp_, dp_, pp_;  // dp_: over the gradient group (dp × cp)
   std::optional<gpu_communicator> embedding_;
 };

@@ -88,6 +88,12 @@ class group_ref {
     STRATA_CHECK(impl_, "group_ref::recv_async: a group of one has no peer ", peer);
     return impl_->recv(data.data(), data.size(), comm_dtype_of<T>, peer, tag);
   }
+  // Several sends and receives posted together (communicator.hpp's p2p): the way to exchange with
+  // neighbours on an engine whose messages match in posting order (NCCL has no tags).
+  comm_handle p2p_async(std::span<const p2p_op> ops) {
+    STRATA_CHECK(impl_, "group_ref::p2p_async: a group of one has no peers");
+    return impl_->p2p(ops);
+  }
   // out = the sum over ranks of this rank's part of `in` (size() equal parts).
   template <comm_scalar T>
   void reduce_scatter(std::span<const T> in, std::span<T> out) {
@@ -122,6 +128,7 @@ class group_ref {
     virtual void broadcast(void* data, std::size_t n, comm_dtype d, int root) = 0;
     virtual comm_handle send(const void* data, std::size_t n, comm_dtype d, int peer, int tag) = 0;
     virtual comm_handle recv(void* data, std::size_t n, comm_dtype d, int peer, int tag) = 0;
+    virtual comm_handle p2p(std::span<const p2p_op> ops) = 0;
   };
   template <class Comm>
   struct adapter final : erased {
@@ -183,6 +190,7 @@ class group_ref {
         return comm->recv_async(std::span<T>(static_cast<T*>(data), n), peer, tag);
       });
     }
+    comm_handle p2p(std::span<const p2p_op> ops) override { return comm->p2p_async(ops); }
     Comm* comm;
   };
   std::shared_ptr<erased> impl_;

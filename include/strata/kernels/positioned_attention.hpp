@@ -13,8 +13,7 @@
 // kernels/attention.hpp does for the serial kernel.
 //
 // The CUDA kernels are checked against the host ones by tests/cuda/gpu_tests.cu; context
-// parallelism's layer path (layers/context_attention.hpp) still calls the host overloads only,
-// so the attention layer still refuses cp > 1 under a cuda policy.
+// parallelism's layer path (layers/context_attention.hpp) calls the overloads of its device.
 #pragma once
 
 #include "strata/kernels/attention_shape.hpp"

@@ -35,7 +35,6 @@
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <type_traits>
 
 #include "strata/core/profile.hpp"
 #include "strata/core/tensor.hpp"
@@ -144,6 +143,14 @@ class attention {
     const std::int64_t regroup = c.fused_qkv == qkv_layout::per_head ? qkv_bytes : 0;
     const std::int64_t dheads = rows * local.q_width() * bytes;
     const std::int64_t relse = s.recompute == recompute_mode::selective && s.cp == 1 ? core.core_bytes : 0;
+    // Memory-bound work (the time model's): the rotary embedding reads and writes the turned part
+    // of q and k, forward and on their gradients; the per-head layout is copied aside and
+    // regrouped (qkv read and written twice), forward and back.
+    const double rope =
+        c.rope_theta > 0 ? 2.0 * double(rows * (local.heads + local.kv_heads) * c.rotary_dims() * bytes) : 0.0;
+    const double moves = rope + 4.0 * double(regroup);
+    r.memory_forward_bytes += moves;
+    r.memory_backward_bytes += moves;
     r.forward_peak_bytes = layer_cost::max_of(r.forward_peak_bytes, qkv.activation_bytes + regroup);
     r.backward_peak_bytes = layer_cost::max_of(
         proj.backward_peak_bytes, dheads + qkv_bytes + layer_cost::max_of(relse, regroup + qkv.backward_peak_bytes));
@@ -278,9 +285,6 @@ class attention {
                  c.kv(), " and heads = ", c.heads);
     scope.check_tensor_extents(tensor_extents(c));
     auto& cp = scope.cp();
-    STRATA_CHECK(cp.degree() == 1 || !(std::is_base_of_v<cuda, device>), scope.qualify_layer(),
-                 ": context parallelism (cp=", cp.degree(),
-                 ") runs on the host only: layers/context_attention.hpp calls the host kernels alone");
     if (cp.degree() > 1 && cp.form() == context_form::all_to_all) {
       const kernels::attention_shape local = shape_of(c, scope.tensor().degree(), 1, 1);
       STRATA_CHECK(context_attention<T>::heads_divide(local, cp.degree()), scope.qualify_layer(),
@@ -352,7 +356,7 @@ class attention {
   T* qkv_out_ = nullptr;
   bool recompute_core_ = false;
   buffer<A> lse_;
-  std::optional<context_attention<T>> context_;  // the core under context parallelism (cp > 1)
+  std::optional<context_attention<T, device>> context_;  // the core under context parallelism (cp > 1)
   buffer<T> heads_out_;
   buffer<T> k_cache_, v_cache_;  // generation: [B, capacity, KV/t·d] by position
   std::int64_t cached_ = 0, cache_batch_ = 0, cache_capacity_ = 0;

@@ -4,8 +4,8 @@
 // sequence gives (kernels/attention.hpp), up to summation order. The attention layer calls it in
 // place of kernels::attention_forward/backward when cp > 1:
 //
-//   strata::context_attention<T> core(group_ref(cp), context_split::checked(T, cp, rank),
-//                                     context_form::ring, ledger);
+//   strata::context_attention<T, Device> core(group_ref(cp), context_split::checked(T, cp, rank),
+//                                             context_form::ring, ledger);
 //   core.forward(out, qkv, local);                    // qkv [B, T/cp, W], rotary already applied
 //   core.backward(dqkv, dout, qkv, out, local);       // writes dqkv [B, T/cp, W] (not read)
 //   core.release();                                   // drops what forward kept
@@ -35,11 +35,16 @@
 // send and receive buffers) is charged to memory_category::communication, the acc_t sums and
 // other scratch of a call to memory_category::workspace, both released when the call returns.
 //
-// Device: the host kernels (kernels/positioned_attention.hpp) on memory host code can address,
-// which is every strata::host run, emulated device memory included. It keeps positions and
-// scratch in host memory and calls the host kernels only, so the attention layer refuses context
-// parallelism under a cuda policy at start-up (the CUDA overloads of the kernels exist; this class
-// does not call them).
+// Device: context_attention<T, Device> runs on strata::host (memory host code can address, the
+// emulated device space included) or strata::cuda (device memory): the kernels of
+// kernels/positioned_attention.hpp and kernels/attention.hpp for Device, and the copies, sums and
+// roundings as for_each_index functors (kernels/elementwise.hpp), so both devices run the same
+// steps. The positions the kernels read are uploaded into the ledger's memory for each call
+// (workspace: T int64, every rank's). The ring posts each step's messages as one p2p
+// group in the same order on every rank, which is what an engine without message tags (NCCL)
+// needs to pair them. On a GPU the cp group works on a stream of its own (comm/gpu_groups.cuh):
+// a transfer starts after the kernels enqueued before it and runs beside the block's attention;
+// its handle's wait() returns once the transfer is done, before anything reads what arrived.
 //
 // Traffic: context_attention_traffic below gives the bytes each rank sends per layer, forward
 // and backward, for either form (what the communicator's counters show: sends for the ring,
@@ -56,11 +61,13 @@
 
 #include "strata/comm/communicator.hpp"
 #include "strata/comm/group_ref.hpp"
+#include "strata/core/config.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/kernels/attention.hpp"
 #include "strata/kernels/attention_shape.hpp"
+#include "strata/kernels/elementwise.hpp"
 #include "strata/kernels/positioned_attention.hpp"
 #include "strata/layers/context_split.hpp"  // context_split, context_form
 #include "strata/policy/device.hpp"
@@ -99,8 +106,98 @@ constexpr context_traffic context_attention_traffic(context_form form, const ker
   return {bytes, bytes};
 }
 
+namespace context_detail {
+
+// The copies and sums of context attention, written once for both devices (kernels/elementwise.hpp).
+
+// p[i] = v.
+template <class A>
+struct fill_with {
+  A* p;
+  A v;
+  STRATA_HD void operator()(std::int64_t i) const { p[i] = v; }
+};
+
+// sum[i] = a[i] + sum[i]: the incoming (earlier ranks') part first, as the ring orders it.
+template <class A>
+struct add_into {
+  A* sum;
+  const A* a;
+  STRATA_HD void operator()(std::int64_t i) const { sum[i] = a[i] + sum[i]; }
+};
+
+// to[i] = from[i] rounded to T.
+template <class T, class A>
+struct round_to {
+  T* to;
+  const A* from;
+  STRATA_HD void operator()(std::int64_t i) const { to[i] = convert<T>(from[i]); }
+};
+
+// dqkv [R, W] (T) from dq [R, Q] and dkv [R, W - Q] (acc_t): each row's q part, then its k/v part.
+template <class T, class A>
+struct join_rows {
+  T* dqkv;
+  const A* dq;
+  const A* dkv;
+  std::int64_t W, Q;
+  STRATA_HD void operator()(std::int64_t i) const {
+    const std::int64_t row = i / W, j = i % W;
+    dqkv[i] = convert<T>(j < Q ? dq[row * Q + j] : dkv[row * (W - Q) + (j - Q)]);
+  }
+};
+
+// Rows [R, W] holding every head <-> P blocks [P, R, Wg] holding one rank's heads each. A row is
+// up to three segments (q, k, v) of widths width[s] · P at offset[s]; block j takes the j-th
+// width[s] of each segment. to_blocks: rows -> blocks; else blocks -> rows.
 template <class T>
+struct heads_of_rows {
+  const T* from;
+  T* to;
+  std::int64_t R, W, Wg;
+  std::int64_t width[3], offset[3];
+  bool to_blocks;
+  STRATA_HD void operator()(std::int64_t k) const {
+    std::int64_t c = k % Wg;
+    const std::int64_t row = (k / Wg) % R, j = k / (Wg * R);
+    int s = 0;
+    while (s < 2 && c >= width[s]) c -= width[s++];
+    const std::int64_t p = row * W + offset[s] + j * width[s] + c;
+    if (to_blocks) {
+      to[k] = from[p];
+    } else {
+      to[p] = from[k];
+    }
+  }
+};
+
+// P blocks [P, B, T/P, w] of every rank's rows in split order <-> sequences [B, T, w] in position
+// order. to_positions: blocks -> sequences; else sequences -> blocks.
+template <class T>
+struct rows_by_position {
+  const T* from;
+  T* to;
+  context_split split;
+  std::int64_t B, w;
+  bool to_positions;
+  STRATA_HD void operator()(std::int64_t k) const {
+    const std::int64_t m = split.local_seq();
+    const std::int64_t c = k % w, row = (k / w) % m, b = (k / (w * m)) % B, i = k / (w * m * B);
+    const std::int64_t p = (b * split.seq + split.position_of(int(i), row)) * w + c;
+    if (to_positions) {
+      to[p] = from[k];
+    } else {
+      to[k] = from[p];
+    }
+  }
+};
+
+}  // namespace context_detail
+
+template <class T, class Device = host>
 class context_attention {
+  static_assert(is_device_v<Device>, "context_attention: Device must be strata::host or strata::cuda");
+
  public:
   using A = acc_t<T>;
 
@@ -170,7 +267,9 @@ class context_attention {
   void reset_work() { work_ = 0; }
 
  private:
-  // Message tags of the ring: forward blocks, backward blocks, dK/dV accumulators.
+  // Message tags of the ring: forward blocks, backward blocks, dK/dV accumulators (for the
+  // engines that match by tag; NCCL matches by posting order, which the ring keeps the same on
+  // every rank).
   static constexpr int tag_forward = 3100, tag_backward = 3101, tag_grads = 3102;
 
   static bool same_shape(const kernels::attention_shape& a, const kernels::attention_shape& b) {
@@ -193,16 +292,26 @@ class context_attention {
                  "; use the ring form");
   }
 
-  // The absolute positions of rank r's rows.
-  std::vector<std::int64_t> positions(int r) const {
-    std::vector<std::int64_t> p(std::size_t(split_.local_seq()));
-    for (std::int64_t i = 0; i < split_.local_seq(); ++i) p[std::size_t(i)] = split_.position_of(r, i);
+  // Every rank's absolute positions, rank r's m rows at r·m: on the host for the ring's choices,
+  // and in the ledger's memory (the device's) for the kernels, for the length of one call.
+  std::vector<std::int64_t> host_positions() const {
+    const std::int64_t m = split_.local_seq();
+    std::vector<std::int64_t> p(std::size_t(split_.degree * m));
+    for (int r = 0; r < split_.degree; ++r)
+      for (std::int64_t i = 0; i < m; ++i) p[std::size_t(r * m + i)] = split_.position_of(r, i);
     return p;
   }
-  // Whether some query row sees some key of the block.
-  static bool sees(const std::vector<std::int64_t>& q_pos, const std::vector<std::int64_t>& k_pos) {
-    return !q_pos.empty() && !k_pos.empty() &&
-           *std::min_element(k_pos.begin(), k_pos.end()) <= *std::max_element(q_pos.begin(), q_pos.end());
+  buffer<std::int64_t> device_positions(const std::vector<std::int64_t>& host_copy) const {
+    buffer<std::int64_t> p(*ledger_, memory_category::workspace, host_copy.size(), uninitialized);
+    p.upload(host_copy.data(), host_copy.size());
+    return p;
+  }
+  // Whether some query row of rank q sees some key of rank k's block.
+  bool sees(const std::vector<std::int64_t>& pos, int q, int k) const {
+    const std::int64_t m = split_.local_seq();
+    if (m == 0) return false;
+    const auto q_pos = pos.begin() + q * m, k_pos = pos.begin() + k * m;
+    return *std::min_element(k_pos, k_pos + m) <= *std::max_element(q_pos, q_pos + m);
   }
   int next() const { return (split_.rank + 1) % split_.degree; }
   int prev() const { return (split_.rank + split_.degree - 1) % split_.degree; }
@@ -215,92 +324,91 @@ class context_attention {
                       out_n = std::size_t(s.batch * m * s.q_width());
     const std::size_t lse_n = std::size_t(s.batch * s.heads * m);
     lse_ = buffer<A>(*ledger_, memory_category::activations, lse_n, uninitialized);
-    std::fill_n(lse_.data(), lse_n, A(-INFINITY));
+    kernels::for_each_index(Device{}, std::int64_t(lse_n), context_detail::fill_with<A>{lse_.data(), A(-INFINITY)});
     buffer<A> sum(*ledger_, memory_category::workspace, out_n);  // the running output, zeroed
     buffer<A> part(*ledger_, memory_category::workspace, out_n, uninitialized);
     buffer<A> part_lse(*ledger_, memory_category::workspace, lse_n, uninitialized);
     buffer<T> blocks[2] = {buffer<T>(*ledger_, memory_category::communication, kv_n, uninitialized),
                            buffer<T>(*ledger_, memory_category::communication, P > 1 ? kv_n : 0, uninitialized)};
-    kernels::attention_kv_pack(host{}, blocks[0].data(), qkv, s);
-    const std::vector<std::int64_t> q_pos = positions(r);
+    kernels::attention_kv_pack(Device{}, blocks[0].data(), qkv, s);
+    const std::vector<std::int64_t> pos = host_positions();
+    const buffer<std::int64_t> dpos = device_positions(pos);
 
     for (int step = 0; step < P; ++step) {
       buffer<T>& current = blocks[step % 2];
-      comm_handle sent, received;
+      comm_handle moving;
       if (step + 1 < P) {  // the next block moves while this one is computed
-        sent = cp_.send_async(std::span<const T>(current.data(), kv_n), next(), tag_forward);
-        received = cp_.recv_async(std::span<T>(blocks[(step + 1) % 2].data(), kv_n), prev(), tag_forward);
+        const p2p_op ops[2] = {send_to(next(), std::span<const T>(current.data(), kv_n), tag_forward),
+                               recv_from(prev(), std::span<T>(blocks[(step + 1) % 2].data(), kv_n), tag_forward)};
+        moving = cp_.p2p_async(ops);
       }
-      const std::vector<std::int64_t> k_pos = positions((r - step + P) % P);  // the block's owner
-      if (sees(q_pos, k_pos)) {
-        work_ += kernels::positioned_attention_forward(host{}, part.data(), part_lse.data(), qkv, q_pos.data(),
-                                                       current.data(), k_pos.data(), m, s);
-        kernels::attention_merge(host{}, sum.data(), lse_.data(), part.data(), part_lse.data(), s);
+      const int owner = (r - step + P) % P;  // whose block this is
+      if (sees(pos, r, owner)) {
+        work_ += kernels::positioned_attention_forward(Device{}, part.data(), part_lse.data(), qkv, dpos.data() + r * m,
+                                                       current.data(), dpos.data() + owner * m, m, s);
+        kernels::attention_merge(Device{}, sum.data(), lse_.data(), part.data(), part_lse.data(), s);
       }
-      sent.wait();
-      received.wait();
+      moving.wait();
     }
-    for (std::size_t i = 0; i < out_n; ++i) out[i] = convert<T>(sum[i]);
+    kernels::for_each_index(Device{}, std::int64_t(out_n), context_detail::round_to<T, A>{out, sum.data()});
   }
 
+  // Each step posts, in one group and in the same order on every rank, the next block's send and
+  // receive and the previous step's dK/dV accumulator's (engines that match messages by posting
+  // order, like NCCL, pair them up); the accumulator that arrives is added after the compute.
   void ring_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const kernels::attention_shape& s) {
     const int P = split_.degree, r = split_.rank;
     const std::int64_t m = s.seq, KVW = 2 * s.kv_width();
     const std::size_t kv_n = std::size_t(s.batch * m * KVW), out_n = std::size_t(s.batch * m * s.q_width());
     buffer<A> D(*ledger_, memory_category::workspace, std::size_t(s.batch * s.heads * m), uninitialized);
-    kernels::attention_delta(host{}, D.data(), dout, out, s);
+    kernels::attention_delta(Device{}, D.data(), dout, out, s);
     buffer<A> dq(*ledger_, memory_category::workspace, out_n);  // zeroed
-    const std::size_t moving = P > 1 ? kv_n : 0;
+    const std::size_t moving_n = P > 1 ? kv_n : 0;
     buffer<T> blocks[2] = {buffer<T>(*ledger_, memory_category::communication, kv_n, uninitialized),
-                           buffer<T>(*ledger_, memory_category::communication, moving, uninitialized)};
-    // Two outgoing accumulators (one may still be on its way while the next is summed) and the
-    // incoming one.
+                           buffer<T>(*ledger_, memory_category::communication, moving_n, uninitialized)};
+    // This step's accumulator and the previous one's (on its way out), and the incoming one.
     buffer<A> grads[2] = {buffer<A>(*ledger_, memory_category::communication, kv_n, uninitialized),
-                          buffer<A>(*ledger_, memory_category::communication, moving, uninitialized)};
-    buffer<A> incoming(*ledger_, memory_category::communication, moving, uninitialized);
-    kernels::attention_kv_pack(host{}, blocks[0].data(), qkv, s);
-    const std::vector<std::int64_t> q_pos = positions(r);
-    comm_handle grads_sent[2];
+                          buffer<A>(*ledger_, memory_category::communication, moving_n, uninitialized)};
+    buffer<A> incoming(*ledger_, memory_category::communication, moving_n, uninitialized);
+    kernels::attention_kv_pack(Device{}, blocks[0].data(), qkv, s);
+    const std::vector<std::int64_t> pos = host_positions();
+    const buffer<std::int64_t> dpos = device_positions(pos);
 
     for (int step = 0; step < P; ++step) {
       buffer<T>& current = blocks[step % 2];
-      comm_handle sent, received, arrived;
-      if (step + 1 < P) {
-        sent = cp_.send_async(std::span<const T>(current.data(), kv_n), next(), tag_backward);
-        received = cp_.recv_async(std::span<T>(blocks[(step + 1) % 2].data(), kv_n), prev(), tag_backward);
-      }
-      // This block's accumulator, summed by the ranks before this one, arrives during the compute.
-      if (step > 0) arrived = cp_.recv_async(std::span<A>(incoming.data(), kv_n), prev(), tag_grads);
       buffer<A>& g = grads[step % 2];
-      grads_sent[step % 2].wait();  // its previous trip has left
       g.zero();
-      const std::vector<std::int64_t> k_pos = positions((r - step + P) % P);
-      if (sees(q_pos, k_pos))
-        work_ += kernels::positioned_attention_backward(host{}, dq.data(), g.data(), dout, lse_.data(), D.data(), qkv,
-                                                        q_pos.data(), current.data(), k_pos.data(), m, s);
-      if (step > 0) {
-        arrived.wait();
-        for (std::size_t i = 0; i < kv_n; ++i) g[i] = incoming[i] + g[i];  // ring order: owner first
+      p2p_op ops[4];
+      std::size_t n_ops = 0;
+      if (step + 1 < P) {
+        ops[n_ops++] = send_to(next(), std::span<const T>(current.data(), kv_n), tag_backward);
+        ops[n_ops++] = recv_from(prev(), std::span<T>(blocks[(step + 1) % 2].data(), kv_n), tag_backward);
       }
-      if (P > 1) grads_sent[step % 2] = cp_.send_async(std::span<const A>(g.data(), kv_n), next(), tag_grads);
-      sent.wait();
-      received.wait();
+      if (step > 0) {  // the last step's accumulator on, this block's (summed by the ranks before) in
+        ops[n_ops++] = send_to(next(), std::span<const A>(grads[(step + 1) % 2].data(), kv_n), tag_grads);
+        ops[n_ops++] = recv_from(prev(), std::span<A>(incoming.data(), kv_n), tag_grads);
+      }
+      comm_handle moving;
+      if (n_ops > 0) moving = cp_.p2p_async(std::span<const p2p_op>(ops, n_ops));
+      const int owner = (r - step + P) % P;
+      if (sees(pos, r, owner))
+        work_ +=
+            kernels::positioned_attention_backward(Device{}, dq.data(), g.data(), dout, lse_.data(), D.data(), qkv,
+                                                   dpos.data() + r * m, current.data(), dpos.data() + owner * m, m, s);
+      moving.wait();
+      if (step > 0)
+        kernels::for_each_index(Device{}, std::int64_t(kv_n), context_detail::add_into<A>{g.data(), incoming.data()});
     }
     // The accumulator of this rank's own block comes home from the last rank to add to it.
     const A* home = grads[0].data();
     if (P > 1) {
-      cp_.recv_async(std::span<A>(incoming.data(), kv_n), prev(), tag_grads).wait();
+      const p2p_op ops[2] = {send_to(next(), std::span<const A>(grads[(P - 1) % 2].data(), kv_n), tag_grads),
+                             recv_from(prev(), std::span<A>(incoming.data(), kv_n), tag_grads)};
+      cp_.p2p_async(ops).wait();
       home = incoming.data();
     }
-    grads_sent[0].wait();
-    grads_sent[1].wait();
-
-    const std::int64_t W = s.row_width(), Q = s.q_width();
-    for (std::int64_t row = 0; row < s.batch * m; ++row) {
-      T* dst = dqkv + row * W;
-      for (std::int64_t j = 0; j < Q; ++j) dst[j] = convert<T>(dq[std::size_t(row * Q + j)]);
-      for (std::int64_t j = 0; j < KVW; ++j) dst[Q + j] = convert<T>(home[row * KVW + j]);
-    }
+    kernels::for_each_index(Device{}, s.batch * m * s.row_width(),
+                            context_detail::join_rows<T, A>{dqkv, dq.data(), home, s.row_width(), s.q_width()});
   }
 
   // ---- all_to_all (Ulysses) -----------------------------------------------------------------
@@ -312,59 +420,63 @@ class context_attention {
   std::int64_t serial_work(const kernels::attention_shape& g) const {
     return g.batch * g.heads * g.seq * (g.seq + 1) / 2;
   }
+  // Rows of qkv (q, k and v segments) <-> blocks of each rank's heads.
+  context_detail::heads_of_rows<T> qkv_blocks(const T* from, T* to, const kernels::attention_shape& s,
+                                              bool to_blocks) const {
+    const kernels::attention_shape g = gathered(s);
+    return {from,
+            to,
+            s.batch * s.seq,
+            s.row_width(),
+            g.row_width(),
+            {g.q_width(), g.kv_width(), g.kv_width()},
+            {0, s.q_width(), s.q_width() + s.kv_width()},
+            to_blocks};
+  }
+  // Rows of the heads' output <-> blocks of each rank's heads.
+  context_detail::heads_of_rows<T> out_blocks(const T* from, T* to, const kernels::attention_shape& s,
+                                              bool to_blocks) const {
+    const kernels::attention_shape g = gathered(s);
+    return {from, to, s.batch * s.seq, s.q_width(), g.q_width(), {g.q_width(), 0, 0}, {0, 0, 0}, to_blocks};
+  }
+  context_detail::rows_by_position<T> by_position(const T* from, T* to, std::int64_t B, std::int64_t w,
+                                                  bool to_positions) const {
+    return {from, to, split_, B, w, to_positions};
+  }
 
   void ulysses_forward(T* out, const T* qkv, const kernels::attention_shape& s) {
     const int P = split_.degree;
     const kernels::attention_shape g = gathered(s);
-    const std::int64_t B = s.batch, m = s.seq, W = s.row_width(), Wg = g.row_width();
-    const std::int64_t Hd = s.q_width(), KVd = s.kv_width(), Hgd = g.q_width(), KVgd = g.kv_width();
+    const std::int64_t B = s.batch, m = s.seq, Wg = g.row_width(), Hgd = g.q_width();
     qkv_heads_ = buffer<T>(*ledger_, memory_category::activations, std::size_t(B * g.seq * Wg), uninitialized);
     {
       // Block j of what this rank sends: rank j's query, key and value heads of this rank's rows.
       const std::size_t n = std::size_t(P * B * m * Wg);
       buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
       buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-      for (int j = 0; j < P; ++j)
-        for (std::int64_t row = 0; row < B * m; ++row) {
-          const T* src = qkv + row * W;
-          T* dst = send.data() + (j * B * m + row) * Wg;
-          std::copy_n(src + j * Hgd, Hgd, dst);
-          std::copy_n(src + Hd + j * KVgd, KVgd, dst + Hgd);
-          std::copy_n(src + Hd + KVd + j * KVgd, KVgd, dst + Hgd + KVgd);
-        }
+      kernels::for_each_index(Device{}, std::int64_t(n), qkv_blocks(qkv, send.data(), s, true));
       cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
       // Block i came from rank i: its rows, put at their positions.
-      for (int i = 0; i < P; ++i)
-        for (std::int64_t b = 0; b < B; ++b)
-          for (std::int64_t row = 0; row < m; ++row)
-            std::copy_n(recv.data() + ((i * B + b) * m + row) * Wg, Wg,
-                        qkv_heads_.data() + (b * g.seq + split_.position_of(i, row)) * Wg);
+      kernels::for_each_index(Device{}, std::int64_t(n), by_position(recv.data(), qkv_heads_.data(), B, Wg, true));
     }
     lse_ = buffer<A>(*ledger_, memory_category::activations, std::size_t(B * g.heads * g.seq), uninitialized);
     out_heads_ = buffer<T>(*ledger_, memory_category::activations, std::size_t(B * g.seq * Hgd), uninitialized);
-    kernels::attention_forward(host{}, out_heads_.data(), lse_.data(), qkv_heads_.data(), g);
+    kernels::attention_forward(Device{}, out_heads_.data(), lse_.data(), qkv_heads_.data(), g);
     work_ += serial_work(g);
 
     // Back: block i is rank i's rows of these heads; block j received holds heads of rank j.
     const std::size_t n = std::size_t(P * B * m * Hgd);
     buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
     buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-    for (int i = 0; i < P; ++i)
-      for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t row = 0; row < m; ++row)
-          std::copy_n(out_heads_.data() + (b * g.seq + split_.position_of(i, row)) * Hgd, Hgd,
-                      send.data() + ((i * B + b) * m + row) * Hgd);
+    kernels::for_each_index(Device{}, std::int64_t(n), by_position(out_heads_.data(), send.data(), B, Hgd, false));
     cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
-    for (int j = 0; j < P; ++j)
-      for (std::int64_t row = 0; row < B * m; ++row)
-        std::copy_n(recv.data() + (j * B * m + row) * Hgd, Hgd, out + row * Hd + j * Hgd);
+    kernels::for_each_index(Device{}, std::int64_t(n), out_blocks(recv.data(), out, s, false));
   }
 
   void ulysses_backward(T* dqkv, const T* dout, const kernels::attention_shape& s) {
     const int P = split_.degree;
     const kernels::attention_shape g = gathered(s);
-    const std::int64_t B = s.batch, m = s.seq, W = s.row_width(), Wg = g.row_width();
-    const std::int64_t Hd = s.q_width(), KVd = s.kv_width(), Hgd = g.q_width(), KVgd = g.kv_width();
+    const std::int64_t B = s.batch, m = s.seq, Wg = g.row_width(), Hgd = g.q_width();
     buffer<T> dqkv_heads(*ledger_, memory_category::workspace, std::size_t(B * g.seq * Wg), uninitialized);
     {
       // dout to heads, as qkv went in forward.
@@ -372,16 +484,10 @@ class context_attention {
       const std::size_t n = std::size_t(P * B * m * Hgd);
       buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
       buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-      for (int j = 0; j < P; ++j)
-        for (std::int64_t row = 0; row < B * m; ++row)
-          std::copy_n(dout + row * Hd + j * Hgd, Hgd, send.data() + (j * B * m + row) * Hgd);
+      kernels::for_each_index(Device{}, std::int64_t(n), out_blocks(dout, send.data(), s, true));
       cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
-      for (int i = 0; i < P; ++i)
-        for (std::int64_t b = 0; b < B; ++b)
-          for (std::int64_t row = 0; row < m; ++row)
-            std::copy_n(recv.data() + ((i * B + b) * m + row) * Hgd, Hgd,
-                        dout_heads.data() + (b * g.seq + split_.position_of(i, row)) * Hgd);
-      kernels::attention_backward(host{}, dqkv_heads.data(), dout_heads.data(), qkv_heads_.data(), lse_.data(),
+      kernels::for_each_index(Device{}, std::int64_t(n), by_position(recv.data(), dout_heads.data(), B, Hgd, true));
+      kernels::attention_backward(Device{}, dqkv_heads.data(), dout_heads.data(), qkv_heads_.data(), lse_.data(),
                                   out_heads_.data(), g);
       work_ += serial_work(g);
     }
@@ -389,20 +495,9 @@ class context_attention {
     const std::size_t n = std::size_t(P * B * m * Wg);
     buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
     buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-    for (int i = 0; i < P; ++i)
-      for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t row = 0; row < m; ++row)
-          std::copy_n(dqkv_heads.data() + (b * g.seq + split_.position_of(i, row)) * Wg, Wg,
-                      send.data() + ((i * B + b) * m + row) * Wg);
+    kernels::for_each_index(Device{}, std::int64_t(n), by_position(dqkv_heads.data(), send.data(), B, Wg, false));
     cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
-    for (int j = 0; j < P; ++j)
-      for (std::int64_t row = 0; row < B * m; ++row) {
-        const T* src = recv.data() + (j * B * m + row) * Wg;
-        T* dst = dqkv + row * W;
-        std::copy_n(src, Hgd, dst + j * Hgd);
-        std::copy_n(src + Hgd, KVgd, dst + Hd + j * KVgd);
-        std::copy_n(src + Hgd + KVgd, KVgd, dst + Hd + KVd + j * KVgd);
-      }
+    kernels::for_each_index(Device{}, std::int64_t(n), qkv_blocks(recv.data(), dqkv, s, false));
   }
 
   group_ref cp_;

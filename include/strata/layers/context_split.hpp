@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 
+#include "strata/core/config.hpp"
 #include "strata/core/error.hpp"
 
 namespace strata {
@@ -35,16 +36,17 @@ struct context_split {
     return {seq, degree, rank};
   }
 
-  std::int64_t local_seq() const { return degree == 1 ? seq : seq / degree; }
-  std::int64_t chunk() const { return degree == 1 ? seq : seq / (2 * degree); }
+  // These four run in device code too (context parallelism's copies by position).
+  STRATA_HD constexpr std::int64_t local_seq() const { return degree == 1 ? seq : seq / degree; }
+  STRATA_HD constexpr std::int64_t chunk() const { return degree == 1 ? seq : seq / (2 * degree); }
 
   // The absolute position of local row `row` of rank `r`.
-  std::int64_t position_of(int r, std::int64_t row) const {
+  STRATA_HD constexpr std::int64_t position_of(int r, std::int64_t row) const {
     if (degree == 1) return row;
     const std::int64_t c = chunk();
     return row < c ? r * c + row : (2 * degree - 1 - r) * c + (row - c);
   }
-  std::int64_t position(std::int64_t row) const { return position_of(rank, row); }
+  STRATA_HD constexpr std::int64_t position(std::int64_t row) const { return position_of(rank, row); }
 
   // This rank's rows of whole sequences: local [B, T/cp, width] from whole [B, T, width]...
   template <class T>

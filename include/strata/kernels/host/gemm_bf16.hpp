@@ -522,7 +522,8 @@ void multiply_packed(thread_state& s, std::int64_t i0, std::int64_t mc, std::int
     }
 }
 
-// c32[M, N] (leading dimension N) = op(A) · op(B). Call only when available().
+// c32[M, N] (leading dimension N) = op(A) · op(B). Call only where the kernel for E is compiled in
+// and runs: available() for bf16, fp32_available() for float.
 //
 // On AMX, packing, not the tile unit, bounds this kernel: one tdpbf16ps does 8192 multiply-adds,
 // while every packed element is a load and a store. So a thread packs one operand's block once and
