@@ -56,6 +56,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -134,6 +135,10 @@ struct round_to {
   STRATA_HD void operator()(std::int64_t i) const { to[i] = convert<T>(from[i]); }
 };
 
+// The functors below move rows of several elements. Called per row (by_rows: the host, where the
+// inner loops vectorise) or per element (the GPU, where neighbouring threads then touch
+// neighbouring elements); for_each_index gets rows or elements accordingly.
+
 // dqkv [R, W] (T) from dq [R, Q] and dkv [R, W - Q] (acc_t): each row's q part, then its k/v part.
 template <class T, class A>
 struct join_rows {
@@ -141,7 +146,13 @@ struct join_rows {
   const A* dq;
   const A* dkv;
   std::int64_t W, Q;
+  bool by_rows;
   STRATA_HD void operator()(std::int64_t i) const {
+    if (by_rows) {
+      for (std::int64_t j = 0; j < Q; ++j) dqkv[i * W + j] = convert<T>(dq[i * Q + j]);
+      for (std::int64_t j = Q; j < W; ++j) dqkv[i * W + j] = convert<T>(dkv[i * (W - Q) + (j - Q)]);
+      return;
+    }
     const std::int64_t row = i / W, j = i % W;
     dqkv[i] = convert<T>(j < Q ? dq[row * Q + j] : dkv[row * (W - Q) + (j - Q)]);
   }
@@ -149,45 +160,62 @@ struct join_rows {
 
 // Rows [R, W] holding every head <-> P blocks [P, R, Wg] holding one rank's heads each. A row is
 // up to three segments (q, k, v) of widths width[s] · P at offset[s]; block j takes the j-th
-// width[s] of each segment. to_blocks: rows -> blocks; else blocks -> rows.
+// width[s] of each segment. to_blocks: rows -> blocks; else blocks -> rows. By rows, call i is
+// row i % R of block i / R.
 template <class T>
 struct heads_of_rows {
   const T* from;
   T* to;
   std::int64_t R, W, Wg;
   std::int64_t width[3], offset[3];
-  bool to_blocks;
-  STRATA_HD void operator()(std::int64_t k) const {
-    std::int64_t c = k % Wg;
-    const std::int64_t row = (k / Wg) % R, j = k / (Wg * R);
-    int s = 0;
-    while (s < 2 && c >= width[s]) c -= width[s++];
-    const std::int64_t p = row * W + offset[s] + j * width[s] + c;
+  bool to_blocks, by_rows;
+  STRATA_HD void move(std::int64_t k, std::int64_t p) const {
     if (to_blocks) {
       to[k] = from[p];
     } else {
       to[p] = from[k];
     }
   }
+  STRATA_HD void operator()(std::int64_t i) const {
+    if (by_rows) {
+      const std::int64_t row = i % R, j = i / R;
+      std::int64_t k = i * Wg;
+      for (int s = 0; s < 3; ++s) {
+        const std::int64_t p = row * W + offset[s] + j * width[s];
+        for (std::int64_t c = 0; c < width[s]; ++c) move(k + c, p + c);
+        k += width[s];
+      }
+      return;
+    }
+    std::int64_t c = i % Wg;
+    const std::int64_t row = (i / Wg) % R, j = i / (Wg * R);
+    int s = 0;
+    while (s < 2 && c >= width[s]) c -= width[s++];
+    move(i, row * W + offset[s] + j * width[s] + c);
+  }
 };
 
 // P blocks [P, B, T/P, w] of every rank's rows in split order <-> sequences [B, T, w] in position
-// order. to_positions: blocks -> sequences; else sequences -> blocks.
+// order. to_positions: blocks -> sequences; else sequences -> blocks. By rows, call i is block
+// row i.
 template <class T>
 struct rows_by_position {
   const T* from;
   T* to;
   context_split split;
   std::int64_t B, w;
-  bool to_positions;
-  STRATA_HD void operator()(std::int64_t k) const {
+  bool to_positions, by_rows;
+  STRATA_HD void operator()(std::int64_t i) const {
     const std::int64_t m = split.local_seq();
-    const std::int64_t c = k % w, row = (k / w) % m, b = (k / (w * m)) % B, i = k / (w * m * B);
-    const std::int64_t p = (b * split.seq + split.position_of(int(i), row)) * w + c;
-    if (to_positions) {
-      to[p] = from[k];
-    } else {
-      to[k] = from[p];
+    const std::int64_t r = by_rows ? i : i / w, c0 = by_rows ? 0 : i % w, n = by_rows ? w : 1;
+    const std::int64_t row = r % m, b = (r / m) % B, owner = r / (m * B);
+    const std::int64_t k = r * w + c0, p = (b * split.seq + split.position_of(int(owner), row)) * w + c0;
+    for (std::int64_t c = 0; c < n; ++c) {
+      if (to_positions) {
+        to[p + c] = from[k + c];
+      } else {
+        to[k + c] = from[p + c];
+      }
     }
   }
 };
@@ -197,6 +225,8 @@ struct rows_by_position {
 template <class T, class Device = host>
 class context_attention {
   static_assert(is_device_v<Device>, "context_attention: Device must be strata::host or strata::cuda");
+  // The copies go a row per call on the host, an element per call on the GPU (context_detail).
+  static constexpr bool by_rows = !std::is_base_of_v<cuda, Device>;
 
  public:
   using A = acc_t<T>;
@@ -407,8 +437,9 @@ class context_attention {
       cp_.p2p_async(ops).wait();
       home = incoming.data();
     }
-    kernels::for_each_index(Device{}, s.batch * m * s.row_width(),
-                            context_detail::join_rows<T, A>{dqkv, dq.data(), home, s.row_width(), s.q_width()});
+    kernels::for_each_index(
+        Device{}, s.batch * m * (by_rows ? 1 : s.row_width()),
+        context_detail::join_rows<T, A>{dqkv, dq.data(), home, s.row_width(), s.q_width(), by_rows});
   }
 
   // ---- all_to_all (Ulysses) -----------------------------------------------------------------
@@ -419,6 +450,10 @@ class context_attention {
   }
   std::int64_t serial_work(const kernels::attention_shape& g) const {
     return g.batch * g.heads * g.seq * (g.seq + 1) / 2;
+  }
+  // for_each_index's count for n elements in rows of `width`.
+  static std::int64_t calls(std::size_t n, std::int64_t width) {
+    return by_rows ? std::int64_t(n) / width : std::int64_t(n);
   }
   // Rows of qkv (q, k and v segments) <-> blocks of each rank's heads.
   context_detail::heads_of_rows<T> qkv_blocks(const T* from, T* to, const kernels::attention_shape& s,
@@ -431,17 +466,18 @@ class context_attention {
             g.row_width(),
             {g.q_width(), g.kv_width(), g.kv_width()},
             {0, s.q_width(), s.q_width() + s.kv_width()},
-            to_blocks};
+            to_blocks,
+            by_rows};
   }
   // Rows of the heads' output <-> blocks of each rank's heads.
   context_detail::heads_of_rows<T> out_blocks(const T* from, T* to, const kernels::attention_shape& s,
                                               bool to_blocks) const {
     const kernels::attention_shape g = gathered(s);
-    return {from, to, s.batch * s.seq, s.q_width(), g.q_width(), {g.q_width(), 0, 0}, {0, 0, 0}, to_blocks};
+    return {from, to, s.batch * s.seq, s.q_width(), g.q_width(), {g.q_width(), 0, 0}, {0, 0, 0}, to_blocks, by_rows};
   }
   context_detail::rows_by_position<T> by_position(const T* from, T* to, std::int64_t B, std::int64_t w,
                                                   bool to_positions) const {
-    return {from, to, split_, B, w, to_positions};
+    return {from, to, split_, B, w, to_positions, by_rows};
   }
 
   void ulysses_forward(T* out, const T* qkv, const kernels::attention_shape& s) {
@@ -454,10 +490,10 @@ class context_attention {
       const std::size_t n = std::size_t(P * B * m * Wg);
       buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
       buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-      kernels::for_each_index(Device{}, std::int64_t(n), qkv_blocks(qkv, send.data(), s, true));
+      kernels::for_each_index(Device{}, calls(n, Wg), qkv_blocks(qkv, send.data(), s, true));
       cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
       // Block i came from rank i: its rows, put at their positions.
-      kernels::for_each_index(Device{}, std::int64_t(n), by_position(recv.data(), qkv_heads_.data(), B, Wg, true));
+      kernels::for_each_index(Device{}, calls(n, Wg), by_position(recv.data(), qkv_heads_.data(), B, Wg, true));
     }
     lse_ = buffer<A>(*ledger_, memory_category::activations, std::size_t(B * g.heads * g.seq), uninitialized);
     out_heads_ = buffer<T>(*ledger_, memory_category::activations, std::size_t(B * g.seq * Hgd), uninitialized);
@@ -468,9 +504,9 @@ class context_attention {
     const std::size_t n = std::size_t(P * B * m * Hgd);
     buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
     buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-    kernels::for_each_index(Device{}, std::int64_t(n), by_position(out_heads_.data(), send.data(), B, Hgd, false));
+    kernels::for_each_index(Device{}, calls(n, Hgd), by_position(out_heads_.data(), send.data(), B, Hgd, false));
     cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
-    kernels::for_each_index(Device{}, std::int64_t(n), out_blocks(recv.data(), out, s, false));
+    kernels::for_each_index(Device{}, calls(n, Hgd), out_blocks(recv.data(), out, s, false));
   }
 
   void ulysses_backward(T* dqkv, const T* dout, const kernels::attention_shape& s) {
@@ -484,9 +520,9 @@ class context_attention {
       const std::size_t n = std::size_t(P * B * m * Hgd);
       buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
       buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-      kernels::for_each_index(Device{}, std::int64_t(n), out_blocks(dout, send.data(), s, true));
+      kernels::for_each_index(Device{}, calls(n, Hgd), out_blocks(dout, send.data(), s, true));
       cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
-      kernels::for_each_index(Device{}, std::int64_t(n), by_position(recv.data(), dout_heads.data(), B, Hgd, true));
+      kernels::for_each_index(Device{}, calls(n, Hgd), by_position(recv.data(), dout_heads.data(), B, Hgd, true));
       kernels::attention_backward(Device{}, dqkv_heads.data(), dout_heads.data(), qkv_heads_.data(), lse_.data(),
                                   out_heads_.data(), g);
       work_ += serial_work(g);
@@ -495,9 +531,9 @@ class context_attention {
     const std::size_t n = std::size_t(P * B * m * Wg);
     buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
     buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-    kernels::for_each_index(Device{}, std::int64_t(n), by_position(dqkv_heads.data(), send.data(), B, Wg, false));
+    kernels::for_each_index(Device{}, calls(n, Wg), by_position(dqkv_heads.data(), send.data(), B, Wg, false));
     cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
-    kernels::for_each_index(Device{}, std::int64_t(n), qkv_blocks(recv.data(), dqkv, s, false));
+    kernels::for_each_index(Device{}, calls(n, Wg), qkv_blocks(recv.data(), dqkv, s, false));
   }
 
   group_ref cp_;
