@@ -39,11 +39,7 @@ template <class Op>
 void timed(benchmark::State& state, double bytes, double bus_factor, Op&& op) {
   double total = 0;
   for (auto _ : state) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = MPI_Wtime();
-    op();
-    double dt = MPI_Wtime() - t0;
-    MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    const double dt = strata_bench::slowest_rank_seconds(op);
     state.SetIterationTime(dt);
     total += dt;
   }

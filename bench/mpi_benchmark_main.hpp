@@ -4,6 +4,7 @@
 // use a reporter that prints nothing and do not write --benchmark_out files over rank 0's.
 #pragma once
 #include <benchmark/benchmark.h>
+#include <mpi.h>
 
 #include <cstring>
 #include <string>
@@ -40,6 +41,19 @@ inline int run_on_every_rank(int argc, char** argv, strata::world& world,
   }
   benchmark::Shutdown();
   return 0;
+}
+
+// One timed iteration: op() between a barrier and an MPI_MAX of every rank's wall time. Returns
+// the slowest rank's seconds, the same on every rank: as Google Benchmark's manual time it makes
+// every rank run the same number of iterations.
+template <class Op>
+double slowest_rank_seconds(Op&& op) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = MPI_Wtime();
+  op();
+  double dt = MPI_Wtime() - t0;
+  MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return dt;
 }
 
 }  // namespace strata_bench
