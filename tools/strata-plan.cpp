@@ -505,8 +505,8 @@ int run_calibrate(const options& o) {
   const st::hw::device_spec& c = fit.device;
   std::fprintf(stderr,
                "strata-plan --calibrate: %d of %zu GEMMs fitted (the rest memory-bound): efficiency %.3f, k_half %.0f, "
-               "rms error %.1f%%\n",
-               fit.samples_used, samples.size(), c.gemm_efficiency, c.gemm_k_half,
+               "floor %.1f us, rms error %.1f%%\n",
+               fit.samples_used, samples.size(), c.gemm_efficiency, c.gemm_k_half, 1e6 * c.gemm_floor_seconds,
                100 * (std::exp(fit.rms_log_error) - 1));
   nlohmann::ordered_json out;
   if (base.contains("base")) out["base"] = base["base"];
@@ -514,6 +514,7 @@ int run_calibrate(const options& o) {
   out["name"] = start.name;
   out["gemm_efficiency"] = st::json_number(c.gemm_efficiency);
   out["gemm_k_half"] = st::json_number(c.gemm_k_half);
+  out["gemm_floor_seconds"] = st::json_number(c.gemm_floor_seconds);
   out["memory_bandwidth"] = st::json_number(c.memory_bandwidth);
   out["memory_efficiency"] = st::json_number(c.memory_efficiency);
   out["intra_node_bandwidth"] = st::json_number(c.intra_node_bandwidth);
@@ -965,7 +966,8 @@ const char* const search_model_help = R"(
 Step-time model (ranks the layouts; an estimate, not a measurement; docs/planner.md):
   GPUs = dp x cp x tp x pp; ranks placed tp fastest, then cp, then dp, then pp
   per micro-batch on the busiest stage:
-    GEMMs by shape: waves of 128 x 256 output tiles over the SMs at gemm_efficiency x k/(k + k_half)
+    GEMMs by shape: waves of 128 x 256 output tiles over the SMs at gemm_efficiency x k/(k + k_half),
+    each at least gemm_floor_seconds
     attention at attention_efficiency x peak; norms, activations, residual, rotary, embedding
     and loss at memory_efficiency x memory bandwidth; recomputation as its extra work
   communication at link_efficiency x the bandwidth of the links a group crosses (NVLink within

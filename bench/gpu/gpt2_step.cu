@@ -92,8 +92,9 @@ double peak_tflops(const std::string& name) {
 
 double gemm_ceiling_tflops() {
   const std::int64_t n = 8192;
-  dvec<bf16> A(static_cast<std::size_t>(n * n)), B(static_cast<std::size_t>(n * n)),
-      Cm(static_cast<std::size_t>(n * n));
+  // Random operands, as in the step: a GEMM on zeros runs faster than on data.
+  dvec<bf16> A(random_vec<bf16>(static_cast<std::size_t>(n * n), -1, 1, 80)),
+      B(random_vec<bf16>(static_cast<std::size_t>(n * n), -1, 1, 81)), Cm(static_cast<std::size_t>(n * n));
   const double ms = time_ms(
       [&] {
         k::cuda_detail::lt_matmul<bf16>("gemm ceiling", false, true, n, n, n, 1.0f, A.get(), n, B.get(), n, 0.0f,
@@ -108,8 +109,8 @@ double gemm_ceiling_tflops() {
 // (bytes read plus written per second).
 void write_calibration(const char* path, const std::string& device_name) {
   const std::int64_t largest = 8192 * 16384;
-  dvec<bf16> A(static_cast<std::size_t>(largest)), Bm(static_cast<std::size_t>(largest)),
-      Cm(static_cast<std::size_t>(largest));
+  dvec<bf16> A(random_vec<bf16>(static_cast<std::size_t>(largest), -1, 1, 82)),
+      Bm(random_vec<bf16>(static_cast<std::size_t>(largest), -1, 1, 83)), Cm(static_cast<std::size_t>(largest));
   std::string gemms;
   for (const std::int64_t m : {2048, 8192})
     for (const std::int64_t n : {1024, 4096, 12288})

@@ -354,12 +354,23 @@ void test_gemm() {
     }
 }
 
+// Which attention kernels run for T and head size hd: the register-fragment ones (bf16/fp16, head
+// size 64 or 128, unless attention_kernel_choice() says tiled), else the tiled ones on tensor cores
+// or scalar FMAs.
+template <class T>
+std::string attention_path(std::int64_t hd) {
+  if (gpu::tensor_core_storage_v<T> && (hd == 64 || hd == 128) &&
+      k::attention_kernel_choice().load() == k::attention_kernels::automatic)
+    return "register fragments";
+  const auto plan = gpu::plan_attention(hd, sizeof(T), gpu::tensor_core_storage_v<T>, 227 * 1024);
+  return plan.tensor_cores ? "tiled, tensor cores" : "tiled, scalar";
+}
+
 template <class T>
 void test_attention(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t NH) {
   const std::string dt = st::dtype_name<T>(), sh = shape_str({B, T_, C, NH});
   const std::int64_t hs = C / NH;
-  const auto plan = gpu::plan_attention(hs, sizeof(T), gpu::tensor_core_storage_v<T>, 227 * 1024);
-  const std::string path = plan.tensor_cores ? "tensor cores" : "scalar";
+  const std::string path = attention_path<T>(hs);
   const auto qkv = random_vec<T>(std::size_t(B * T_ * 3 * C), -1.5f, 1.5f, 40);
   std::vector<T> out(std::size_t(B * T_ * C));
   std::vector<float> att(std::size_t(B * NH * T_ * T_));
@@ -415,8 +426,7 @@ void test_attention_gqa(std::int64_t B, std::int64_t T_, std::int64_t heads, std
   const k::attention_shape s{B, T_, heads, kv_heads, hd, scale};
   const std::string dt = st::dtype_name<T>();
   const std::string sh = shape_str({B, T_, heads, kv_heads, hd});
-  const auto plan = gpu::plan_attention(hd, sizeof(T), gpu::tensor_core_storage_v<T>, 227 * 1024);
-  const std::string path = std::string(plan.tensor_cores ? "tensor cores" : "scalar") +
+  const std::string path = attention_path<T>(hd) +
                            (kv_heads == 1      ? ", MQA"
                             : kv_heads < heads ? ", GQA"
                                                : ", MHA") +
@@ -1254,7 +1264,9 @@ ceilings measure_ceilings() {
       time_ms([&] { STRATA_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s)); }, 10);
   c.copy_gbs = 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
   const std::int64_t n = 8192;
-  dvec<bf16> A(std::size_t(n * n)), B(std::size_t(n * n)), C(std::size_t(n * n));
+  // Random operands: a GEMM on zeros runs faster than on data (the tensor cores draw less power).
+  dvec<bf16> A(random_vec<bf16>(std::size_t(n * n), -1, 1, 80)), B(random_vec<bf16>(std::size_t(n * n), -1, 1, 81)),
+      C(std::size_t(n * n));
   const double gms = time_ms(
       [&] {
         k::cuda_detail::lt_matmul<bf16>("gemm ceiling", false, true, n, n, n, 1.0f, A.get(), n, B.get(), n, 0.0f,
@@ -1367,6 +1379,15 @@ void run_benchmarks() {
     const double ms2 =
         time_ms([&] { k::attention_backward(D, dqkv.get(), x.get(), qkv.get(), lse.get(), B, T_, C, NH, y.get()); });
     bench_row("attention_backward", shape_str({B, T_, C, NH}), ms2, 2.5 * fwd_flops, true, c, "causal flops (5 GEMMs)");
+    k::attention_kernel_choice() = k::attention_kernels::tiled;  // the tiled kernels, side by side
+    const double tms = time_ms([&] { k::attention_forward(D, y.get(), lse.get(), qkv.get(), B, T_, C, NH); });
+    const double tms2 =
+        time_ms([&] { k::attention_backward(D, dqkv.get(), x.get(), qkv.get(), lse.get(), B, T_, C, NH, y.get()); });
+    k::attention_kernel_choice() = k::attention_kernels::automatic;
+    bench_row("attention_forward (tiled kernels)", shape_str({B, T_, C, NH}), tms, fwd_flops, true, c,
+              fmt("causal flops; register fragments %.2fx faster", tms / ms));
+    bench_row("attention_backward (tiled kernels)", shape_str({B, T_, C, NH}), tms2, 2.5 * fwd_flops, true, c,
+              fmt("register fragments %.2fx faster", tms2 / ms2));
   }
   {  // grouped-query attention at a Llama-like shape: 32 query heads on 8 key/value heads, hd 128
     const k::attention_shape s{4, 2048, 32, 8, 128, 0};
@@ -1381,6 +1402,15 @@ void run_benchmarks() {
     const double ms2 =
         time_ms([&] { k::attention_backward(D, dqkv.get(), g.get(), qkv.get(), lse.get(), o.get(), s); });
     bench_row("attention_backward (GQA)", gsh, ms2, 2.5 * fwd_flops, true, c, "causal flops (5 GEMMs)");
+    k::attention_kernel_choice() = k::attention_kernels::tiled;
+    const double tms = time_ms([&] { k::attention_forward(D, o.get(), lse.get(), qkv.get(), s); });
+    const double tms2 =
+        time_ms([&] { k::attention_backward(D, dqkv.get(), g.get(), qkv.get(), lse.get(), o.get(), s); });
+    k::attention_kernel_choice() = k::attention_kernels::automatic;
+    bench_row("attention_forward (GQA, tiled kernels)", gsh, tms, fwd_flops, true, c,
+              fmt("register fragments %.2fx faster", tms / ms));
+    bench_row("attention_backward (GQA, tiled kernels)", gsh, tms2, 2.5 * fwd_flops, true, c,
+              fmt("register fragments %.2fx faster", tms2 / ms2));
   }
   // memory-bound kernels
   {
@@ -1482,6 +1512,15 @@ int main(int argc, char** argv) {
     test_attention_gqa<bf16>(2, 200, 8, 1, 64, 0.2);    // MQA, tensor cores, custom scale, ragged
     test_attention_gqa<bf16>(1, 77, 8, 2, 40, 0.15);    // GQA, hd = 40: scalar path for bf16
     test_attention_gqa<fp16>(1, 130, 8, 2, 128, 0);     // GQA, tensor cores, hd = 128
+    test_attention_gqa<bf16>(1, 333, 4, 2, 128, 0);     // hd = 128: several query and key tiles, ragged
+    test_attention_gqa<fp16>(2, 100, 4, 4, 64, 0.1);    // fp16, hd = 64, ragged
+    // The tiled kernels at the head sizes the register-fragment ones take by default.
+    k::attention_kernel_choice() = k::attention_kernels::tiled;
+    test_attention<bf16>(2, 256, 256, 4);
+    test_attention<fp16>(1, 130, 512, 4);
+    test_attention_gqa<bf16>(2, 200, 8, 1, 64, 0.2);
+    test_attention_gqa<bf16>(1, 333, 4, 2, 128, 0);
+    k::attention_kernel_choice() = k::attention_kernels::automatic;
     // context parallelism's positioned attention: query rows of one rank against every rank's block
     test_positioned_attention<float>(2, 256, 2, 0, 8, 2, 64, 0);    // cp 2, rank 0, GQA
     test_positioned_attention<float>(2, 200, 4, 3, 4, 2, 33, 0.2);  // cp 4, last rank: ragged tiles, odd hd

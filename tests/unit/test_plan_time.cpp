@@ -301,3 +301,34 @@ TEST_CASE("calibration finds the GEMM efficiency and k_half that made the measur
   CHECK_THROWS_WITH(st::calibrate_gemms(st::hw::h100_80gb, too_fast, 2),
                     doctest::Contains("no efficiency in (0, 1] explains the measurements"));
 }
+
+TEST_CASE("calibration finds the floor under small GEMMs, and the time model keeps it") {
+  st::hw::device_spec truth = st::hw::h100_80gb;
+  truth.gemm_efficiency = 0.8;
+  truth.gemm_k_half = 200;
+  truth.gemm_floor_seconds = 9e-6;
+  std::vector<st::gemm_sample> samples;
+  int floored = 0;
+  for (const std::int64_t m : {2048, 8192})
+    for (const std::int64_t n : {1024, 4096, 12288})
+      for (const std::int64_t k : {64, 256, 1024, 4096, 16384}) {
+        samples.push_back({{m, n, k}, st::gemm_seconds({m, n, k}, truth, 2)});
+        if (samples.back().seconds == 9e-6) ++floored;
+      }
+  REQUIRE(floored >= 4);  // the floor decides several of the measurements
+  const st::gemm_fit fit = st::calibrate_gemms(st::hw::h100_80gb, samples, 2);
+  CHECK(fit.device.gemm_floor_seconds == doctest::Approx(9e-6));
+  CHECK(fit.device.gemm_efficiency == doctest::Approx(0.8).epsilon(0.01));
+  CHECK(fit.device.gemm_k_half == doctest::Approx(200).epsilon(0.05));
+  CHECK(fit.rms_log_error < 0.01);
+  // A GEMM below the floor takes the floor; one far above it is untouched by it.
+  CHECK(st::gemm_seconds({64, 64, 64}, truth, 2) == 9e-6);
+  st::hw::device_spec no_floor = truth;
+  no_floor.gemm_floor_seconds = 0;
+  CHECK(st::gemm_seconds({8192, 8192, 8192}, truth, 2) == st::gemm_seconds({8192, 8192, 8192}, no_floor, 2));
+  // A device file sets it, and refuses a negative one.
+  auto d = st::hw::device_from_json({{"base", "h200_141gb"}, {"gemm_floor_seconds", 1.1e-5}}, "dev.json");
+  CHECK(d.get().gemm_floor_seconds == 1.1e-5);
+  CHECK_THROWS_WITH(st::hw::device_from_json({{"base", "h200_141gb"}, {"gemm_floor_seconds", -1}}, "dev.json"),
+                    "dev.json: \"gemm_floor_seconds\" is a non-negative number, got -1");
+}

@@ -30,7 +30,10 @@ struct device_spec {
   int gemm_tile_m = 128, gemm_tile_n = 256;  // the output tile one SM computes per wave
   double gemm_efficiency = 0.8;              // the share of the peak a large GEMM's full waves reach
   double gemm_k_half = 128;                  // the inner dimension at which a GEMM reaches half of that
-  double attention_efficiency = 0.5;         // the attention kernel's share of the peak for its FLOPs
+  // The least time one GEMM takes (its launch and the host's issue; a calibration measures it,
+  // the presets leave it at 0): what a small GEMM costs however few FLOPs it has.
+  double gemm_floor_seconds = 0;
+  double attention_efficiency = 0.5;  // the attention kernel's share of the peak for its FLOPs
   // Bytes an attention kernel moves per entry of the score matrix, forward and backward: 0 for a
   // fused kernel that keeps the scores on chip (strata's, FlashAttention); an implementation that
   // writes scores, probabilities and dropout masks out moves them at memory_efficiency.

@@ -65,6 +65,7 @@ inline named_device device_from_json(const nlohmann::json& j, const std::string&
       {"memory_bandwidth", &device_spec::memory_bandwidth, false},
       {"gemm_efficiency", &device_spec::gemm_efficiency, true},
       {"gemm_k_half", &device_spec::gemm_k_half, false},
+      {"gemm_floor_seconds", &device_spec::gemm_floor_seconds, false},
       {"attention_efficiency", &device_spec::attention_efficiency, true},
       {"score_bytes_forward", &device_spec::score_bytes_forward, false},
       {"score_bytes_backward", &device_spec::score_bytes_backward, false},

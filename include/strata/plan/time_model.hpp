@@ -88,7 +88,8 @@ constexpr int members_per_node(int per_node, int stride, int size) {
 
 }  // namespace time_detail
 
-// One GEMM's seconds on the device, in `storage_bytes` elements.
+// One GEMM's seconds on the device, in `storage_bytes` elements: its compute or its bytes, and at
+// least the device's floor for one GEMM.
 constexpr double gemm_seconds(const gemm_shape& g, const hw::device_spec& d, int storage_bytes) {
   const double peak = d.peak_flops(storage_bytes);
   const std::int64_t tiles = time_detail::ceil_div(g.m, d.gemm_tile_m) * time_detail::ceil_div(g.n, d.gemm_tile_n);
@@ -99,7 +100,7 @@ constexpr double gemm_seconds(const gemm_shape& g, const hw::device_spec& d, int
   const double compute = quantized / (efficiency * peak);
   const double bytes =
       double(storage_bytes) * (double(g.m) * double(g.k) + double(g.k) * double(g.n) + double(g.m) * double(g.n));
-  return std::max(compute, bytes / (d.memory_bandwidth * d.memory_efficiency));
+  return std::max({compute, bytes / (d.memory_bandwidth * d.memory_efficiency), d.gemm_floor_seconds});
 }
 
 // Seconds of a gemm_list (each shape times its count).

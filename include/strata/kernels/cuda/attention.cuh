@@ -27,6 +27,11 @@
 // run to run, and dqkv is never read (the two kernels together write every element of it).
 // (dS is recomputed in both kernels instead of accumulating dQ with float atomics.)
 //
+// Register-fragment kernels: for bf16/fp16 with head size 64 or 128 (aligned rows, sm_80 on), the
+// launchers run attention_fragments.cuh's kernels instead, the same function with the same
+// roundings and FlashAttention-2's register-resident accumulators (on an H200 the tiled kernels
+// below reach 2-3% of the GEMM rate; attention_kernel_choice() selects them for comparison).
+//
 // Tensor cores: for bf16/fp16 with hd a multiple of 16, the five tile products use WMMA
 // (16x16x16, fp32 accumulate; P and dS rounded to the storage type as their operand, as
 // flash-attention does). Otherwise (fp32, odd head sizes) the same kernels run scalar FMAs.
@@ -41,11 +46,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/kernels/attention_shape.hpp"
+#include "strata/kernels/cuda/attention_fragments.cuh"
 #include "strata/kernels/cuda/common.cuh"
 #include "strata/policy/device.hpp"
 
@@ -150,19 +157,6 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, std::int
     }
   }
 }
-
-// The attention geometry as the kernels use it (int where the launcher checked it fits).
-struct attention_dims {
-  int T;                 // sequence length
-  int heads;             // query heads
-  int kv_heads;          // key/value heads
-  int group;             // heads / kv_heads: query heads per key/value head
-  int hd;                // head size
-  std::int64_t row;      // row_width(): elements per token of qkv and dqkv
-  std::int64_t q_width;  // heads * hd: elements per token of out and dout; the key heads' offset in a qkv row
-  std::int64_t v_off;    // q_width + kv_width: the value heads' offset in a qkv row
-  float scale;           // the softmax scale
-};
 
 // grid (query tiles, B*heads). out [B, T, heads*hd], lse [B, heads, T], qkv [B, T, row].
 template <class T, bool TC>
@@ -482,6 +476,30 @@ bool tile_loads_vectorized(const gpu::attention_plan& p, const T* base, std::int
          (std::int64_t(p.head_dim) * std::int64_t(sizeof(T))) % 16 == 0 && (p.ld_t * int(sizeof(T))) % 16 == 0;
 }
 
+// The register-fragment kernels (attention_fragments.cuh) apply: bf16 or fp16, head size 64 or
+// 128, 16-byte aligned buffers and rows, a device with mma.sync's bf16 shapes (sm_80 on) and the
+// shared memory they ask for, and nobody asked for the tiled kernels.
+template <class T>
+bool fragments_apply(const gpu::context& ctx, const attention_shape& s, std::initializer_list<const void*> buffers) {
+  if constexpr (!gpu::tensor_core_storage_v<T>) {
+    return false;
+  } else {
+    if (attention_kernel_choice().load() == attention_kernels::tiled) return false;
+    if (s.head_dim != 64 && s.head_dim != 128) return false;
+    if (ctx.properties().major < 8 || ctx.smem_optin() < fragments::plan<128>::smem_backward_kv) return false;
+    for (const void* p : buffers)
+      if (!gpu::aligned16(p)) return false;
+    return (s.row_width() * std::int64_t(sizeof(T))) % 16 == 0 && (s.q_width() * std::int64_t(sizeof(T))) % 16 == 0;
+  }
+}
+
+// Calls f(std::integral_constant<int, HD>) for head size 64 or 128.
+template <class F>
+void with_fragment_head_size(std::int64_t head_dim, F&& f) {
+  if (head_dim == 64) f(std::integral_constant<int, 64>{});
+  else f(std::integral_constant<int, 128>{});
+}
+
 }  // namespace cuda_detail
 
 // out [B, T, heads*hd]; lse [B, heads, T] (fp32): the per-row logsumexp, see the header comment.
@@ -491,10 +509,24 @@ void attention_forward(cuda, T* out, acc_t<T>* lse, const T* qkv, const attentio
   cuda_detail::check_attention_shape("attention_forward", s);
   if (s.batch == 0 || s.seq == 0) return;
   gpu::context& ctx = gpu::this_context();
+  const cuda_detail::attention_dims a = cuda_detail::attention_dims_for(s);
+  if constexpr (gpu::tensor_core_storage_v<T>) {
+    if (cuda_detail::fragments_apply<T>(ctx, s, {out, qkv})) {
+      cuda_detail::with_fragment_head_size(s.head_dim, [&](auto hd) {
+        constexpr int HD = decltype(hd)::value;
+        using P = cuda_detail::fragments::plan<HD>;
+        auto* kernel = &cuda_detail::attention_forward_fragments<T, HD>;
+        gpu::allow_dynamic_smem(kernel, P::smem_forward);
+        kernel<<<dim3(unsigned(gpu::ceil_div(s.seq, P::fwd_rows)), unsigned(s.batch * s.heads)), P::threads,
+                 P::smem_forward, ctx.stream()>>>(out, lse, qkv, a);
+      });
+      STRATA_CUDA_CHECK_LAUNCH("attention_forward");
+      return;
+    }
+  }
   const gpu::attention_plan plan =
       gpu::plan_attention(s.head_dim, sizeof(T), gpu::tensor_core_storage_v<T>, ctx.smem_optin());
   const cuda_detail::attention_geometry g = cuda_detail::attention_geometry_for<T>(plan, gpu::attention_pass::forward);
-  const cuda_detail::attention_dims a = cuda_detail::attention_dims_for(s);
   const dim3 grid(unsigned(gpu::ceil_div(s.seq, plan.br)), unsigned(s.batch * s.heads));
   const bool vec = cuda_detail::tile_loads_vectorized(plan, qkv, s.row_width());
   cuda_detail::with_tensor_cores<T>(plan, [&](auto tc) {
@@ -534,6 +566,25 @@ void attention_backward(cuda, T* dqkv, const T* dout, const T* qkv, const acc_t<
     const auto d = gpu::rows_launch(rows);
     cuda_detail::attention_delta_kernel<T><<<d.grid, d.block, 0, stream>>>(D.get(), dout, out, s.batch, a);
     STRATA_CUDA_CHECK_LAUNCH("attention_backward (delta)");
+  }
+  if constexpr (gpu::tensor_core_storage_v<T>) {
+    if (cuda_detail::fragments_apply<T>(ctx, s, {dqkv, dout, qkv})) {
+      cuda_detail::with_fragment_head_size(s.head_dim, [&](auto hd) {
+        constexpr int HD = decltype(hd)::value;
+        using P = cuda_detail::fragments::plan<HD>;
+        auto* kv = &cuda_detail::attention_backward_kv_fragments<T, HD>;
+        gpu::allow_dynamic_smem(kv, P::smem_backward_kv);
+        kv<<<dim3(unsigned(gpu::ceil_div(s.seq, P::kv_keys)), unsigned(s.batch * s.kv_heads)), P::threads,
+             P::smem_backward_kv, stream>>>(dqkv, dout, qkv, lse, D.get(), a);
+        STRATA_CUDA_CHECK_LAUNCH("attention_backward (dk, dv)");
+        auto* q = &cuda_detail::attention_backward_q_fragments<T, HD>;
+        gpu::allow_dynamic_smem(q, P::smem_backward_q);
+        q<<<dim3(unsigned(gpu::ceil_div(s.seq, P::q_rows)), unsigned(s.batch * s.heads)), P::threads,
+            P::smem_backward_q, stream>>>(dqkv, dout, qkv, lse, D.get(), a);
+        STRATA_CUDA_CHECK_LAUNCH("attention_backward (dq)");
+      });
+      return;
+    }
   }
   const bool vec_qkv = cuda_detail::tile_loads_vectorized(plan, qkv, s.row_width());
   const bool vec_dout = cuda_detail::tile_loads_vectorized(plan, dout, s.q_width());

@@ -23,7 +23,8 @@
 // Each returns the number of score entries it computed, B · H · (visible (query, key) pairs): the
 // attention work, which context parallelism must share out evenly.
 //
-// Plain loops in acc_t, one row at a time, keys in index order; skipped keys cost a comparison.
+// Loops in acc_t, one row at a time, keys in index order, dot products in vector_math.hpp's fixed
+// lanes (what the compiler vectorises); skipped keys cost a comparison.
 // Forward runs one (b, query head) per task, backward one (b, key/value head), which owns that
 // head's dk and dv and the dq of its group's query heads: every output element is written by one
 // task in an order fixed by the shape, so nothing depends on the thread count.
@@ -52,14 +53,6 @@ inline void check(const char* who, const attention_shape& s, std::int64_t keys) 
                s.batch, ", seq = ", s.seq, ", keys = ", keys, ", heads = ", s.heads, ", kv_heads = ", s.kv_heads,
                ", head_dim = ", s.head_dim);
   STRATA_CHECK(std::isfinite(s.scale), who, ": the softmax scale must be finite (0: 1/sqrt(head_dim)), got ", s.scale);
-}
-
-// x . y in acc_t, in index order.
-template <class A>
-inline A dot(const A* x, const A* y, std::int64_t n) {
-  A sum = 0;
-  for (std::int64_t i = 0; i < n; ++i) sum += x[i] * y[i];
-  return sum;
 }
 
 // One key/value head of one sequence widened to acc_t: k and v [n, d].
@@ -123,7 +116,7 @@ std::int64_t positioned_attention_forward(host, acc_t<T>* out, acc_t<T>* lse, co
         A mx = -INFINITY;
         for (std::int64_t j = 0; j < n; ++j) {
           if (k_pos[j] > q_pos[i]) continue;
-          sc[j] = positioned_detail::dot(q, k + j * d, d) * scale;
+          sc[j] = dot_in_lanes<A>(q, k + j * d, d) * scale;
           mx = std::max(mx, sc[j]);
           ++work;
         }
@@ -234,8 +227,8 @@ std::int64_t positioned_attention_backward(host, acc_t<T>* dq, acc_t<T>* dkv, co
           }
           for (std::int64_t j = 0; j < n; ++j) {
             if (k_pos[j] > q_pos[i]) continue;
-            const A p = exp_fast(positioned_detail::dot(q, k + j * d, d) * scale - L);
-            const A ds = p * (positioned_detail::dot(dy, v + j * d, d) - Di) * scale;
+            const A p = exp_fast(dot_in_lanes<A>(q, k + j * d, d) * scale - L);
+            const A ds = p * (dot_in_lanes<A>(dy, v + j * d, d) - Di) * scale;
             for (std::int64_t x = 0; x < d; ++x) {
               dq_row[x] += ds * k[j * d + x];
               dk[j * KVW + x] += ds * q[x];
