@@ -49,11 +49,18 @@
 namespace strata::kernels {
 
 namespace attention_detail {
+constexpr int lanes = 8;
 
-// x . y over n elements in acc_t (vector_math.hpp: vectorised, in a fixed order).
+// x . y over n elements in acc_t, as 8 interleaved partial sums combined in a fixed tree: the
+// compiler vectorises it, and the order is still fixed, whatever the thread count.
 template <class A, class X, class Y>
 inline A dot(const X* x, const Y* y, std::int64_t n) {
-  return dot_in_lanes<A>(x, y, n);
+  A part[lanes] = {};
+  std::int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    for (int j = 0; j < lanes; ++j) part[j] += convert<A>(x[i + j]) * convert<A>(y[i + j]);
+  for (; i < n; ++i) part[0] += convert<A>(x[i]) * convert<A>(y[i]);
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
 inline void check_shape(const char* who, const attention_shape& s) {

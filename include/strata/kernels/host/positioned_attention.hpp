@@ -23,11 +23,13 @@
 // Each returns the number of score entries it computed, B · H · (visible (query, key) pairs): the
 // attention work, which context parallelism must share out evenly.
 //
-// Loops in acc_t, one row at a time, keys in index order, dot products in vector_math.hpp's fixed
-// lanes (what the compiler vectorises); skipped keys cost a comparison.
-// Forward runs one (b, query head) per task, backward one (b, key/value head), which owns that
-// head's dk and dv and the dq of its group's query heads: every output element is written by one
-// task in an order fixed by the shape, so nothing depends on the thread count.
+// The serial kernel's blocks (host/attention.hpp): query rows and keys in blocks of 64, each pair
+// of blocks a few register-tiled products on acc_t copies of the head, with visibility by
+// position (a key a row does not see scores -inf, P and dS 0) instead of by index; a pair of
+// blocks in which no row sees a key is skipped. Forward runs one (b, query head, query block) per task
+// with an online softmax over the key blocks; backward one (b, key/value head), which owns that
+// head's dK and dV sums and the dQ of its group's query heads: every output element is added to
+// by one task in an order fixed by the shape, so nothing depends on the thread count.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -38,6 +40,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/kernels/attention_shape.hpp"
+#include "strata/kernels/host/attention.hpp"
 #include "strata/kernels/host/openmp.hpp"
 #include "strata/kernels/host/vector_math.hpp"
 #include "strata/policy/device.hpp"
@@ -55,22 +58,63 @@ inline void check(const char* who, const attention_shape& s, std::int64_t keys) 
   STRATA_CHECK(std::isfinite(s.scale), who, ": the softmax scale must be finite (0: 1/sqrt(head_dim)), got ", s.scale);
 }
 
-// One key/value head of one sequence widened to acc_t: k and v [n, d].
-template <class A, class T>
-void load_kv_head(A* k, A* v, const T* kv_seq, std::int64_t n, std::int64_t kvh, const attention_shape& s) {
-  const std::int64_t d = s.head_dim, ld = 2 * s.kv_width();
-  for (std::int64_t j = 0; j < n; ++j) {
-    const T* row = kv_seq + j * ld;
-    for (std::int64_t i = 0; i < d; ++i) {
-      k[j * d + i] = convert<A>(row[kvh * d + i]);
-      v[j * d + i] = convert<A>(row[s.kv_width() + kvh * d + i]);
-    }
-  }
-}
-
 // Whether the tasks are worth a team (the serial kernel's threshold).
 inline bool parallel_worth(std::int64_t tasks, const attention_shape& s, std::int64_t keys) {
   return tasks > 1 && s.batch * s.heads * s.seq * keys * s.head_dim > 65536;
+}
+
+// Query rows qp[0 .. mb) (positions; in f.q as load_rows left them) against keys 0 .. n-1 of kt
+// and v (load_head) at positions kp: leaves each row's unnormalised output in f.o, its max in
+// f.mx (-inf: no key visible) and its sum of exponentials in f.l, as the serial kernel's
+// forward_rows does with visibility by position instead of by index. Returns the visible pairs.
+template <class A>
+std::int64_t forward_rows(attention_detail::forward_block_scratch<A>& f, const std::int64_t* qp, std::int64_t mb,
+                          const A* kt, const A* v, const std::int64_t* kp, std::int64_t n, std::int64_t d,
+                          std::int64_t dp, std::int64_t lp, A scale) {
+  using namespace attention_detail;
+  constexpr std::int64_t L = width<A>;
+  const std::int64_t mp = round_up(mb, tile_rows);
+  std::int64_t work = 0;
+  for (std::int64_t r = 0; r < mp; ++r) f.mx[r] = -INFINITY, f.l[r] = 0;
+  for (std::int64_t i = 0; i < mp * dp; ++i) f.o[i] = 0;
+  const std::int64_t last = mb > 0 ? *std::max_element(qp, qp + mb) : -1;  // the latest query position
+  for (std::int64_t kb = 0; kb < n; kb += block) {
+    const std::int64_t nk = std::min(block, n - kb);
+    if (*std::min_element(kp + kb, kp + kb + nk) > last) continue;  // no row sees a key of the block
+    for (std::int64_t i = 0; i < mp; i += tile_rows)                // S = Q K_blkᵀ · scale
+      row_tile<false>(f.s + i * block, block, f.q + i * dp, dp, 1, kt + kb, lp, round_up(nk, L), d, scale);
+    // Keys a row does not see (and the padding rows and columns) score -inf.
+    for (std::int64_t r = 0; r < mp; ++r) {
+      A* sr = f.s + r * block;
+      A bm = -INFINITY;
+      for (std::int64_t j = 0; j < block; ++j) {
+        const bool seen = r < mb && j < nk && kp[kb + j] <= qp[r];
+        sr[j] = seen ? sr[j] : A(-INFINITY);
+        work += seen;
+        bm = sr[j] > bm ? sr[j] : bm;
+      }
+      f.bm[r] = bm;
+    }
+    // Online softmax; a row that has seen nothing yet keeps max -inf, sum 0 and P = 0.
+    for (std::int64_t r = 0; r < mp; ++r) {
+      const A mx = f.bm[r] > f.mx[r] ? f.bm[r] : f.mx[r];
+      f.bm[r] = mx == -INFINITY ? A(1) : exp_fast(f.mx[r] - mx);  // the rescale factor
+      f.mx[r] = mx;
+    }
+    for (std::int64_t r = 0; r < mp; ++r) {
+      A* sr = f.s + r * block;
+      const A mx = f.mx[r] == -INFINITY ? A(0) : f.mx[r];
+      for (std::int64_t j = 0; j < block; ++j) sr[j] = exp_fast(sr[j] - mx);  // 0 for -inf
+      vec<A> sum{}, x;
+      for (std::int64_t j = 0; j < block; j += L) load(x, sr + j), sum += x;
+      f.l[r] = f.l[r] * f.bm[r] + horizontal_sum<A>(sum);
+      if (f.bm[r] != A(1))
+        for (std::int64_t i = 0; i < dp; ++i) f.o[r * dp + i] *= f.bm[r];
+    }
+    for (std::int64_t i = 0; i < mp; i += tile_rows)  // O += P V_blk
+      row_tile<true>(f.o + i * dp, dp, f.s + i * block, block, 1, v + kb * dp, dp, dp, nk, A(1));
+  }
+  return work;
 }
 
 }  // namespace positioned_detail
@@ -90,52 +134,47 @@ std::int64_t positioned_attention_forward(host, acc_t<T>* out, acc_t<T>* lse, co
                                           const T* kv, const std::int64_t* k_pos, std::int64_t keys,
                                           const attention_shape& s) {
   using A = acc_t<T>;
+  using namespace attention_detail;
   positioned_detail::check("positioned_attention_forward", s, keys);
   const std::int64_t B = s.batch, m = s.seq, n = keys, H = s.heads, d = s.head_dim, G = s.group();
-  const std::int64_t W = s.row_width(), KVW = 2 * s.kv_width(), tasks = B * H;
+  const std::int64_t W = s.row_width(), KVW = 2 * s.kv_width();
+  const std::int64_t dp = round_up(d, width<A>), lp = round_up(n, block), blocks = (m + block - 1) / block;
   const A scale = A(s.softmax_scale());
-  // Per thread: the head's k and v [n, d], one query row and its scores [n].
-  const std::size_t per_thread = std::size_t(2 * n * d + d + n);
+  // Per thread: the current key/value head's kt and v (converted once per head a thread meets)
+  // and one query block's scratch.
   const int threads = openmp::max_threads();
-  std::vector<A> scratch(std::size_t(threads) * per_thread);
+  scratch_space<A> scratch(threads, std::size_t(2 * lp * dp) + forward_block_scratch<A>::size(dp));
+  const std::int64_t tasks = B * H * blocks;
   std::int64_t work = 0;
 
 #pragma omp parallel num_threads(threads) if (positioned_detail::parallel_worth(tasks, s, n)) reduction(+ : work)
   {
-    A* k = scratch.data() + std::size_t(openmp::thread_id()) * per_thread;
-    A* v = k + n * d;
-    A* q = v + n * d;
-    A* sc = q + d;
+    A* kt = scratch.slice(openmp::thread_id());
+    A* v = kt + lp * dp;
+    forward_block_scratch<A> f(v + lp * dp, dp);
+    std::int64_t cached = -1;  // b * KV + key/value head held in kt, v
 #pragma omp for schedule(static)
     for (std::int64_t task = 0; task < tasks; ++task) {
-      const std::int64_t b = task / H, h = task % H;
-      positioned_detail::load_kv_head(k, v, kv + b * n * KVW, n, h / G, s);
-      for (std::int64_t i = 0; i < m; ++i) {
-        const T* q_src = qkv + (b * m + i) * W + h * d;
-        for (std::int64_t x = 0; x < d; ++x) q[x] = convert<A>(q_src[x]);
-        A mx = -INFINITY;
-        for (std::int64_t j = 0; j < n; ++j) {
-          if (k_pos[j] > q_pos[i]) continue;
-          sc[j] = dot_in_lanes<A>(q, k + j * d, d) * scale;
-          mx = std::max(mx, sc[j]);
-          ++work;
-        }
-        A* o = out + (b * m + i) * H * d + h * d;
-        for (std::int64_t x = 0; x < d; ++x) o[x] = 0;
-        A* l = lse + (b * H + h) * m + i;
-        if (mx == -INFINITY) {  // nothing visible (or every score -inf): no contribution
+      const std::int64_t qb = task % blocks, h = (task / blocks) % H, b = task / (blocks * H);
+      const std::int64_t kvh = h / G, t0 = qb * block, mb = std::min(block, m - t0);
+      const T* kv_b = kv + b * n * KVW;
+      if (cached != b * s.kv_heads + kvh) {
+        cached = b * s.kv_heads + kvh;
+        load_head(kt, static_cast<A*>(nullptr), v, kv_b + kvh * d, kv_b + s.kv_width() + kvh * d, KVW, n, d, dp, lp);
+      }
+      load_rows(f.q, qkv + (b * m + t0) * W + h * d, W, mb, d, dp);
+      work += positioned_detail::forward_rows(f, q_pos + t0, mb, kt, v, k_pos, n, d, dp, lp, scale);
+      for (std::int64_t r = 0; r < mb; ++r) {
+        A* o = out + (b * m + t0 + r) * H * d + h * d;
+        A* l = lse + (b * H + h) * m + t0 + r;
+        if (f.mx[r] == -INFINITY) {  // nothing visible: no contribution
+          for (std::int64_t i = 0; i < d; ++i) o[i] = 0;
           *l = -INFINITY;
           continue;
         }
-        A sum = 0;
-        for (std::int64_t j = 0; j < n; ++j) {
-          if (k_pos[j] > q_pos[i]) continue;
-          const A p = exp_fast(sc[j] - mx);
-          sum += p;
-          for (std::int64_t x = 0; x < d; ++x) o[x] += p * v[j * d + x];
-        }
-        for (std::int64_t x = 0; x < d; ++x) o[x] /= sum;
-        *l = mx + std::log(sum);
+        const A inv_sum = A(1) / f.l[r];
+        for (std::int64_t i = 0; i < d; ++i) o[i] = f.o[r * dp + i] * inv_sum;
+        *l = f.mx[r] + std::log(f.l[r]);
       }
     }
   }
@@ -190,55 +229,101 @@ std::int64_t positioned_attention_backward(host, acc_t<T>* dq, acc_t<T>* dkv, co
                                            const acc_t<T>* D, const T* qkv, const std::int64_t* q_pos, const T* kv,
                                            const std::int64_t* k_pos, std::int64_t keys, const attention_shape& s) {
   using A = acc_t<T>;
+  using namespace attention_detail;
   positioned_detail::check("positioned_attention_backward", s, keys);
   const std::int64_t B = s.batch, m = s.seq, n = keys, H = s.heads, KV = s.kv_heads, d = s.head_dim, G = s.group();
-  const std::int64_t W = s.row_width(), KVW = 2 * s.kv_width(), tasks = B * KV;
+  const std::int64_t W = s.row_width(), KVW = 2 * s.kv_width();
+  const std::int64_t dp = round_up(d, width<A>), lp = round_up(n, block);
   const A scale = A(s.softmax_scale());
-  // Per thread: the head's k and v [n, d], one query row, its dout and its dq sum.
-  const std::size_t per_thread = std::size_t(2 * n * d + 3 * d);
+  // Per thread, as the serial backward: the head's kt and vt [d, lp] (transposed), k [lp, dp],
+  // its dK and dV sums [lp, dp]; for a query block its q, dout and dq sums [block, dp], P and dS
+  // [block, block], D and lse [block].
+  const std::size_t per_thread = std::size_t(5 * lp * dp + 3 * block * dp + 2 * block * block + 2 * block);
   const int threads = openmp::max_threads();
-  std::vector<A> scratch(std::size_t(threads) * per_thread);
+  scratch_space<A> scratch(threads, per_thread);
+  const std::int64_t tasks = B * KV;
   std::int64_t work = 0;
 
 #pragma omp parallel num_threads(threads) if (positioned_detail::parallel_worth(tasks, s, n)) reduction(+ : work)
   {
-    A* k = scratch.data() + std::size_t(openmp::thread_id()) * per_thread;
-    A* v = k + n * d;
-    A* q = v + n * d;
-    A* dy = q + d;
-    A* dq_row = dy + d;
+    A* kt = scratch.slice(openmp::thread_id());
+    A* vt = kt + lp * dp;
+    A* k = vt + lp * dp;
+    A* dk = k + lp * dp;
+    A* dv = dk + lp * dp;
+    A* q = dv + lp * dp;
+    A* dy = q + block * dp;
+    A* dq_blk = dy + block * dp;
+    A* p = dq_blk + block * dp;
+    A* ds = p + block * block;
+    A* D_r = ds + block * block;
+    A* lse_r = D_r + block;
 #pragma omp for schedule(static)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / KV, kvh = task % KV;
-      positioned_detail::load_kv_head(k, v, kv + b * n * KVW, n, kvh, s);
-      A* dk = dkv + b * n * KVW + kvh * d;  // row j at dk + j * KVW
-      A* dv = dk + s.kv_width();
-      // Query heads of the group in order, rows in order, keys in order: a fixed summation order.
+      const T* kv_b = kv + b * n * KVW;
+      load_head(kt, k, static_cast<A*>(nullptr), kv_b + kvh * d, kv_b, KVW, n, d, dp, lp);
+      load_head(vt, static_cast<A*>(nullptr), static_cast<A*>(nullptr), kv_b + s.kv_width() + kvh * d, kv_b, KVW, n, d,
+                dp, lp);
+      for (std::int64_t i = 0; i < 2 * lp * dp; ++i) dk[i] = 0;  // dk and dv
+
+      // Query heads of the group in order, query blocks in order, key blocks in order: every sum
+      // runs in an order fixed by the shape.
       for (std::int64_t h = kvh * G; h < (kvh + 1) * G; ++h)
-        for (std::int64_t i = 0; i < m; ++i) {
-          const A L = lse[(b * H + h) * m + i], Di = D[(b * H + h) * m + i];
-          if (L == -INFINITY) continue;
-          const T* q_src = qkv + (b * m + i) * W + h * d;
-          const T* dy_src = dout + (b * m + i) * H * d + h * d;
-          for (std::int64_t x = 0; x < d; ++x) {
-            q[x] = convert<A>(q_src[x]);
-            dy[x] = convert<A>(dy_src[x]);
-            dq_row[x] = 0;
+        for (std::int64_t t0 = 0; t0 < m; t0 += block) {
+          const std::int64_t mb = std::min(block, m - t0), mp = round_up(mb, tile_rows);
+          load_rows(q, qkv + (b * m + t0) * W + h * d, W, mb, d, dp);
+          load_rows(dy, dout + (b * m + t0) * H * d + h * d, H * d, mb, d, dp);
+          for (std::int64_t r = 0; r < mp; ++r) {
+            // Padding rows, and rows that see no key anywhere (lse -inf), take no part: lse = inf.
+            const A L = r < mb ? lse[(b * H + h) * m + t0 + r] : A(-INFINITY);
+            lse_r[r] = L == -INFINITY ? A(INFINITY) : L;
+            D_r[r] = L == -INFINITY ? A(0) : D[(b * H + h) * m + t0 + r];
           }
-          for (std::int64_t j = 0; j < n; ++j) {
-            if (k_pos[j] > q_pos[i]) continue;
-            const A p = exp_fast(dot_in_lanes<A>(q, k + j * d, d) * scale - L);
-            const A ds = p * (dot_in_lanes<A>(dy, v + j * d, d) - Di) * scale;
-            for (std::int64_t x = 0; x < d; ++x) {
-              dq_row[x] += ds * k[j * d + x];
-              dk[j * KVW + x] += ds * q[x];
-              dv[j * KVW + x] += p * dy[x];
+          for (std::int64_t i = 0; i < mp * dp; ++i) dq_blk[i] = 0;
+          const std::int64_t last = *std::max_element(q_pos + t0, q_pos + t0 + mb);  // the latest query position
+
+          for (std::int64_t kb = 0; kb < n; kb += block) {
+            const std::int64_t nk = std::min(block, n - kb), ne = round_up(nk, width<A>);
+            if (*std::min_element(k_pos + kb, k_pos + kb + nk) > last) continue;  // no row sees a key of the block
+            for (std::int64_t i = 0; i < mp; i += tile_rows) {  // S = Q K_blkᵀ · scale; dP = dO V_blkᵀ
+              row_tile<false>(p + i * block, block, q + i * dp, dp, 1, kt + kb, lp, ne, d, scale);
+              row_tile<false>(ds + i * block, block, dy + i * dp, dp, 1, vt + kb, lp, ne, d, A(1));
             }
-            ++work;
+            // P = exp(S - lse) and dS = P (dP - D) · scale where the row sees the key, else 0.
+            for (std::int64_t r = 0; r < mp; ++r) {
+              A* pr = p + r * block;
+              A* dsr = ds + r * block;
+              const A Lr = lse_r[r], Dr = D_r[r];
+              const bool row = Lr != A(INFINITY);
+              for (std::int64_t j = 0; j < block; ++j) {
+                const bool seen = row && j < nk && k_pos[kb + j] <= q_pos[t0 + r];
+                const A pj = seen ? exp_fast(pr[j] - Lr) : A(0);
+                pr[j] = pj;
+                dsr[j] = seen ? pj * (dsr[j] - Dr) * scale : A(0);
+                work += seen;
+              }
+            }
+            for (std::int64_t i = 0; i < mp; i += tile_rows)  // dQ += dS K_blk
+              row_tile<true>(dq_blk + i * dp, dp, ds + i * block, block, 1, k + kb * dp, dp, dp, nk, A(1));
+            for (std::int64_t j = 0; j < nk; j += tile_rows) {  // dK_blk += dSᵀ Q, dV_blk += Pᵀ dO
+              row_tile<true>(dk + (kb + j) * dp, dp, ds + j, 1, block, q, dp, dp, mp, A(1));
+              row_tile<true>(dv + (kb + j) * dp, dp, p + j, 1, block, dy, dp, dp, mp, A(1));
+            }
           }
-          A* dq_out = dq + (b * m + i) * H * d + h * d;
-          for (std::int64_t x = 0; x < d; ++x) dq_out[x] += dq_row[x];
+          for (std::int64_t r = 0; r < mb; ++r) {
+            A* dq_out = dq + (b * m + t0 + r) * H * d + h * d;
+            for (std::int64_t i = 0; i < d; ++i) dq_out[i] += dq_blk[r * dp + i];
+          }
         }
+      for (std::int64_t j = 0; j < n; ++j) {
+        A* dk_out = dkv + (b * n + j) * KVW + kvh * d;
+        A* dv_out = dk_out + s.kv_width();
+        for (std::int64_t i = 0; i < d; ++i) {
+          dk_out[i] += dk[j * dp + i];
+          dv_out[i] += dv[j * dp + i];
+        }
+      }
     }
   }
   return work;

@@ -1,4 +1,4 @@
-// strata/kernels/host/vector_math.hpp - exp and dot products for loops the compiler vectorises.
+// strata/kernels/host/vector_math.hpp - exp for loops the compiler vectorises.
 //
 // glibc's expf is a call per element, so a loop over it runs one element at a time. exp_fast is
 // branch-free arithmetic the compiler turns into SIMD code: 2^n · e^f with n = round(x / ln 2),
@@ -14,8 +14,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-
-#include "strata/core/dtype.hpp"
 
 namespace strata::kernels {
 
@@ -57,19 +55,5 @@ inline float bits_to_float(std::uint32_t u) {
 }
 
 [[gnu::always_inline]] inline double exp_fast(double x) { return std::exp(x); }
-
-// x . y over n elements in A, as 8 interleaved partial sums combined in a fixed tree: the
-// compiler vectorises it (a plain running sum it may not reorder), and the order is still fixed,
-// whatever the thread count. X and Y are converted to A element by element.
-template <class A, class X, class Y>
-inline A dot_in_lanes(const X* x, const Y* y, std::int64_t n) {
-  constexpr int lanes = 8;
-  A part[lanes] = {};
-  std::int64_t i = 0;
-  for (; i + lanes <= n; i += lanes)
-    for (int j = 0; j < lanes; ++j) part[j] += convert<A>(x[i + j]) * convert<A>(y[i + j]);
-  for (; i < n; ++i) part[0] += convert<A>(x[i]) * convert<A>(y[i]);
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-}
 
 }  // namespace strata::kernels
