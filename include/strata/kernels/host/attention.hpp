@@ -380,6 +380,24 @@ void forward(O* out, acc_t<T>* lse, const T* qkv, const attention_shape& s) {
 }
 
 // --- Backward -----------------------------------------------------------------------------
+// A backward task's scratch, carved from one thread's slice: the key/value head's kt and vt
+// [d, lp] (transposed), k [lp, dp], its dK and dV sums [lp, dp]; for a query block its q, dout
+// and dq sums [block, dp], P and dS [block, block], D and lse [block].
+template <class A>
+struct backward_block_scratch {
+  A *kt, *vt, *k, *dk, *dv, *q, *dy, *dq, *p, *ds, *D, *lse;
+  static std::size_t size(std::int64_t lp, std::int64_t dp) {
+    return std::size_t(5 * lp * dp + 3 * block * dp + 2 * block * block + 2 * block);
+  }
+  static backward_block_scratch carve(A* s, std::int64_t lp, std::int64_t dp) {
+    backward_block_scratch w;
+    w.kt = s, w.vt = w.kt + lp * dp, w.k = w.vt + lp * dp, w.dk = w.k + lp * dp, w.dv = w.dk + lp * dp;
+    w.q = w.dv + lp * dp, w.dy = w.q + block * dp, w.dq = w.dy + block * dp;
+    w.p = w.dq + block * dp, w.ds = w.p + block * block, w.D = w.ds + block * block, w.lse = w.D + block;
+    return w;
+  }
+};
+
 // Writes every element of dqkv. For query row t of head h, with P[t2] = exp(score - lse[t]):
 //   dP[t2] = dout[t] . v[t2],  D = dout[t] . out[t]  (= sum_t2 P[t2] dP[t2])
 //   dS[t2] = P[t2] (dP[t2] - D) · scale
@@ -392,28 +410,16 @@ void backward(T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse, const O
   const std::int64_t W = s.row_width(), k_off = s.q_width(), v_off = s.q_width() + s.kv_width();
   const std::int64_t dp = round_up(d, L), lp = round_up(T_, block);
   const A scale = A(s.softmax_scale());
-  // Per thread: the head's kt and vt [d, lp] (transposed), k [lp, dp], its dK and dV
-  // accumulators [lp, dp]; for a query block its q, dout and dq accumulators [block, dp], P and
-  // dS [block, block], D and lse [block].
-  const std::size_t per_thread = std::size_t(5 * lp * dp + 3 * block * dp + 2 * block * block + 2 * block);
   const int threads = openmp::max_threads();
-  scratch_space<A> scratch(threads, per_thread);
+  scratch_space<A> scratch(threads, backward_block_scratch<A>::size(lp, dp));
   const std::int64_t tasks = B * KV;
 
 #pragma omp parallel num_threads(threads) if (tasks > 1 && B * H * T_ * T_ * d > 65536)
   {
-    A* kt = scratch.slice(openmp::thread_id());
-    A* vt = kt + lp * dp;
-    A* k = vt + lp * dp;
-    A* dk = k + lp * dp;
-    A* dv = dk + lp * dp;
-    A* q = dv + lp * dp;
-    A* dy = q + block * dp;
-    A* dq = dy + block * dp;
-    A* p = dq + block * dp;
-    A* ds = p + block * block;
-    A* D = ds + block * block;
-    A* lse_r = D + block;
+    // Plain pointers: OpenMP regions do not take structured bindings under every compiler.
+    const auto w = backward_block_scratch<A>::carve(scratch.slice(openmp::thread_id()), lp, dp);
+    A *kt = w.kt, *vt = w.vt, *k = w.k, *dk = w.dk, *dv = w.dv, *q = w.q, *dy = w.dy, *dq = w.dq, *p = w.p, *ds = w.ds,
+      *D = w.D, *lse_r = w.lse;
 #pragma omp for schedule(static)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / KV, kvh = task % KV;

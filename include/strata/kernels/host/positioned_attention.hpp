@@ -235,29 +235,17 @@ std::int64_t positioned_attention_backward(host, acc_t<T>* dq, acc_t<T>* dkv, co
   const std::int64_t W = s.row_width(), KVW = 2 * s.kv_width();
   const std::int64_t dp = round_up(d, width<A>), lp = round_up(n, block);
   const A scale = A(s.softmax_scale());
-  // Per thread, as the serial backward: the head's kt and vt [d, lp] (transposed), k [lp, dp],
-  // its dK and dV sums [lp, dp]; for a query block its q, dout and dq sums [block, dp], P and dS
-  // [block, block], D and lse [block].
-  const std::size_t per_thread = std::size_t(5 * lp * dp + 3 * block * dp + 2 * block * block + 2 * block);
   const int threads = openmp::max_threads();
-  scratch_space<A> scratch(threads, per_thread);
+  scratch_space<A> scratch(threads, backward_block_scratch<A>::size(lp, dp));
   const std::int64_t tasks = B * KV;
   std::int64_t work = 0;
 
 #pragma omp parallel num_threads(threads) if (positioned_detail::parallel_worth(tasks, s, n)) reduction(+ : work)
   {
-    A* kt = scratch.slice(openmp::thread_id());
-    A* vt = kt + lp * dp;
-    A* k = vt + lp * dp;
-    A* dk = k + lp * dp;
-    A* dv = dk + lp * dp;
-    A* q = dv + lp * dp;
-    A* dy = q + block * dp;
-    A* dq_blk = dy + block * dp;
-    A* p = dq_blk + block * dp;
-    A* ds = p + block * block;
-    A* D_r = ds + block * block;
-    A* lse_r = D_r + block;
+    // Plain pointers: OpenMP regions do not take structured bindings under every compiler.
+    const auto w = backward_block_scratch<A>::carve(scratch.slice(openmp::thread_id()), lp, dp);
+    A *kt = w.kt, *vt = w.vt, *k = w.k, *dk = w.dk, *dv = w.dv, *q = w.q, *dy = w.dy, *dq_blk = w.dq, *p = w.p,
+      *ds = w.ds, *D_r = w.D, *lse_r = w.lse;
 #pragma omp for schedule(static)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / KV, kvh = task % KV;
