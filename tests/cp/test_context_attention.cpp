@@ -404,18 +404,19 @@ void check_forms(const geometry& g) {
     CHECK(error(out, out_ref) <= tolerance<T>());
     CHECK(fwd.bytes_sent == expect.forward);
     CHECK(fwd.bytes_received == expect.forward);
-    // What forward keeps, and nothing else held between calls.
-    const std::size_t kept =
-        form == st::context_form::ring
-            ? rows * std::size_t(g.heads) * sizeof(A)
-            : std::size_t(g.batch * g.seq) * ((std::size_t(g.heads) / P) * sizeof(A) +
-                                              std::size_t(whole.row_width() + whole.q_width()) / P * sizeof(T));
+    // What forward keeps, and nothing else held between calls: the logsumexps, and all-to-all's
+    // gathered qkv (as many bytes as the local qkv, which its backward does not read).
+    const std::size_t kept = form == st::context_form::ring
+                                 ? rows * std::size_t(g.heads) * sizeof(A)
+                                 : std::size_t(g.batch * g.seq) * ((std::size_t(g.heads) / P) * sizeof(A) +
+                                                                   std::size_t(whole.row_width()) / P * sizeof(T));
     CHECK(ledger.current(st::memory_category::activations) == kept);
     CHECK(ledger.current(st::memory_category::workspace) == 0);
     CHECK(ledger.current(st::memory_category::communication) == 0);
 
     comm.reset_counters();
-    core.backward(dqkv.data(), dout.data(), qkv.data(), out.data(), local);
+    CHECK(core.reads_local_qkv() == (form == st::context_form::ring));
+    core.backward(dqkv.data(), dout.data(), core.reads_local_qkv() ? qkv.data() : nullptr, out.data(), local);
     const st::op_counts bwd = comm.counters().total();
     CHECK(error(dqkv, dqkv_ref) <= tolerance<T>());
     // Each part on its own scale too: q, k, v.

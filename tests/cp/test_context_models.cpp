@@ -4,7 +4,7 @@
 //   cp 2 and cp 4 with the ring, cp 2 (both) and cp 4 (GPT-2) with all-to-all, cp 2 x tp 2 + SP,
 //   cp 2 x dp 2 x tp 2 with ZeRO-1 and ZeRO-3, cp 2 x dp 2 x pp 2, cp 2 x tp 2 + SP x pp 2;
 // what each rank's context group carried equals the plan's figure from the layer costs, and
-// attention's activations at cp 4 are a quarter of cp 1's with the ring; the
+// attention's activations at cp 4 are a quarter of cp 1's in either form; the
 // all-to-all form where the key/value heads do not divide, and generation under cp, are refused
 // at once with words that say why; in the emulated device space (every buffer through the space,
 // fresh ones NaN) both forms give the host run's losses bit for bit. (tests/custom runs the same
@@ -64,7 +64,7 @@ TEST_CASE("Llama under context parallelism, with every other axis, trains as it 
     strata_test::check_matches_serial<M>("Llama", llama_shape, ref, c, setup);
 }
 
-TEST_CASE("attention's activations at cp 4: a quarter of cp 1's with the ring") {
+TEST_CASE("attention's activations at cp 4: a quarter of cp 1's, ring and all-to-all") {
   // The costs the plan sums; tests/custom holds the plan to the allocator's bytes under cp 4 in
   // both forms.
   using P = serial_policy;
@@ -76,11 +76,13 @@ TEST_CASE("attention's activations at cp 4: a quarter of cp 1's with the ring") 
   CHECK(ring.activation_bytes * 4 == whole.activation_bytes);
   CHECK(ring.forward_flops * 4 == whole.forward_flops);
   CHECK(ring.context_forward_bytes > 0);
-  // All-to-all also keeps its heads' gathered qkv and output for backward: as many bytes again as
-  // this rank's own qkv [B, T/4, (H + 2·KV)·d] and output [B, T/4, H·d] (here 0.42 of cp 1's).
+  // All-to-all keeps its heads' gathered qkv [B, T, (H + 2·KV)/4·d] in place of this rank's own
+  // [B, T/4, (H + 2·KV)·d], and gathers the output again in backward instead of keeping it twice:
+  // the same bytes, and one more all-to-all of the output [B, T/4, H·d] in backward.
   const auto a2a = st::attention<P>::cost(c, {.batch = 2, .seq = 64, .cp = 4, .form = st::context_form::all_to_all});
-  const std::int64_t rows = 2 * 64 / 4, d = 8;
-  CHECK(a2a.activation_bytes == ring.activation_bytes + rows * ((8 + 2 * 2) * d + 8 * d) * 4);
+  CHECK(a2a.activation_bytes * 4 == whole.activation_bytes);
+  const std::uint64_t rows = 2 * 64 / 4, d = 8, out_block = rows * (8 / 4) * d * 4;  // fp32, one rank's heads
+  CHECK(a2a.context_backward_bytes == a2a.context_forward_bytes + double(3 * out_block));
   if (lead())
     MESSAGE("attention activations per rank: cp 1 " << whole.activation_bytes << " B, cp 4 ring "
                                                     << ring.activation_bytes << " B, cp 4 all-to-all "

@@ -113,8 +113,9 @@ class attention {
   // q·kᵀ and probs·v: 2 x 2·T·T·C per sequence (the causal half is not subtracted, as in the usual
   // 6ND accounting), a 1/cp share per context rank. Keeps qkv, the logsumexps (the core), the
   // heads' output and the projection's output; the rotary embedding works in place in qkv. Under
-  // all-to-all context parallelism the core also keeps its heads' gathered qkv and output (as
-  // many bytes as the local ones), and the context group carries context_attention_traffic.
+  // all-to-all context parallelism the core keeps its heads' gathered qkv in place of this
+  // rank's own (as many bytes; beside it for a moment in forward), and the context group carries
+  // context_attention_traffic.
   static constexpr layer_cost cost(const config& c, const cost_scope& s) {
     const std::int64_t t = s.tp.degree, rows = s.rows();
     const kernels::attention_shape local = shape_of(c, t, s.batch, s.local_seq());
@@ -127,8 +128,6 @@ class attention {
         double(s.batch) * double(local.heads) * double(s.local_seq()) * double(s.seq);
     core.core_bytes =
         s.batch * local.heads * s.local_seq() * static_cast<std::int64_t>(sizeof(A));  // a logsumexp per row
-    if (s.cp > 1 && s.form == context_form::all_to_all)
-      core.core_bytes += rows * (local.row_width() + local.q_width()) * static_cast<std::int64_t>(sizeof(T));
     const context_traffic traffic = context_attention<T>::traffic(s.form, local, s.cp);
     core.context_forward_bytes = double(traffic.forward);
     core.context_backward_bytes = double(traffic.backward);
@@ -151,7 +150,9 @@ class attention {
     const double moves = rope + 4.0 * double(regroup);
     r.memory_forward_bytes += moves;
     r.memory_backward_bytes += moves;
-    r.forward_peak_bytes = layer_cost::max_of(r.forward_peak_bytes, qkv.activation_bytes + regroup);
+    const std::int64_t gathered = s.cp > 1 && s.form == context_form::all_to_all ? qkv_bytes : 0;
+    r.forward_peak_bytes =
+        layer_cost::max_of(r.forward_peak_bytes, qkv.activation_bytes + layer_cost::max_of(regroup, gathered));
     r.backward_peak_bytes = layer_cost::max_of(
         proj.backward_peak_bytes, dheads + qkv_bytes + layer_cost::max_of(relse, regroup + qkv.backward_peak_bytes));
     return r;
@@ -182,7 +183,13 @@ class attention {
     }
     tensor_view<const T> heads{heads_out_.data(), {shape.batch, shape.seq, shape.q_width()}};
     auto y = proj_.forward(heads);
-    if (recompute_core_) release_core();
+    if (recompute_core_) {
+      release_core();
+    } else if (context_ && !context_->reads_local_qkv()) {
+      // All-to-all: the core keeps its heads' gathered qkv, which backward reads in its place.
+      qkv_.release_activations();
+      qkv_out_ = nullptr;
+    }
     return y;
   }
 

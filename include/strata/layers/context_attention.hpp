@@ -25,15 +25,18 @@
 //  - all_to_all (Ulysses): one all-to-all turns [B, T/cp, all heads] into [B, T, H/cp query heads
 //    + KV/cp key/value heads] with every token, the rows put in position order so the serial
 //    kernels apply unchanged; a second brings the output back to [B, T/cp, H·d]. Backward is the
-//    mirror (dout to heads, serial backward, dqkv back). Needs cp to divide both H and KV, and
-//    says so naming the numbers otherwise.
+//    mirror (dout and the output to heads, serial backward, dqkv back). Needs cp to divide both H
+//    and KV, and says so naming the numbers otherwise.
 //
 // Memory. Kept from forward to backward, in strata::buffer charged to memory_category::activations:
 // ring, the logsumexps [B, H, T/cp] (acc_t); all_to_all, the logsumexps of its heads [B, H/cp, T]
-// (acc_t), its gathered qkv [B, T, (H + 2·KV)/cp·d] and its output [B, T, H/cp·d] (T), so
-// backward moves only dout and dqkv. What travels (ring blocks and accumulators, all-to-all
-// send and receive buffers) is charged to memory_category::communication, the acc_t sums and
-// other scratch of a call to memory_category::workspace, both released when the call returns.
+// (acc_t) and its gathered qkv [B, T, (H + 2·KV)/cp·d] (T). The all-to-all form's backward reads
+// neither the local qkv (reads_local_qkv() says so: the caller may let it go, and the gathered
+// copy takes its place) nor a kept copy of its heads' output: it gathers the local output again
+// beside dout, one all-to-all of H·d per row, so that each rank keeps a 1/cp share of cp 1's
+// bytes in either form. What travels (ring blocks and accumulators, all-to-all send and receive
+// buffers) is charged to memory_category::communication, the acc_t sums and other scratch of a
+// call to memory_category::workspace, both released when the call returns.
 //
 // Device: context_attention<T, Device> runs on strata::host (memory host code can address, the
 // emulated device space included) or strata::cuda (device memory): the kernels of
@@ -88,7 +91,8 @@ struct context_traffic {
 //                        + P · R·2·KV·d · acc                    dK/dV accumulators, P hops (home)
 //   all_to_all  forward  (P-1)/P · R·(H + 2·KV)·d · elem         qkv to heads
 //                        + (P-1)/P · R·H·d · elem                the output back
-//               backward the same (dout to heads, dqkv back)
+//               backward (P-1)/P · R·2·H·d · elem                dout and the output to heads
+//                        + (P-1)/P · R·(H + 2·KV)·d · elem       dqkv back
 // Nothing when P = 1.
 constexpr context_traffic context_attention_traffic(context_form form, const kernels::attention_shape& local, int cp,
                                                     std::size_t elem_bytes, std::size_t acc_bytes) {
@@ -103,8 +107,8 @@ constexpr context_traffic context_attention_traffic(context_form form, const ker
   }
   // Equal blocks of (H + 2·KV)/P and H/P heads: each rank keeps one of its P.
   const std::uint64_t qkv_block = rows * ((H + 2 * KV) / P) * d, out_block = rows * (H / P) * d;
-  const std::uint64_t bytes = (P - 1) * (qkv_block + out_block) * elem_bytes;
-  return {bytes, bytes};
+  const std::uint64_t forward = (P - 1) * (qkv_block + out_block) * elem_bytes;
+  return {forward, forward + (P - 1) * out_block * elem_bytes};
 }
 
 namespace context_detail {
@@ -249,6 +253,9 @@ class context_attention {
   static constexpr context_traffic traffic(context_form form, const kernels::attention_shape& local, int cp) {
     return context_attention_traffic(form, local, cp, sizeof(T), sizeof(A));
   }
+  // Whether backward reads the local qkv given to forward (the ring), or only what forward kept
+  // (all-to-all: the gathered heads).
+  bool reads_local_qkv() const { return form_ == context_form::ring; }
   // Whether the all_to_all form can split these heads over cp ranks.
   static constexpr bool heads_divide(const kernels::attention_shape& s, int cp) {
     return cp >= 1 && s.heads % cp == 0 && s.kv_heads % cp == 0;
@@ -269,7 +276,8 @@ class context_attention {
   }
 
   // dqkv [B, T/cp, (H + 2·KV)·d] (written, not read) from dout [B, T/cp, H·d]; qkv and out are
-  // this forward's input and output. Collective over the group. The kept state stays.
+  // this forward's input and output (qkv unread, and may be null, unless reads_local_qkv()).
+  // Collective over the group. The kept state stays.
   void backward(T* dqkv, const T* dout, const T* qkv, const T* out, const kernels::attention_shape& local) {
     check_local("backward", local);
     STRATA_CHECK(has_kept_ && same_shape(kept_, local),
@@ -278,7 +286,7 @@ class context_attention {
     if (form_ == context_form::ring) {
       ring_backward(dqkv, dout, qkv, out, local);
     } else {
-      ulysses_backward(dqkv, dout, local);
+      ulysses_backward(dqkv, dout, out, local);
     }
   }
 
@@ -286,7 +294,6 @@ class context_attention {
   void release() {
     lse_ = buffer<A>();
     qkv_heads_ = buffer<T>();
-    out_heads_ = buffer<T>();
     has_kept_ = false;
   }
 
@@ -496,35 +503,44 @@ class context_attention {
       kernels::for_each_index(Device{}, calls(n, Wg), by_position(recv.data(), qkv_heads_.data(), B, Wg, true));
     }
     lse_ = buffer<A>(*ledger_, memory_category::activations, std::size_t(B * g.heads * g.seq), uninitialized);
-    out_heads_ = buffer<T>(*ledger_, memory_category::activations, std::size_t(B * g.seq * Hgd), uninitialized);
-    kernels::attention_forward(Device{}, out_heads_.data(), lse_.data(), qkv_heads_.data(), g);
+    buffer<T> out_heads(*ledger_, memory_category::workspace, std::size_t(B * g.seq * Hgd), uninitialized);
+    kernels::attention_forward(Device{}, out_heads.data(), lse_.data(), qkv_heads_.data(), g);
     work_ += serial_work(g);
 
     // Back: block i is rank i's rows of these heads; block j received holds heads of rank j.
     const std::size_t n = std::size_t(P * B * m * Hgd);
     buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
     buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-    kernels::for_each_index(Device{}, calls(n, Hgd), by_position(out_heads_.data(), send.data(), B, Hgd, false));
+    kernels::for_each_index(Device{}, calls(n, Hgd), by_position(out_heads.data(), send.data(), B, Hgd, false));
     cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
     kernels::for_each_index(Device{}, calls(n, Hgd), out_blocks(recv.data(), out, s, false));
   }
 
-  void ulysses_backward(T* dqkv, const T* dout, const kernels::attention_shape& s) {
+  // rows [B, T/cp, H·d] of this rank's tokens -> heads [B, T, H/cp·d] of every token in position
+  // order, as qkv went in forward (the output's and its gradient's way to the serial backward).
+  void output_rows_to_heads(T* heads, const T* rows, const kernels::attention_shape& s) {
+    const kernels::attention_shape g = gathered(s);
+    const std::int64_t B = s.batch, Hgd = g.q_width();
+    const std::size_t n = std::size_t(split_.degree * B * s.seq * Hgd);
+    buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
+    buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
+    kernels::for_each_index(Device{}, calls(n, Hgd), out_blocks(rows, send.data(), s, true));
+    cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
+    kernels::for_each_index(Device{}, calls(n, Hgd), by_position(recv.data(), heads, B, Hgd, true));
+  }
+
+  void ulysses_backward(T* dqkv, const T* dout, const T* out, const kernels::attention_shape& s) {
     const int P = split_.degree;
     const kernels::attention_shape g = gathered(s);
     const std::int64_t B = s.batch, m = s.seq, Wg = g.row_width(), Hgd = g.q_width();
     buffer<T> dqkv_heads(*ledger_, memory_category::workspace, std::size_t(B * g.seq * Wg), uninitialized);
     {
-      // dout to heads, as qkv went in forward.
       buffer<T> dout_heads(*ledger_, memory_category::workspace, std::size_t(B * g.seq * Hgd), uninitialized);
-      const std::size_t n = std::size_t(P * B * m * Hgd);
-      buffer<T> send(*ledger_, memory_category::communication, n, uninitialized);
-      buffer<T> recv(*ledger_, memory_category::communication, n, uninitialized);
-      kernels::for_each_index(Device{}, calls(n, Hgd), out_blocks(dout, send.data(), s, true));
-      cp_.all_to_all(std::span<const T>(send.data(), n), std::span<T>(recv.data(), n));
-      kernels::for_each_index(Device{}, calls(n, Hgd), by_position(recv.data(), dout_heads.data(), B, Hgd, true));
+      buffer<T> out_heads(*ledger_, memory_category::workspace, std::size_t(B * g.seq * Hgd), uninitialized);
+      output_rows_to_heads(dout_heads.data(), dout, s);
+      output_rows_to_heads(out_heads.data(), out, s);
       kernels::attention_backward(Device{}, dqkv_heads.data(), dout_heads.data(), qkv_heads_.data(), lse_.data(),
-                                  out_heads_.data(), g);
+                                  out_heads.data(), g);
       work_ += serial_work(g);
     }
     // dqkv back: block i is rank i's rows; block j received holds rank j's heads of this rank's rows.
@@ -542,8 +558,8 @@ class context_attention {
   memory_ledger* ledger_;
   kernels::attention_shape kept_{};
   bool has_kept_ = false;
-  buffer<A> lse_;                    // ring [B, H, T/cp]; all_to_all [B, H/cp, T]
-  buffer<T> qkv_heads_, out_heads_;  // all_to_all: its heads, every token, in position order
+  buffer<A> lse_;        // ring [B, H, T/cp]; all_to_all [B, H/cp, T]
+  buffer<T> qkv_heads_;  // all_to_all: its heads' qkv, every token, in position order
   std::int64_t work_ = 0;
 };
 

@@ -187,7 +187,9 @@ constexpr step_time estimate_step_time(const plan_result& r, const plan_setup& s
   if (cp > 1) {
     const bool ring = L.context_form != "all_to_all";
     const bool redo = setup.recompute != recompute_mode::none;
-    const double steps = ring ? (2.0 * cp - 1) + (redo ? cp - 1 : 0) : (4.0 + (redo ? 2 : 0)) * double(cp - 1);
+    // Steps per block: the ring's hops; all-to-all's 2 collectives forward and 3 backward (dout,
+    // the output, dqkv), each of cp - 1 steps, and forward's again where it is recomputed.
+    const double steps = ring ? (2.0 * cp - 1) + (redo ? cp - 1 : 0) : (5.0 + (redo ? 2 : 0)) * double(cp - 1);
     const double transfer = r.comm_bytes.cp / M / bandwidth(t.cp_intra, tp, cp) + latency(t.cp_intra) * steps * blocks;
     cp_mb = ring ? std::max(0.0, transfer - (planned.attention_s)) : transfer;
   }
