@@ -2,7 +2,8 @@
 // key/value heads) under context parallelism, under mpiexec on 8 ranks, against their serial runs
 // (fp32, 5 steps: per-step losses and the gathered weights within 1e-5):
 //   cp 2 and cp 4 with the ring, cp 2 (both) and cp 4 (GPT-2) with all-to-all, cp 2 x tp 2 + SP,
-//   cp 2 x dp 2 x tp 2 with ZeRO-1 and ZeRO-3, cp 2 x dp 2 x pp 2, cp 2 x tp 2 + SP x pp 2;
+//   cp 2 x dp 2 x tp 2 with ZeRO-1 and ZeRO-3, cp 2 x dp 2 x pp 2, cp 2 x tp 2 + SP x pp 2, and
+//   selective (cp 2, both forms) and full recomputation (with pp 2, each form);
 // what each rank's context group carried equals the plan's figure from the layer costs, and
 // attention's activations at cp 4 are a quarter of cp 1's in either form; the
 // all-to-all form where the key/value heads do not divide, and generation under cp, are refused

@@ -125,7 +125,7 @@ TEST_CASE("its plan, from its own layer costs, equals what the allocator holds")
   using M = custom::model<launch_policy<st::mixed<st::bf16, float>>>;
   const auto& cp = strata_test::context_layouts;
   for (const auto& c : {three_d, three_d_interleaved, dp4_tp2, cp[1], strata_test::context_layouts_four_kv_heads[0],
-                        cp[3], cp[5], cp[7]}) {
+                        cp[3], cp[5], cp[7], cp[9], cp[10]}) {
     CAPTURE(std::string(c.name));
     st::training<M> run(strata_test::world().comm(), shape,
                         launch(c, std::int64_t(1) << 30));  // one bucket: exact ZeRO pieces

@@ -44,6 +44,7 @@ struct layout_case {
   int cp = 1;                         // context parallelism...
   const char* context_form = "ring";  // ...and its form
   int ep = 1;                         // expert parallelism, inside dp x cp
+  strata::recompute_mode recompute = strata::recompute_mode::none;
 };
 
 struct losses_and_weights {
@@ -84,6 +85,7 @@ inline strata::training_options launch(const layout_case& c, const equivalence_s
                              .optimizer = {.lr = e.lr, .eps = e.adam_eps},
                              .trainer = equivalence_options(e.lr, e.steps),
                              .bucket_elems = bucket};
+  o.recompute = c.recompute;
   if (c.pp == 1) o.trainer.micro_batch = e.global_batch / c.dp / 2;  // 2 micro-batches per rank, as serially
   return o;
 }
@@ -99,6 +101,15 @@ inline const layout_case context_layouts[] = {
     {"dp2 x cp2 x tp2, ZeRO-3", 2, 2, 1, 3, 0, 1, 1, "1f1b", 2, "ring"},
     {"dp2 x cp2 x pp2, 1F1B", 2, 1, 2, 1, 0, 2, 1, "1f1b", 2, "ring"},
     {"cp2 x tp2+sp x pp2, 1F1B", 1, 2, 2, 0, 1, 2, 1, "1f1b", 2, "ring"},
+    // Recomputation: the core again in backward (selective), or the whole block (full).
+    {"dp4 x cp2 ring, selective recomputation", 4, 1, 1, 0, 0, 1, 1, "1f1b", 2, "ring", 1,
+     strata::recompute_mode::selective},
+    {"dp4 x cp2 all-to-all, selective recomputation", 4, 1, 1, 0, 0, 1, 1, "1f1b", 2, "all_to_all", 1,
+     strata::recompute_mode::selective},
+    {"dp2 x cp2 x pp2 all-to-all, full recomputation", 2, 1, 2, 1, 0, 2, 1, "1f1b", 2, "all_to_all", 1,
+     strata::recompute_mode::full},
+    {"cp2 x tp2+sp x pp2 ring, full recomputation", 1, 2, 2, 0, 1, 2, 1, "1f1b", 2, "ring", 1,
+     strata::recompute_mode::full},
 };
 // ...and those that split 4 heads (and as many key/value heads) 4 ways by all-to-all.
 inline const layout_case context_layouts_four_kv_heads[] = {
