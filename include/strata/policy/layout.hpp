@@ -22,6 +22,7 @@
 //   - interleaved 1F1B needs microbatches divisible by pp (checked here when either was dynamic).
 #pragma once
 #include <string>
+#include <string_view>
 
 #include "strata/core/error.hpp"
 #include "strata/core/extents.hpp"
@@ -60,15 +61,24 @@ struct layout_config {
       if (axes.contains(d.axis)) n *= degree(d.axis);
     return n;
   }
-  int ranks() const { return dp * cp * tp * pp; }
+  int ranks() const {
+    int n = 1;
+    for (const auto& d : mesh_axes) n *= degree(d.axis);
+    return n;
+  }
   // Ranks of the expert-data group: those holding the same experts (dp·cp / ep).
   int expert_data_ranks() const { return dp * cp / ep; }
-  // "dp=2 x tp=2 x pp=1" for messages: every axis in the order people write them (data first),
-  // the context axis only when it splits, the expert degree (not a factor) after the product.
-  std::string degrees_text() const {
-    std::string s = "dp=" + std::to_string(dp);
-    if (cp != 1) s += " x cp=" + std::to_string(cp);
-    s += " x tp=" + std::to_string(tp) + " x pp=" + std::to_string(pp);
+  // "dp=2 x tp=2 x pp=1" for messages: the axes in the order people write them
+  // (mesh_axis_description::written_at), leaving out those in `except` and, at degree 1, those
+  // not written_at_one; the expert degree (not a factor) after the product.
+  std::string degrees_text(mesh_axis_set except = {}) const {
+    std::string s;
+    for (int place = 0; place < int(mesh_axis_count); ++place)
+      for (const auto& d : mesh_axes) {
+        if (d.written_at != place || except.contains(d.axis) || (!d.written_at_one && degree(d.axis) == 1)) continue;
+        if (!s.empty()) s += " x ";
+        s += std::string(d.name) + "=" + std::to_string(degree(d.axis));
+      }
     if (ep != 1) s += " (ep=" + std::to_string(ep) + ")";
     return s;
   }
@@ -78,7 +88,7 @@ struct layout_config {
 // The values a launch may supply (from flags or the environment); strata::dynamic (or an empty
 // schedule) = not given.
 struct layout_overrides {
-  int dp = dynamic;
+  int dp = dynamic;  // one degree per axis of policy/mesh_axes.hpp
   int cp = dynamic;
   int tp = dynamic;
   int pp = dynamic;
@@ -89,6 +99,16 @@ struct layout_overrides {
   int virtual_chunks = dynamic;
   std::string context_form{};  // ring or all_to_all
   std::string schedule{};      // gpipe, one_f_one_b (or 1f1b), interleaved_1f1b (or interleaved)
+
+  int degree(mesh_axis a) const {
+    switch (a) {
+      case mesh_axis::tp: return tp;
+      case mesh_axis::cp: return cp;
+      case mesh_axis::dp: return dp;
+      case mesh_axis::pp: return pp;
+    }
+    return dp;
+  }
 };
 
 // The layout type's numbers as written, dynamic where the type leaves them open.
@@ -112,7 +132,7 @@ template <parallel_layout Layout>
 namespace detail {
 
 // One number: the declared value if static (a launch value must agree), else the launch value.
-inline int resolve_one(const char* name, int declared, int given, int least = 1) {
+inline int resolve_one(std::string_view name, int declared, int given, int least = 1) {
   if (!is_dynamic(given)) {
     STRATA_CHECK(given >= least, "layout ", name, "=", given, " given at launch must be >= ", least);
   }
@@ -147,19 +167,18 @@ inline std::string canonical_context_form(const std::string& s) {
                                                   const layout_overrides& given = {}) {
   STRATA_CHECK(world_size >= 1, "the world size must be >= 1, got ", world_size);
   layout_config c = declared;
-  c.cp = detail::resolve_one("cp", declared.cp, given.cp);
-  c.tp = detail::resolve_one("tp", declared.tp, given.tp);
-  c.pp = detail::resolve_one("pp", declared.pp, given.pp);
-  c.dp = detail::resolve_one("dp", declared.dp, given.dp);
+  for (const auto& a : mesh_axes) {
+    int& degree = c.degree(a.axis);
+    degree = detail::resolve_one(a.name, declared.degree(a.axis), given.degree(a.axis));
+    STRATA_CHECK(a.fills_world || !is_dynamic(degree), "the layout leaves ", a.name, " as strata::dynamic but no ",
+                 a.name, " was given at launch");
+  }
   c.ep = detail::resolve_one("ep", declared.ep, given.ep);
   if (is_dynamic(c.ep)) c.ep = 1;
   c.microbatches = detail::resolve_one("microbatches", declared.microbatches, given.microbatches);
   c.virtual_chunks = detail::resolve_one("virtual", declared.virtual_chunks, given.virtual_chunks);
   c.zero_stage = detail::resolve_one("zero", declared.zero_stage, given.zero_stage, 0);
   c.sequence_parallel = detail::resolve_one("sp", declared.sequence_parallel, given.sequence_parallel, 0);
-  STRATA_CHECK(!is_dynamic(c.cp), "the layout leaves cp as strata::dynamic but no cp was given at launch");
-  STRATA_CHECK(!is_dynamic(c.tp), "the layout leaves tp as strata::dynamic but no tp was given at launch");
-  STRATA_CHECK(!is_dynamic(c.pp), "the layout leaves pp as strata::dynamic but no pp was given at launch");
   STRATA_CHECK(!is_dynamic(c.microbatches),
                "the layout leaves microbatches as strata::dynamic but no count was given at launch");
   STRATA_CHECK(!is_dynamic(c.virtual_chunks),
@@ -196,13 +215,17 @@ inline std::string canonical_context_form(const std::string& s) {
                "layout virtual=", c.virtual_chunks, " chunks per stage need the interleaved_1f1b schedule, not ",
                c.schedule);
 
-  if (is_dynamic(c.dp)) {
-    // Data parallelism takes whatever the model-parallel groups leave.
-    const int model_ranks = c.cp * c.tp * c.pp;
-    STRATA_CHECK(world_size % model_ranks == 0, "layout ", c.cp != 1 ? "cp=" + std::to_string(c.cp) + " x " : "",
-                 "tp=", c.tp, " x pp=", c.pp, " = ", model_ranks, " ranks does not divide the world size ", world_size,
-                 " (dp is strata::dynamic)");
-    c.dp = world_size / model_ranks;
+  for (const auto& a : mesh_axes) {
+    if (!a.fills_world || !is_dynamic(c.degree(a.axis))) continue;
+    // This axis (data parallelism) takes whatever the other axes' groups leave.
+    int others = 1;
+    for (const auto& b : mesh_axes)
+      if (b.axis != a.axis) others *= c.degree(b.axis);
+    layout_config text = c;
+    text.ep = 1;
+    STRATA_CHECK(world_size % others == 0, "layout ", text.degrees_text({a.axis}), " = ", others,
+                 " ranks does not divide the world size ", world_size, " (", a.name, " is strata::dynamic)");
+    c.degree(a.axis) = world_size / others;
   }
   STRATA_CHECK(c.ranks() == world_size, "layout ", c.degrees_text(), " = ", c.ranks(),
                " ranks does not match the world size ", world_size);
