@@ -32,6 +32,20 @@
 
 namespace strata {
 
+namespace detail {
+// The degree field of axis `a` in a struct with one per axis (layout_config, layout_overrides).
+template <class Degrees>
+constexpr auto& degree_field(Degrees& d, mesh_axis a) {
+  switch (a) {
+    case mesh_axis::tp: return d.tp;
+    case mesh_axis::cp: return d.cp;
+    case mesh_axis::dp: return d.dp;
+    case mesh_axis::pp: return d.pp;
+  }
+  return d.dp;
+}
+}  // namespace detail
+
 // A layout with every value known (once resolved; declared_layout leaves open ones dynamic and
 // the schedule "dynamic").
 struct layout_config {
@@ -44,16 +58,8 @@ struct layout_config {
   int virtual_chunks = 1;
   std::string schedule = "one_f_one_b";  // schedule_name of the tag
 
-  int& degree(mesh_axis a) {
-    switch (a) {
-      case mesh_axis::tp: return tp;
-      case mesh_axis::cp: return cp;
-      case mesh_axis::dp: return dp;
-      case mesh_axis::pp: return pp;
-    }
-    return dp;
-  }
-  int degree(mesh_axis a) const { return const_cast<layout_config&>(*this).degree(a); }
+  int& degree(mesh_axis a) { return detail::degree_field(*this, a); }
+  int degree(mesh_axis a) const { return detail::degree_field(*this, a); }
   // Ranks of a group spanning `axes`.
   int ranks(mesh_axis_set axes) const {
     int n = 1;
@@ -100,15 +106,7 @@ struct layout_overrides {
   std::string context_form{};  // ring or all_to_all
   std::string schedule{};      // gpipe, one_f_one_b (or 1f1b), interleaved_1f1b (or interleaved)
 
-  int degree(mesh_axis a) const {
-    switch (a) {
-      case mesh_axis::tp: return tp;
-      case mesh_axis::cp: return cp;
-      case mesh_axis::dp: return dp;
-      case mesh_axis::pp: return pp;
-    }
-    return dp;
-  }
+  int degree(mesh_axis a) const { return detail::degree_field(*this, a); }
 };
 
 // The layout type's numbers as written, dynamic where the type leaves them open.
