@@ -17,7 +17,8 @@ namespace custom {
 namespace st = strata;
 
 // RMSNorm over the last dimension with a gain: y = x · g / sqrt(mean(x²) + eps). Under sequence
-// parallelism it sees this rank's tokens, so its gain gradient is a partial sum over the group.
+// parallelism it sees this rank's tokens: its gain is registered as a token share, and strata sums
+// the gain's gradient over the group.
 template <class P>
 struct rmsnorm {
   using policy = P;
@@ -40,7 +41,7 @@ struct rmsnorm {
   }
 
   rmsnorm(st::module_scope<P> scope, const config& c) : scope_(scope), cfg_(c) {
-    gain_ = scope.add_parameter("weight", {c.channels}, st::init_rule::ones(), false);
+    gain_ = scope.add_parameter("weight", {c.channels}, st::init_rule::ones(), false, st::tensor_gradient::token_share);
   }
 
   st::tensor_view<const T> forward(st::tensor_view<const T> x) {
@@ -66,7 +67,6 @@ struct rmsnorm {
     auto& p = scope_.params();
     const T* g = p.weights(gain_);
     st::buffer<T> dx(scope_.ledger(), st::memory_category::activations, dy.size());
-    std::vector<T> dg(std::size_t(C), st::convert<T>(0.0));
     std::vector<double> dg_acc(std::size_t(C), 0.0);
     for (std::int64_t r = 0; r < rows; ++r) {
       const double inv = rinv_[std::size_t(r)];
@@ -84,12 +84,12 @@ struct rmsnorm {
             st::convert<T>(inv * (dyi * st::convert<double>(g[i]) - xi * inv * inv * dot / double(C)));
       }
     }
-    for (std::int64_t i = 0; i < C; ++i) dg[std::size_t(i)] = st::convert<T>(dg_acc[std::size_t(i)]);
-    scope_.tensor().sum_partial_gradients(std::span<T>(dg));  // this rank's tokens only, under SP
-    T* grad = p.grads(gain_);
+    auto grads = scope_.gradients(gain_);  // summed over the group where the gain's gradient is a share
+    T* grad = grads[0];
     for (std::int64_t i = 0; i < C; ++i)
-      grad[i] = st::convert<T>(st::convert<double>(grad[i]) + st::convert<double>(dg[std::size_t(i)]));
-    p.grad_written(gain_);
+      grad[i] =
+          st::convert<T>(st::convert<double>(grad[i]) + st::convert<double>(st::convert<T>(dg_acc[std::size_t(i)])));
+    grads.written();
     return dx;
   }
   void release_activations() {

@@ -49,6 +49,7 @@ struct layout_case {
 
 struct losses_and_weights {
   std::vector<double> losses, weights;
+  std::vector<double> grad_norms;  // each step's global gradient norm, before clipping
 };
 
 template <class Model>
@@ -62,7 +63,11 @@ losses_and_weights serial_run(const typename Model::config& shape, const equival
   strata::trainer train(model, opt, o);
   auto data = folded_corpus(shape.vocab);
   losses_and_weights out;
-  for (int s = 0; s < e.steps; ++s) out.losses.push_back(train.step(data.next_batch(e.global_batch, shape.seq)).loss);
+  for (int s = 0; s < e.steps; ++s) {
+    const strata::step_result r = train.step(data.next_batch(e.global_batch, shape.seq));
+    out.losses.push_back(r.loss);
+    out.grad_norms.push_back(r.grad_norm);
+  }
   auto& p = model.parameters();
   for (std::int64_t i = 0; i < p.size(); ++i) out.weights.push_back(strata::convert<double>(p.weights_data()[i]));
   return out;
@@ -122,13 +127,32 @@ template <class Run>
 losses_and_weights train_steps(Run& run, const typename Run::config& shape, const equivalence_setup& e) {
   auto data = folded_corpus(shape.vocab);
   losses_and_weights out;
-  for (int s = 0; s < e.steps; ++s) out.losses.push_back(run.step(data.next_batch(e.global_batch, shape.seq)).loss);
+  for (int s = 0; s < e.steps; ++s) {
+    const strata::step_result r = run.step(data.next_batch(e.global_batch, shape.seq));
+    out.losses.push_back(r.loss);
+    out.grad_norms.push_back(r.grad_norm);
+  }
   out.weights = run.serial_weights();
   return out;
 }
 
-// Layout `c` of Model trained against the serial run `ref`: per-step losses and gathered weights
-// within 1e-5; under context parallelism without a pipeline, also the bytes the cp group carried
+// A layout's run against the serial one: per-step losses, gradient norms and the gathered weights
+// within 1e-5 (a gradient summed over the wrong group can leave the losses within that and not
+// the norms).
+inline void check_run_matches(const std::string& what, const losses_and_weights& got, const losses_and_weights& ref) {
+  const double lerr = elementwise_relative_error(got.losses, ref.losses);
+  const double gerr = elementwise_relative_error(got.grad_norms, ref.grad_norms);
+  const double werr = relative_error(got.weights, ref.weights);
+  if (world().rank() == 0)
+    MESSAGE(what << ": loss rel. error " << lerr << ", gradient norm rel. error " << gerr << ", weight rel. error "
+                 << werr);
+  CHECK(lerr <= 1e-5);
+  CHECK(gerr <= 1e-5);
+  CHECK(werr <= 1e-5);
+}
+
+// Layout `c` of Model trained against the serial run `ref` (check_run_matches); under context
+// parallelism without a pipeline, also the bytes the cp group carried
 // against the plan's figure from the layer costs (its busiest rank is every rank).
 template <class Model, class Run = strata::training<Model>>
 void check_matches_serial(const char* family, const typename Model::config& shape, const losses_and_weights& ref,
@@ -136,15 +160,9 @@ void check_matches_serial(const char* family, const typename Model::config& shap
   CAPTURE(std::string(family) + " " + c.name);
   Run run(world().comm(), shape, launch(c, e));
   const auto got = train_steps(run, shape, e);
-  const double lerr = elementwise_relative_error(got.losses, ref.losses);
-  const double werr = relative_error(got.weights, ref.weights);
-  if (world().rank() == 0)
-    MESSAGE(std::string(family) << " " << std::string(c.name) << ": loss rel. error " << lerr << ", weight rel. error "
-                                << werr);
+  check_run_matches(std::string(family) + " " + c.name, got, ref);
   CHECK(run.layout().cp == c.cp);
   CHECK(run.model().pipelined() == (c.pp > 1));
-  CHECK(lerr <= 1e-5);
-  CHECK(werr <= 1e-5);
   if (c.cp > 1 && c.pp == 1) {
     const auto plan = run.plan({.micro = e.global_batch / c.dp / 2, .global = e.global_batch});
     CHECK(plan.comm_bytes.cp > 0);

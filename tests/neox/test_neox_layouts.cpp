@@ -55,12 +55,7 @@ TEST_CASE("the GPT-NeoX model trains under every layout as it does serially") {
     o.recompute = recompute;
     st::training<neox::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape, std::move(o));
     const auto got = strata_test::train_steps(run, shape, setup);
-    const double lerr = strata_test::elementwise_relative_error(got.losses, ref.losses);
-    const double werr = strata_test::relative_error(got.weights, ref.weights);
-    if (strata_test::world().rank() == 0)
-      MESSAGE(std::string(c.name) << ": loss rel. error " << lerr << ", weight rel. error " << werr);
-    CHECK(lerr <= 1e-5);
-    CHECK(werr <= 1e-5);
+    strata_test::check_run_matches(c.name, got, ref);
   }
   CHECK(ran > 0);
 }

@@ -1,6 +1,8 @@
 // Whole-layer gradients against central finite differences, with every template instantiated
-// on double: a transformer block (input and every parameter), and the complete GPT-2 model
-// (every parameter, the tied embedding included, through the fused loss).
+// on double: a transformer block (input and every parameter), blocks composed with st::chain,
+// st::residual and st::sum_of (tests/compose/composed_blocks.hpp), and the complete GPT-2 model
+// (every parameter, the tied embedding included, through the fused loss). A composed GPT-2 block
+// equals transformer_block bit for bit.
 //
 // Error measure: max_i |analytic_i - numeric_i| / max_i |numeric_i| (the largest deviation
 // relative to the largest gradient), required <= 1e-6.
@@ -14,6 +16,7 @@
 
 #include <strata/strata.hpp>
 
+#include "../compose/composed_blocks.hpp"
 #include "gpt2/gpt2.hpp"
 
 namespace st = strata;
@@ -221,6 +224,93 @@ TEST_CASE("transformer block: input and parameter gradients match finite differe
                                                 .kv_heads = 1,
                                                 .rope_theta = 100,
                                                 .bias = false});
+}
+
+TEST_CASE("composed blocks: input and parameter gradients match finite differences in double") {
+  // Gemma 2's sandwich (pre- and post-norms around both branches), grouped-query rotary attention.
+  check_block_gradients<composed::sandwich_block<P64>>(
+      "sandwich", {.channels = 8, .heads = 2, .kv_heads = 1, .hidden = 16, .rope_theta = 100, .init_std = 0.3});
+  // The parallel residual as a sum of two chains.
+  check_block_gradients<st::composition<composed::parallel<P64>>>(
+      "parallel residual", {.channels = 8, .heads = 2, .hidden = 32, .init_std = 0.3, .proj_init_std = 0.2});
+}
+
+namespace {
+// Forward, backward and every gradient of two blocks built alike (same names, same seed) on the
+// same input and output gradient.
+template <class A, class B>
+void compare_blocks(const typename A::config& cfg, double tolerance) {
+  st::memory_ledger la, lb;
+  st::model_context<P64> ca(la, st::seed{3}), cb(lb, st::seed{3});
+  A a(st::module_scope<P64>(ca, "block"), cfg);
+  B b(st::module_scope<P64>(cb, "block"), cfg);
+  auto &pa = ca.params(), &pb = cb.params();
+  REQUIRE(pa.entries().size() == pb.entries().size());
+  for (std::size_t i = 0; i < pa.entries().size(); ++i) CHECK(pa.entries()[i].name == pb.entries()[i].name);
+  pa.materialize();
+  pb.materialize();
+  pa.zero_grads();
+  pb.zero_grads();
+  const std::int64_t B_ = 2, T = 4, C = cfg.channels;
+  const std::vector<double> x = random_vector(B_ * T * C, 1), r = random_vector(B_ * T * C, 2);
+  const auto ya = a.forward({x.data(), {B_, T, C}});
+  const auto yb = b.forward({x.data(), {B_, T, C}});
+  std::vector<double> out_a(ya.data, ya.data + ya.numel()), out_b(yb.data, yb.data + yb.numel());
+  st::buffer<double> dya(la, st::memory_category::activations, r.size()),
+      dyb(lb, st::memory_category::activations, r.size());
+  std::copy(r.begin(), r.end(), dya.data());
+  std::copy(r.begin(), r.end(), dyb.data());
+  const st::buffer<double> dxa = a.backward(dya), dxb = b.backward(dyb);
+  const std::vector<double> ga(pa.grads_data(), pa.grads_data() + pa.size()),
+      gb(pb.grads_data(), pb.grads_data() + pb.size());
+  if (tolerance == 0) {
+    CHECK(out_a == out_b);
+    CHECK(std::equal(dxa.data(), dxa.data() + dxa.size(), dxb.data()));
+    CHECK(ga == gb);
+  } else {
+    CHECK(relative_error(out_a, out_b) <= tolerance);
+    CHECK(relative_error(std::vector<double>(dxa.data(), dxa.data() + dxa.size()),
+                         std::vector<double>(dxb.data(), dxb.data() + dxb.size())) <= tolerance);
+    CHECK(relative_error(ga, gb) <= tolerance);
+  }
+}
+}  // namespace
+
+TEST_CASE("a composed block computes what the hand-written one does, and costs what it costs") {
+  using block = st::transformer_block<P64>;
+  const block::config gpt2{.channels = 8, .heads = 2, .hidden = 32, .init_std = 0.3, .proj_init_std = 0.2};
+  // The same kernels in the same order: equal to the bit.
+  compare_blocks<st::composition<composed::gpt2_like<P64>>, block>(gpt2, 0);
+  // The parallel residual sums its branches first, then adds the input: equal to rounding.
+  block::config neox = gpt2;
+  neox.parallel_residual = true;
+  compare_blocks<st::composition<composed::parallel<P64>>, block>(neox, 1e-13);
+
+  // The derived cost adds up to the hand-written one's (its peaks follow its own order of buffers).
+  using F = st::policy<st::host, st::serial, st::fp32>;
+  for (const st::tensor_split tp :
+       {st::tensor_split{1, false}, st::tensor_split{2, false}, st::tensor_split{2, true}}) {
+    const st::cost_scope s{.tp = tp, .batch = 2, .seq = 16};
+    const auto c = st::transformer_block<F>::config{.channels = 64, .heads = 4, .hidden = 256};
+    const st::layer_cost hand = st::transformer_block<F>::cost(c, s),
+                         derived = st::composition<composed::gpt2_like<F>>::cost(c, s);
+    CHECK(derived.params == hand.params);
+    CHECK(derived.forward_flops == hand.forward_flops);
+    CHECK(derived.backward_flops == hand.backward_flops);
+    CHECK(derived.activation_bytes == hand.activation_bytes);
+    CHECK(derived.output_bytes == hand.output_bytes);
+    CHECK(derived.tensor_forward_bytes == hand.tensor_forward_bytes);
+    CHECK(derived.tensor_backward_bytes == hand.tensor_backward_bytes);
+    CHECK(derived.memory_forward_bytes == hand.memory_forward_bytes);
+    CHECK(derived.memory_backward_bytes == hand.memory_backward_bytes);
+    CHECK(derived.forward_gemms == hand.forward_gemms);
+    CHECK(derived.backward_gemms == hand.backward_gemms);
+    CHECK(derived.attention_forward_flops == hand.attention_forward_flops);
+  }
+  // A composition is a layer: it meets the concept, and its tensor extents are its parts'.
+  static_assert(st::hidden_layer<composed::sandwich_block<P64>>);
+  static_assert(st::composition<composed::sandwich<P64>>::tensor_extents({.channels = 8, .heads = 6, .hidden = 10})
+                    .first_not_divided_by(4) != nullptr);
 }
 
 TEST_CASE("GPT-2 model: every parameter's gradient through the fused loss matches finite differences") {

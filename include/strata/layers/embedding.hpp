@@ -83,7 +83,9 @@ class embedding {
     first_row_ = rows_here_ * (degree_ > 1 ? tp.rank() : 0);
     wte_ = scope_.add_parameter("wte", table, init_rule::normal_with_std(c.init_std), true);
     if (c.max_seq > 0)
-      wpe_ = scope_.add_parameter("wpe", {c.max_seq, c.channels}, init_rule::normal_with_std(c.init_std), true);
+      // Its gradient comes from every token's (backward gathers them under sequence parallelism).
+      wpe_ = scope_.add_parameter("wpe", {c.max_seq, c.channels}, init_rule::normal_with_std(c.init_std), true,
+                                  tensor_gradient::own);
   }
 
   // tokens: [B, T] with T <= max_seq and every id < vocab (checked; the error names it).

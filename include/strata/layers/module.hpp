@@ -20,6 +20,7 @@
 #include "strata/layers/context_parallel.hpp"
 #include "strata/layers/expert_dispatch.hpp"
 #include "strata/layers/parameters.hpp"
+#include "strata/layers/tensor_gradients.hpp"
 #include "strata/layers/tensor_parallel.hpp"
 #include "strata/layers/tensor_split.hpp"
 #include "strata/policy/policy.hpp"
@@ -40,7 +41,9 @@ class model_context {
         tp_(std::move(tp)),
         cp_(std::move(cp)),
         experts_(std::move(experts)),
-        recompute_(recompute) {}
+        recompute_(recompute) {
+    params_.set_tensor_sums([this](tensor_gradient g) { return tensor_group_sums(g, tp_.split()); });
+  }
   model_context(const model_context&) = delete;
   model_context& operator=(const model_context&) = delete;
 
@@ -117,11 +120,17 @@ class module_scope {
   std::string qualify(std::string_view leaf) const {
     return prefix_.empty() ? std::string(leaf) : prefix_ + "." + std::string(leaf);
   }
-  param_handle add_parameter(std::string_view leaf, strata::shape shape, init_rule init, bool decay) {
-    return add_parameter(leaf, tensor_shard{shape}, init, decay);
+  // A parameter whole on every rank of the tensor group, and what one rank's gradient of it is:
+  // tensor_gradient::token_share for one computed from the tokens between regions (a norm's gain),
+  // head_share from the heads inside a region (a per-head norm's), own from every token. The
+  // library sums the shares (gradients(...)).
+  param_handle add_parameter(std::string_view leaf, strata::shape shape, init_rule init, bool decay,
+                             tensor_gradient gradient) {
+    return add_parameter(leaf, tensor_shard{shape}, init, decay, gradient);
   }
-  // This rank's piece of a tensor-parallel parameter (see tensor_shard).
-  param_handle add_parameter(std::string_view leaf, tensor_shard shard, init_rule init, bool decay) {
+  // This rank's piece of a tensor-parallel parameter (see tensor_shard), its gradient its own.
+  param_handle add_parameter(std::string_view leaf, tensor_shard shard, init_rule init, bool decay,
+                             tensor_gradient gradient = tensor_gradient::own) {
     const std::string name = qualify(leaf);
     if (ctx_->sharing_parameters()) {
       const param_handle h = ctx_->params().find(name);
@@ -131,7 +140,7 @@ class module_scope {
         return h;
       }
     }
-    return ctx_->params().add(name, init, decay, shard);
+    return ctx_->params().add(name, init, decay, shard, gradient);
   }
   // A parameter another layer owns and registers under the absolute name `name` (a tied table):
   // its handle, with this layer counted as one more writer of its gradient. Where the owner is
@@ -152,6 +161,13 @@ class module_scope {
     // A copy built for another micro-batch of a pipeline stage writes the same gradient once.
     if (!ctx_->sharing_parameters() && !p.info(h).replica) p.add_writer(h);
     return h;
+  }
+
+  // Where this backward adds the gradients of `handles`, the tensor group's sums derived from
+  // their registration (layers/tensor_gradients.hpp); the layer calls written() when done.
+  template <class... Handles>
+  gradient_targets<T, typename P::device, sizeof...(Handles)> gradients(Handles... handles) const {
+    return {ctx_->params(), ctx_->tensor(), ctx_->ledger(), {handles...}};
   }
 
   // The tensor split this layer runs under.

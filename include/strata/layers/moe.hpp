@@ -177,12 +177,12 @@ class moe {
     auto& params = scope.params();
     for (std::int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {
       const auto one = experts / static_cast<int>(e);
-      first_.push_back(
-          (one / (gated(c) ? "gate_up" : "fc"))
-              .add_parameter("weight", shape{first_rows(c), c.channels}, init_rule::normal_with_std(c.init_std), true));
-      down_.push_back(
-          (one / (gated(c) ? "down" : "proj"))
-              .add_parameter("weight", shape{c.channels, c.hidden}, init_rule::normal_with_std(c.proj_init_std), true));
+      first_.push_back((one / (gated(c) ? "gate_up" : "fc"))
+                           .add_parameter("weight", shape{first_rows(c), c.channels},
+                                          init_rule::normal_with_std(c.init_std), true, tensor_gradient::own));
+      down_.push_back((one / (gated(c) ? "down" : "proj"))
+                          .add_parameter("weight", shape{c.channels, c.hidden},
+                                         init_rule::normal_with_std(c.proj_init_std), true, tensor_gradient::own));
       if (ep_ > 1) {
         params.mark_expert(first_.back());
         params.mark_expert(down_.back());

@@ -156,6 +156,26 @@ struct tensor_shard {
   int block_count() const { return std::clamp(blocks, 0, max_blocks); }
 };
 
+// How one rank's gradient of a parameter relates to the serial model's over the tensor-parallel
+// group, said when the parameter is registered. The library sums the shares over the group
+// (module_scope::gradients) exactly where they are shares, so no layer calls a reduction itself.
+//   own          the rank computes its whole gradient: of its piece of a sharded tensor, or of a
+//                whole one from every token (a layer that gathered them)
+//   token_share  replicated, computed from the tokens this rank holds between regions (a norm's
+//                gain): a share under sequence parallelism, summed over the group then
+//   head_share   replicated, computed from the heads this rank holds inside a region (a per-head
+//                norm's gain): a share whenever the group has more than one rank
+enum class tensor_gradient { own, token_share, head_share };
+
+constexpr const char* tensor_gradient_name(tensor_gradient g) {
+  switch (g) {
+    case tensor_gradient::own: return "own";
+    case tensor_gradient::token_share: return "token_share";
+    case tensor_gradient::head_share: return "head_share";
+  }
+  return "?";
+}
+
 struct param_info {
   std::string name;  // "blocks.3.attn.qkv.weight": its identity for init and checkpoints
   strata::shape shape;
@@ -170,6 +190,7 @@ struct param_info {
                               // counts once, there
   bool expert = false;        // one of the experts this rank holds under expert parallelism: its
                               // gradient is reduced over the ranks holding the same experts
+  tensor_gradient gradient = tensor_gradient::own;  // what the tensor group sums (see tensor_gradient)
 };
 
 template <class T>
@@ -183,7 +204,8 @@ class parameter_store {
     return add(std::move(name), init, weight_decay, tensor_shard{shape});
   }
   // A parameter that may be a piece of a larger tensor: its shape here is shard.local().
-  param_handle add(std::string name, init_rule init, bool weight_decay, tensor_shard shard) {
+  param_handle add(std::string name, init_rule init, bool weight_decay, tensor_shard shard,
+                   tensor_gradient gradient = tensor_gradient::own) {
     const strata::shape shape = shard.local();
     STRATA_CHECK(!materialized(), "parameter_store: cannot add '", name, "' after the parameters were allocated");
     for (const auto& e : entries_)
@@ -191,7 +213,11 @@ class parameter_store {
     STRATA_CHECK(shard.consistent(), "parameter_store: '", name, "' of shape ", shard.full.str(),
                  " cannot be split into ", shard.parts, " pieces of each of ", shard.blocks, " blocks along dimension ",
                  shard.dim);
+    STRATA_CHECK(gradient == tensor_gradient::own || !shard.sharded(), "parameter_store: '", name,
+                 "' is sharded over the tensor group; its gradient is its own piece's, not a ",
+                 tensor_gradient_name(gradient));
     param_info info{std::move(name), shape, total_, shape.numel(), init, weight_decay, 1, shard};
+    info.gradient = gradient;
     STRATA_CHECK(info.numel > 0, "parameter_store: parameter '", info.name, "' has shape ", shape.str(),
                  " with no elements");
     total_ += info.numel;
@@ -232,7 +258,24 @@ class parameter_store {
     for (std::size_t i = 0; i < entries_.size(); ++i) pending_writers_[i] = entries_[i].writers;
     armed_ = static_cast<bool>(hook_);
   }
+  // The tensor-parallel mode decides which shares are summed now (module_scope sets it from its
+  // group: token shares under sequence parallelism, head shares whenever the group has ranks).
+  void set_tensor_sums(std::function<bool(tensor_gradient)> summed) { summed_ = std::move(summed); }
+  // Whether h's gradient on this rank is a share the tensor group sums, in the current mode.
+  bool summed_over_tensor_group(param_handle h) const {
+    const tensor_gradient g = info(h).gradient;
+    return g != tensor_gradient::own && summed_ && summed_(g);
+  }
+  // A layer that wrote h's gradient itself says so. A share the group sums cannot be written so:
+  // it goes through module_scope::gradients, which sums it and then calls summed_grad_written.
   void grad_written(param_handle h) {
+    STRATA_CHECK(!summed_over_tensor_group(h), "parameter '", info(h).name, "' is registered as a ",
+                 tensor_gradient_name(info(h).gradient),
+                 " of the tensor group, which is summed over the group now: write its gradient through "
+                 "module_scope::gradients(...), which sums it");
+    summed_grad_written(h);
+  }
+  void summed_grad_written(param_handle h) {
     if (!armed_) return;
     auto& left = pending_writers_[static_cast<std::size_t>(h.index)];
     if (--left == 0) hook_(h);
@@ -351,6 +394,7 @@ class parameter_store {
   buffer<T> weights_, grads_;
   std::function<void(param_handle)> hook_;
   std::function<T*(param_handle)> grad_source_, weight_source_;
+  std::function<bool(tensor_gradient)> summed_;
   bool grads_released_ = false, weights_released_ = false;
   std::vector<int> pending_writers_;
   bool armed_ = false;

@@ -135,16 +135,6 @@ class tensor_parallel {
     return full;
   }
 
-  // Gradients of replicated parameters (LayerNorm gains and biases) that this rank computed
-  // from its own tokens only, under sequence parallelism: summed over the group in place. The
-  // caller then adds them to the parameters' gradients. Without sequence parallelism every rank
-  // saw every token, and nothing needs to move.
-  template <class T>
-  void sum_partial_gradients(std::span<T> partial) {
-    if (sequence_parallel()) group_.all_reduce(partial);
-  }
-  // Sums `partial` over the group whatever the mode (a key/value head's weight gradient, held by
-  // several ranks).
   template <class T>
   void sum_over_group(std::span<T> partial) {
     if (degree() > 1) group_.all_reduce(partial);
