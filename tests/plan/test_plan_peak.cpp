@@ -1,10 +1,11 @@
 // The plan's activation peak against the allocator's, over a whole training step: forward's
 // scratch, everything kept, and backward's scratch (the input gradients in flight, gathered
 // inputs under sequence parallelism, a GELU's pre-activation gradient, the per-head QKV copy, the
-// logsumexps selective recomputation rebuilds). For GPT-2, the Llama example and the GPT-NeoX
-// model of tests/neox: serially, and under mpiexec on 2 ranks as tp2 + SP (selective
-// recomputation), dp2 with full recomputation, and pp2 under 1F1B. The allocator's figure is the
-// ledger's peak of the activations category over the first step, from what was held before it.
+// logsumexps selective recomputation rebuilds). For GPT-2, the Llama example, the GPT-NeoX model
+// of tests/neox and the sandwich blocks of tests/compose (whose costs the compositions derive):
+// serially, and under mpiexec on 2 ranks as tp2 + SP (selective recomputation), dp2 with full
+// recomputation, and pp2 under 1F1B. The allocator's figure is the ledger's peak of the
+// activations category over the first step, from what was held before it.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include <strata/strata.hpp>
 
+#include "../compose/composed_blocks.hpp"
 #include "../mpi/layout_equivalence.hpp"
 #include "../neox/neox_model.hpp"
 #include "gpt2/gpt2.hpp"
@@ -118,6 +120,7 @@ TEST_CASE("the plan's activation peak equals the allocator's, serially") {
   check_serial<gpt2::model<P>>("GPT-2", gpt2_shape);
   check_serial<llama::model<P>>("Llama", llama_shape);
   check_serial<neox::model<P>>("GPT-NeoX", neox_shape);
+  check_serial<composed::model<P>>("sandwich", composed::dims{});
 }
 
 TEST_CASE("the plan's activation peak equals the allocator's under tp2 + SP, full recomputation and pp2") {
@@ -125,4 +128,5 @@ TEST_CASE("the plan's activation peak equals the allocator's under tp2 + SP, ful
   check_layouts<family<gpt2::model, gpt2::dims>>("GPT-2", gpt2_shape);
   check_layouts<family<llama::model, llama::dims>>("Llama", llama_shape);
   check_layouts<family<neox::model, neox::dims>>("GPT-NeoX", neox_shape);
+  check_layouts<family<composed::model, composed::dims>>("sandwich", composed::dims{});
 }
