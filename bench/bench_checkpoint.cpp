@@ -10,7 +10,7 @@
 
 #include <strata/strata.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 namespace fs = std::filesystem;
@@ -18,12 +18,12 @@ namespace fs = std::filesystem;
 namespace {
 
 using P = st::policy<st::host, st::serial, st::mixed<st::bf16, float>>;
-const gpt2::dims shape{.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .d_model = 256};
+const strata::models::gpt2::dims shape{.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .d_model = 256};
 const std::string dir = "bench_checkpoint_tmp";
 
 struct setup {
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P>> model{ledger, shape, st::seed{1}};
+  st::sequential_model<strata::models::gpt2::model<P>> model{ledger, shape, st::seed{1}};
   st::adamw<P> opt{model, {}};
   st::checkpointer ckpt{{dir, 1}, st::group_ref(), {{"world", 1}}, {{"layers", shape.layers}}};
   st::train_state_ref<P> state() { return {model.parameters(), opt, {}}; }

@@ -16,7 +16,7 @@
 
 #include <strata/strata.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 #include "mpi_benchmark_main.hpp"
 
 namespace st = strata;
@@ -28,11 +28,11 @@ st::world* the_world = nullptr;
 void BM_dp_step(benchmark::State& state) {
   using P = st::policy<st::host, st::serial, st::fp32>;
   const int zero = static_cast<int>(state.range(0));
-  const gpt2::dims d{.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .d_model = 128};
+  const strata::models::gpt2::dims d{.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .d_model = 128};
   const std::int64_t global_batch = 16;
   auto& world = the_world->comm();
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P>> model(ledger, d, st::seed{1});
+  st::sequential_model<strata::models::gpt2::model<P>> model(ledger, d, st::seed{1});
   st::data_parallel<P, st::mpi_communicator> dp(model.parameters(), world,
                                                 {.zero_stage = zero, .bucket_elems = 1 << 16});
   st::adamw<P> opt(dp, {.lr = 1e-3});  // this rank's segments (a ZeRO shard for stages >= 1)

@@ -25,14 +25,16 @@
 
 #include <strata/strata.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 
 struct shape {
   const char* name;
   std::int64_t layers, d_model, heads, seq, vocab, batch;
-  gpt2::dims dims() const { return {.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .d_model = d_model}; }
+  strata::models::gpt2::dims dims() const {
+    return {.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .d_model = d_model};
+  }
 };
 constexpr shape small{"small", 3, 96, 4, 64, 256, 16};  // gpt2_train's default
 constexpr shape medium{"medium", 6, 384, 6, 256, 8192, 8};
@@ -42,9 +44,9 @@ template <class Precision>
 struct run {
   using P = st::policy<st::host, st::serial, Precision>;
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P>> model;
+  st::sequential_model<strata::models::gpt2::model<P>> model;
   st::adamw<P> opt;
-  st::trainer<st::sequential_model<gpt2::model<P>>, st::adamw<P>> train;
+  st::trainer<st::sequential_model<strata::models::gpt2::model<P>>, st::adamw<P>> train;
   st::token_batch batch;
   explicit run(const shape& s)
       : model(ledger, s.dims(), st::seed{1}),

@@ -50,13 +50,13 @@ int main(int argc, char** argv) {
     }
   }
   if (model == "llama") {
-    r.llama = llama::dims{.vocab = r.shape.vocab,
-                          .seq = r.shape.seq,
-                          .layers = r.shape.layers,
-                          .heads = r.shape.heads,
-                          .d_model = r.shape.d_model,
-                          .kv_heads = kv_heads,
-                          .ffn = ffn};
+    r.llama = strata::models::llama::dims{.vocab = r.shape.vocab,
+                                          .seq = r.shape.seq,
+                                          .layers = r.shape.layers,
+                                          .heads = r.shape.heads,
+                                          .d_model = r.shape.d_model,
+                                          .kv_heads = kv_heads,
+                                          .ffn = ffn};
   } else if (model != "gpt2") {
     std::fprintf(stderr, "strata_gpt2_train_cuda: --model %s is neither gpt2 nor llama\n", model.c_str());
     return 2;

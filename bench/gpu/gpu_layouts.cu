@@ -21,7 +21,7 @@
 #include <strata/kernels/all.hpp>
 #include <strata/strata.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 
@@ -69,13 +69,13 @@ int run(st::world& world, int argc, char** argv) {
     else st::fail("strata_gpu_layouts: unknown flag ", flag);
   }
   st::gpu::use_local_device(world);
-  const gpt2::dims dims{.vocab = 4096, .seq = 256, .layers = 4, .heads = 8, .d_model = 256};
+  const strata::models::gpt2::dims dims{.vocab = 4096, .seq = 256, .layers = 4, .heads = 8, .d_model = 256};
   st::training_options o{.layout = layout,
                          .seed = st::seed{7},
                          .optimizer = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
                          .memory = &st::gpu::device_memory()};
   o.trainer.grad_clip = 1.0;
-  st::training<gpt2::model<P>> run(world, dims, o);
+  st::training<strata::models::gpt2::model<P>> run(world, dims, o);
   st::token_stream data(st::byte_tokens(st::generate_corpus()), 7, st::data_order::sequential);
   std::vector<double> losses, tokens_per_s;
   for (int s = 0; s < steps; ++s) {

@@ -14,14 +14,13 @@
 #include <cstdio>
 #include <exception>
 #include <optional>
-#include <string>
-#include <vector>
 
 #include <strata/strata.hpp>
 
 #include "common/cli_checks.hpp"
 #include "train_gpus.hpp"
 #include "train_host.hpp"
+#include "train_options.hpp"
 
 using namespace gpt2_train;
 
@@ -48,41 +47,11 @@ int run_on_device(const run_options& o, st::world& world) {
   return o.model == "llama" ? train_llama_on_host(o, world, dev) : train_gpt2_on_host(o, world, dev);
 }
 
-// The shape's own rules, in the flags' words (the layers would say the same in theirs).
-void check_dims(const run_options& o) {
-  const auto& d = o.shape;
-  STRATA_CHECK(d.d_model % d.heads == 0, o.model, ": --heads ", d.heads, " does not divide --d-model ", d.d_model,
-               " (head_dim must be a whole number)");
-  STRATA_CHECK(!o.sp || d.seq % o.tp == 0, o.model, ": sequence parallelism over tp=", o.tp,
-               " needs --seq divisible by it, got ", d.seq);
-  if (o.model != "gpt2") {
-    STRATA_CHECK(d.kv_heads == 0 || d.heads % d.kv_heads == 0, o.model, ": --kv-heads ", d.kv_heads,
-                 " does not divide --heads ", d.heads);
-    STRATA_CHECK(d.d_model / d.heads % 2 == 0, o.model, ": the rotary embedding needs an even head size, --d-model ",
-                 d.d_model, " / --heads ", d.heads, " = ", d.d_model / d.heads);
-  }
-  if (o.model == "mixtral")
-    STRATA_CHECK(d.top_k <= d.experts, "mixtral: --moe-top-k ", d.top_k, " is more than --experts ", d.experts);
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  // MPI: mpirun -np N gpt2_train ..., or run alone as a world of one. A bad STRATA_COMM_TIMEOUT
-  // is reported before MPI starts.
-  std::optional<st::world> started;
-  try {
-    started.emplace(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt2_train: error: %s\n", e.what());
-    return 1;
-  }
-  st::world& world = *started;
-  run_options o;
-  CLI::App app{"gpt2_train: train the example GPT-2, Llama or Mixtral with strata on the CPU or on GPUs"};
+// The model and its shape; Llama's own flags among them.
+void add_model_flags(CLI::App& app, run_options& o, given_flags& given) {
   const auto positive = cli_checks::integer_at_least(1), non_negative = cli_checks::integer_at_least(0);
   app.add_option("--model", o.model,
-                 "the model: gpt2 (examples/gpt2), llama (examples/llama) or mixtral (examples/mixtral: the "
+                 "the model: gpt2 (examples/gpt2), llama (strata/models/llama.hpp) or mixtral (examples/mixtral: the "
                  "Llama with a mixture of experts)")
       ->check(CLI::IsMember({"gpt2", "llama", "mixtral"}))
       ->capture_default_str();
@@ -100,45 +69,53 @@ int main(int argc, char** argv) {
                  "for llama)")
       ->check(non_negative)
       ->capture_default_str();
-  auto* kv_heads = app.add_option("--kv-heads", o.shape.kv_heads,
-                                  "llama: key/value heads, dividing --heads (0: as many "
-                                  "as --heads; fewer: grouped-query attention)")
-                       ->check(non_negative)
-                       ->capture_default_str();
-  auto* rope_theta = app.add_option("--rope-theta", o.shape.rope_theta, "llama: the rotary embedding's base")
-                         ->check(cli_checks::real_in(0, false))
-                         ->capture_default_str();
-  auto* norm_eps = app.add_option("--norm-eps", o.shape.norm_eps, "llama: RMSNorm's epsilon")
-                       ->check(cli_checks::real_in(0, false))
-                       ->capture_default_str();
-  // Mixtral only (refused with the other models).
-  std::vector<CLI::Option*> moe_flags{
-      app.add_option("--experts", o.shape.experts, "mixtral: experts per block")
-          ->check(positive)
-          ->capture_default_str(),
-      app.add_option("--moe-top-k", o.shape.top_k, "mixtral: experts per token (at most --experts)")
-          ->check(positive)
-          ->capture_default_str(),
-      app.add_option("--shared-ffn", o.shape.shared_ffn,
-                     "mixtral: a shared expert's width, every token through it "
-                     "(0: none)")
-          ->check(non_negative),
-      app.add_option("--balance-coef", o.shape.balance_coef, "mixtral: the load-balancing loss's coefficient")
-          ->check(cli_checks::real_in(0, true))
-          ->capture_default_str(),
-      app.add_option("--z-coef", o.shape.z_coef, "mixtral: the router z-loss's coefficient")
-          ->check(cli_checks::real_in(0, true))
-          ->capture_default_str(),
-      app.add_option("--capacity-factor", o.shape.capacity_factor,
-                     "mixtral: each expert keeps at most ceil(factor x seq x top-k / experts) of a sequence's "
-                     "tokens, the rest dropped (0: dropless)")
-          ->check(cli_checks::real_in(0, true))
-          ->capture_default_str(),
-      app.add_option("--ep", o.ep,
-                     "mixtral: expert parallelism, each rank of a group of ep data-parallel ranks holding "
-                     "1/ep of the experts (divides dp x cp and --experts)")
-          ->check(positive)
-          ->capture_default_str()};
+  given.llama = {app.add_option("--kv-heads", o.shape.kv_heads,
+                                "llama: key/value heads, dividing --heads (0: as many "
+                                "as --heads; fewer: grouped-query attention)")
+                     ->check(non_negative)
+                     ->capture_default_str(),
+                 app.add_option("--rope-theta", o.shape.rope_theta, "llama: the rotary embedding's base")
+                     ->check(cli_checks::real_in(0, false))
+                     ->capture_default_str(),
+                 app.add_option("--norm-eps", o.shape.norm_eps, "llama: RMSNorm's epsilon")
+                     ->check(cli_checks::real_in(0, false))
+                     ->capture_default_str()};
+}
+
+// Mixtral only (refused with the other models): the experts, their losses and their layout.
+void add_mixture_flags(CLI::App& app, run_options& o, given_flags& given) {
+  const auto positive = cli_checks::integer_at_least(1), non_negative = cli_checks::integer_at_least(0);
+  given.moe = {app.add_option("--experts", o.shape.experts, "mixtral: experts per block")
+                   ->check(positive)
+                   ->capture_default_str(),
+               app.add_option("--moe-top-k", o.shape.top_k, "mixtral: experts per token (at most --experts)")
+                   ->check(positive)
+                   ->capture_default_str(),
+               app.add_option("--shared-ffn", o.shape.shared_ffn,
+                              "mixtral: a shared expert's width, every token through it "
+                              "(0: none)")
+                   ->check(non_negative),
+               app.add_option("--balance-coef", o.shape.balance_coef, "mixtral: the load-balancing loss's coefficient")
+                   ->check(cli_checks::real_in(0, true))
+                   ->capture_default_str(),
+               app.add_option("--z-coef", o.shape.z_coef, "mixtral: the router z-loss's coefficient")
+                   ->check(cli_checks::real_in(0, true))
+                   ->capture_default_str(),
+               app.add_option("--capacity-factor", o.shape.capacity_factor,
+                              "mixtral: each expert keeps at most ceil(factor x seq x top-k / experts) of a sequence's "
+                              "tokens, the rest dropped (0: dropless)")
+                   ->check(cli_checks::real_in(0, true))
+                   ->capture_default_str(),
+               app.add_option("--ep", o.ep,
+                              "mixtral: expert parallelism, each rank of a group of ep data-parallel ranks holding "
+                              "1/ep of the experts (divides dp x cp and --experts)")
+                   ->check(positive)
+                   ->capture_default_str()};
+}
+
+// The optimization: batch, steps, learning rate and its warm-up, clipping, seed.
+void add_optimization_flags(CLI::App& app, run_options& o) {
+  const auto positive = cli_checks::integer_at_least(1), non_negative = cli_checks::integer_at_least(0);
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(positive)->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per forward/backward (0: whole batch)")
       ->check(non_negative)
@@ -150,6 +127,10 @@ int main(int argc, char** argv) {
       ->check(cli_checks::real_in(0, true))
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed for initialization and data order")->capture_default_str();
+}
+
+// Where the run computes, and in which precision.
+void add_device_flags(CLI::App& app, run_options& o) {
   app.add_option("--device", o.device,
                  "host (the CPU), cuda (GPUs: each rank the GPU of its local rank; ranks may "
                  "share one) or emulated (the CPU, on memory counted as a GPU's would be)")
@@ -158,6 +139,10 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
+}
+
+// What the run reads and writes as it goes: the metrics and progress lines, and the token shards.
+void add_data_flags(CLI::App& app, run_options& o) {
   app.add_option("--metrics", o.metrics, "write one JSON line per step to FILE");
   app.add_option("--progress", o.progress,
                  "step display: auto (a bar on a terminal, else one line per step), bar or lines")
@@ -167,15 +152,20 @@ int main(int argc, char** argv) {
   app.add_option("--data-order", o.data_order, "windows at seeded random places (shuffled) or in order (sequential)")
       ->check(CLI::IsMember({"shuffled", "sequential"}))
       ->capture_default_str();
+}
+
+// The sample generated at the end: its length, its prompt, and how tokens are drawn.
+void add_sample_flags(CLI::App& app, run_options& o, given_flags& given) {
+  const auto non_negative = cli_checks::integer_at_least(0);
   app.add_option("--sample-tokens", o.sample_tokens,
                  "tokens to generate at the end (with a key/value cache; at most "
                  "what the position table leaves after the prompt)")
       ->check(non_negative)
       ->capture_default_str();
-  auto* prompt_text = app.add_option("--prompt", o.prompt,
+  given.prompt_text = app.add_option("--prompt", o.prompt,
                                      "text to continue, as byte tokens (the generated corpus; "
                                      "default \"The \")");
-  auto* prompt_ids = app.add_option("--prompt-ids", o.prompt_ids, "token ids to continue, comma-separated")
+  given.prompt_ids = app.add_option("--prompt-ids", o.prompt_ids, "token ids to continue, comma-separated")
                          ->delimiter(',')
                          ->check(non_negative);
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy, the most likely token)")
@@ -184,6 +174,11 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", o.top_k, "draw from the k most likely tokens (0: all)")
       ->check(non_negative)
       ->capture_default_str();
+}
+
+// The layout: data, ZeRO, tensor, sequence, context and pipeline parallelism, recomputation.
+void add_layout_flags(CLI::App& app, run_options& o) {
+  const auto positive = cli_checks::integer_at_least(1);
   app.add_option("--dp", o.dp, "data-parallel degree (default: every rank of the launch)")->check(positive);
   app.add_option("--zero", o.zero,
                  "ZeRO stage: 0 (replicated), 1 (sharded optimizer state), 2 (+ gradients), 3 (+ parameters)")
@@ -220,6 +215,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stage-layers", o.stage_layers, "blocks per virtual stage, in order (default: even)")
       ->delimiter(',');
+}
+
+// The weights in and out (Hugging Face safetensors) and the checkpoints.
+void add_checkpoint_flags(CLI::App& app, run_options& o) {
+  const auto non_negative = cli_checks::integer_at_least(0);
   app.add_option("--export", o.export_path,
                  "write the trained weights to FILE as safetensors with Hugging Face's names "
                  "(GPT2LMHeadModel, LlamaForCausalLM)");
@@ -235,50 +235,54 @@ int main(int argc, char** argv) {
   app.add_flag("--resume-with-changes", o.resume_with_changes,
                "with --resume: continue under training settings (--lr, --steps, --batch, ...) other than those the "
                "checkpoint was saved with, which changes the steps from there on");
+}
+
+// What the run may take of a device: the memory its plan must fit, and the gradient buckets.
+void add_memory_flags(CLI::App& app, run_options& o) {
   app.add_option("--hw", o.hw,
                  "check at start-up that the plan fits this device (a100_40gb, a100_80gb, h100_80gb, "
                  "h200_141gb)");
   app.add_option("--bucket-elems", o.bucket_elems, "gradient bucket size in elements")
-      ->check(positive)
+      ->check(cli_checks::integer_at_least(1))
       ->capture_default_str();
+}
+
+// Every flag, bound to o, in the order --help lists them.
+given_flags add_flags(CLI::App& app, run_options& o) {
+  given_flags given;
+  add_model_flags(app, o, given);
+  add_mixture_flags(app, o, given);
+  add_optimization_flags(app, o);
+  add_device_flags(app, o);
+  add_data_flags(app, o);
+  add_sample_flags(app, o, given);
+  add_layout_flags(app, o);
+  add_checkpoint_flags(app, o);
+  add_memory_flags(app, o);
+  return given;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // MPI: mpirun -np N gpt2_train ..., or run alone as a world of one. A bad STRATA_COMM_TIMEOUT
+  // is reported before MPI starts.
+  std::optional<st::world> started;
+  try {
+    started.emplace(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt2_train: error: %s\n", e.what());
+    return 1;
+  }
+  st::world& world = *started;
+  run_options o;
+  CLI::App app{"gpt2_train: train the example GPT-2, Llama or Mixtral with strata on the CPU or on GPUs"};
+  const given_flags given = add_flags(app, o);
   CLI11_PARSE(app, argc, argv);
-  const bool llama_flags = kv_heads->count() + rope_theta->count() + norm_eps->count() > 0;
-  std::string moe_flag_given;
-  for (auto* f : moe_flags)
-    if (f->count() > 0 && moe_flag_given.empty()) moe_flag_given = f->get_name();
 
   return world.run(
       [&] {
-        STRATA_CHECK(o.model != "gpt2" || !llama_flags,
-                     "gpt2_train: --kv-heads, --rope-theta and --norm-eps apply to "
-                     "--model llama and mixtral only");
-        STRATA_CHECK(o.model == "mixtral" || moe_flag_given.empty(), "gpt2_train: ", moe_flag_given,
-                     " applies to --model mixtral only");
-        check_dims(o);
-        STRATA_CHECK(prompt_text->count() == 0 || prompt_ids->count() == 0,
-                     "gpt2_train: give --prompt (text) or --prompt-ids (token ids), not both");
-        STRATA_CHECK(prompt_text->count() == 0 || (o.data.empty() && o.shape.vocab >= 256),
-                     "gpt2_train: --prompt is text as byte tokens, for the generated corpus (--vocab >= 256, no "
-                     "--data); token shards come from another tokenizer: give --prompt-ids");
-        for (const auto id : o.prompt_ids)
-          STRATA_CHECK(id < o.shape.vocab, "gpt2_train: --prompt-ids: token ", id, " is out of range for --vocab ",
-                       o.shape.vocab);
-        STRATA_CHECK(!o.resume || !o.save_dir.empty(),
-                     "gpt2_train: --resume needs --save DIR (where the checkpoints are)");
-        STRATA_CHECK(!o.resume_with_changes || o.resume, "gpt2_train: --resume-with-changes needs --resume");
-        STRATA_CHECK(o.save_every == 0 || !o.save_dir.empty(), "gpt2_train: --save-every needs --save DIR");
-        if (o.micro_batch > 0)
-          STRATA_CHECK(o.batch % o.micro_batch == 0, "gpt2_train: --batch ", o.batch,
-                       " is not a multiple of --micro-batch ", o.micro_batch);
-        STRATA_CHECK(o.microbatches == 0 || o.pp > 1 || o.virtual_chunks > 1, "gpt2_train: --microbatches ",
-                     o.microbatches,
-                     " needs --pp > 1 (or --virtual); use --micro-batch "
-                     "for gradient accumulation without a pipeline");
-        // The data flags, before anything is planned, allocated or read (--init-from weights).
-        if (o.data.empty())
-          STRATA_CHECK(o.shape.vocab >= 256,
-                       "gpt2_train: the generated corpus is byte-level and needs --vocab >= 256, got ", o.shape.vocab);
-        else st::expand_glob(o.data);  // none matching is an error naming the pattern
+        check_flags(o, given);
         return run_on_device(o, world);
       },
       "gpt2_train");

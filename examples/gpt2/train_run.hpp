@@ -1,5 +1,5 @@
 // examples/gpt2/train_run.hpp - gpt2_train's run: the flags, and one training of a model family's
-// model (examples/common/model_families.hpp) on a device, the same on the host and on GPUs.
+// model (strata/models/families.hpp) on a device, the same on the host and on GPUs.
 //
 // train<Family, Device, Precision> builds one strata::training of the family's model under
 // st::policy<Device, flag_layout, Precision> and runs it: plan, start-up checks, checkpoints,
@@ -24,17 +24,17 @@
 
 #include <strata/strata.hpp>
 
-#include "common/model_families.hpp"
-#include "common/model_families_hf.hpp"
+#include "strata/models/families.hpp"
+#include "strata/models/families_hf.hpp"
 
 namespace gpt2_train {
 
 namespace st = strata;
 
-// The models gpt2_train trains (examples/common/model_families.hpp).
-using example_models::gpt2_family;
-using example_models::llama_family;
-using example_models::mixtral_family;
+// The models gpt2_train trains (strata/models/families.hpp).
+using strata::models::gpt2_family;
+using strata::models::llama_family;
+using strata::models::mixtral_family;
 
 // What a device adds to a run: where its memory is, and what is said about it.
 struct device_hooks {
@@ -46,7 +46,7 @@ struct device_hooks {
 
 struct run_options {
   std::string model = "gpt2";
-  example_models::model_shape shape{.vocab = 256, .seq = 64, .layers = 3, .heads = 4, .d_model = 96};  // CPU-sized
+  strata::models::model_shape shape{.vocab = 256, .seq = 64, .layers = 3, .heads = 4, .d_model = 96};  // CPU-sized
   std::int64_t batch = 16, micro_batch = 0;
   int steps = 250, warmup = 10;
   double lr = 3e-3, grad_clip = 1.0;
@@ -201,7 +201,7 @@ inline st::token_stream open_data(const run_options& o, std::int64_t vocab) {
 template <class Family>
 std::vector<double> read_initial_weights(const run_context& c, const typename Family::dims& dims) {
   std::vector<std::string> notes;
-  std::vector<double> weights = example_models::import_hf(c.o.init_from, dims, &notes);
+  std::vector<double> weights = strata::models::import_hf(c.o.init_from, dims, &notes);
   if (c.lead) {
     std::printf("init-from: %s (%zu weights)\n", c.o.init_from.c_str(), weights.size());
     for (const auto& note : notes) std::printf("init-from: %s\n", note.c_str());
@@ -379,7 +379,7 @@ template <class Family, class Storage, class Run>
 void export_weights(const run_context& c, Run& run, const typename Family::dims& dims) {
   const auto serial = run.serial_weights();
   if (!c.lead) return;
-  example_models::export_hf<Storage>(c.o.export_path, dims, serial);
+  strata::models::export_hf<Storage>(c.o.export_path, dims, serial);
   std::printf("export: %s (%zu weights, Hugging Face %s names)\n", c.o.export_path.c_str(), serial.size(),
               Family::hf_class);
 }

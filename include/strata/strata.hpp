@@ -77,6 +77,9 @@
 #include "strata/optim/lr_schedule.hpp"
 
 #include "strata/train/checkpoint.hpp"
+#include "strata/train/checkpoint_compatibility.hpp"
+#include "strata/train/checkpoint_format.hpp"
+#include "strata/train/checkpoint_resharding.hpp"
 #include "strata/train/corpus.hpp"
 #include "strata/train/generate.hpp"
 #include "strata/train/hf_file.hpp"

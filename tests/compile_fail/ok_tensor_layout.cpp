@@ -3,12 +3,13 @@
 #include <strata/layers/tensor_checks.hpp>
 #include <strata/parallel/sequential_model.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 namespace st = strata;
 
 template <class P>
-struct four_heads : gpt2::model<P> {
-  static constexpr gpt2::dims shape{.vocab = 97, .seq = 16, .layers = 2, .heads = 4, .d_model = 48};  // 97: padded
+struct four_heads : strata::models::gpt2::model<P> {
+  static constexpr strata::models::gpt2::dims shape{
+      .vocab = 97, .seq = 16, .layers = 2, .heads = 4, .d_model = 48};  // 97: padded
 };
 template <class Layout>
 using on = four_heads<st::policy<st::host, Layout, st::fp32>>;

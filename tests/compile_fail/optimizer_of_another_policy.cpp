@@ -4,11 +4,11 @@
 #include <strata/parallel/sequential_model.hpp>
 #include <strata/train/trainer.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 namespace st = strata;
 
 using P32 = st::policy<st::host, st::serial, st::fp32>;
 using PBF16 = st::policy<st::host, st::serial, st::mixed<st::bf16, float>>;
-void train(st::sequential_model<gpt2::model<P32>>& model, st::adamw<PBF16>& opt) {
+void train(st::sequential_model<strata::models::gpt2::model<P32>>& model, st::adamw<PBF16>& opt) {
   st::trainer t(model, opt, st::trainer_options{});
 }

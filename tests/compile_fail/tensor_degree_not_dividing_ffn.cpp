@@ -3,12 +3,13 @@
 // to compile, naming the degree, the extent and its value.
 #include <strata/parallel/sequential_model.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 namespace st = strata;
 
 template <class P>
-struct narrow_ffn : gpt2::model<P> {
-  static constexpr gpt2::dims shape{.vocab = 96, .seq = 16, .layers = 2, .heads = 4, .d_model = 48, .ffn = 150};
+struct narrow_ffn : strata::models::gpt2::model<P> {
+  static constexpr strata::models::gpt2::dims shape{
+      .vocab = 96, .seq = 16, .layers = 2, .heads = 4, .d_model = 48, .ffn = 150};
 };
 using Policy = st::policy<st::host, st::parallel<st::tensor<4, st::sequence_parallel>>, st::fp32>;
 void build(st::memory_ledger& ledger) {

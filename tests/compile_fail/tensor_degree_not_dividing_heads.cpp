@@ -3,13 +3,13 @@
 // fails to compile, naming the degree and the extent, with no assert written by the user.
 #include <strata/parallel/sequential_model.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 namespace st = strata;
 
 // The example GPT-2 with its shape in its type.
 template <class P>
-struct four_heads : gpt2::model<P> {
-  static constexpr gpt2::dims shape{.vocab = 96, .seq = 16, .layers = 2, .heads = 4, .d_model = 48};
+struct four_heads : strata::models::gpt2::model<P> {
+  static constexpr strata::models::gpt2::dims shape{.vocab = 96, .seq = 16, .layers = 2, .heads = 4, .d_model = 48};
 };
 using Policy = st::policy<st::host, st::parallel<st::tensor<3>>, st::fp32>;
 void build(st::memory_ledger& ledger) {

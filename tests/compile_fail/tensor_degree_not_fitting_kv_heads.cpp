@@ -4,12 +4,12 @@
 // so building the model fails to compile, naming the degree and the extent.
 #include <strata/parallel/sequential_model.hpp>
 
-#include "llama/llama.hpp"
+#include "strata/models/llama.hpp"
 namespace st = strata;
 
 template <class P>
-struct six_heads : llama::model<P> {
-  static constexpr llama::dims shape{
+struct six_heads : strata::models::llama::model<P> {
+  static constexpr strata::models::llama::dims shape{
       .vocab = 96, .seq = 16, .layers = 2, .heads = 6, .d_model = 48, .kv_heads = 2, .ffn = 96};
 };
 using Policy = st::policy<st::host, st::parallel<st::tensor<3>>, st::fp32>;

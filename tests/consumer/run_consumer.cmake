@@ -9,7 +9,9 @@
 #              -DCONSUMER_SOURCE_DIR=... -DGENERATOR=... [-DGENERATOR_PLATFORM=...]
 #              [-DGENERATOR_TOOLSET=...] [-DMAKE_PROGRAM=...] -DCXX_COMPILER=...
 #              [-DCXX_COMPILER_LAUNCHER=...] [-DCONFIG=...]
-#              [-DEXPECTED_BLAS=OpenBLAS|MKL] -P run_consumer.cmake
+#              [-DEXPECTED_BLAS=OpenBLAS|MKL] [-DMPI_LAUNCH="mpiexec;-n;2;..."] -P run_consumer.cmake
+# With MPI_LAUNCH (the launcher, its rank-count flag, 2 and its flags, as a list), find_package mode
+# also trains the Llama of strata/models as tp 2 on 2 ranks against its serial run.
 cmake_minimum_required(VERSION 3.24)
 
 foreach(var IN ITEMS MODE WORK_DIR STRATA_SOURCE_DIR CONSUMER_SOURCE_DIR GENERATOR CXX_COMPILER)
@@ -117,3 +119,12 @@ if(NOT step_output MATCHES "linear forward/backward OK")
   message(FATAL_ERROR "consumer.${MODE}: the consumer exited 0 but did not report success:\n${step_output}")
 endif()
 message(STATUS "consumer.${MODE}: ${step_output}")
+
+if(MODE STREQUAL "find_package" AND MPI_LAUNCH)
+  file(READ "${build_dir}/consumer_llama_exe_${CONFIG}.txt" llama_exe)
+  consumer_step("run the Llama of strata/models as tp 2 on 2 ranks" ${MPI_LAUNCH} "${llama_exe}")
+  if(NOT step_output MATCHES "llama tp2 matches serial")
+    message(FATAL_ERROR "consumer.${MODE}: the Llama run exited 0 but did not report a match:\n${step_output}")
+  endif()
+  message(STATUS "consumer.${MODE}: ${step_output}")
+endif()

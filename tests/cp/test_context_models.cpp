@@ -22,8 +22,8 @@
 #include <strata/strata.hpp>
 
 #include "../mpi/layout_equivalence.hpp"
-#include "gpt2/gpt2.hpp"
-#include "llama/llama.hpp"
+#include "strata/models/gpt2.hpp"
+#include "strata/models/llama.hpp"
 
 namespace st = strata;
 
@@ -39,8 +39,9 @@ using strata_test::launch_policy;
 const strata_test::equivalence_setup setup{.lr = 5e-4, .adam_eps = 1e-6, .steps = 5, .global_batch = 8};
 
 // seq 8: cp 4 cuts each sequence into 8 chunks of one token.
-const gpt2::dims gpt2_shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 4, .d_model = 32};
-const llama::dims llama_shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 8, .d_model = 64, .kv_heads = 2, .ffn = 96};
+const strata::models::gpt2::dims gpt2_shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 4, .d_model = 32};
+const strata::models::llama::dims llama_shape{
+    .vocab = 61, .seq = 8, .layers = 4, .heads = 8, .d_model = 64, .kv_heads = 2, .ffn = 96};
 
 bool eight_ranks() { return strata_test::world().size() == 8; }
 bool lead() { return strata_test::world().rank() == 0; }
@@ -49,8 +50,8 @@ bool lead() { return strata_test::world().rank() == 0; }
 
 TEST_CASE("GPT-2 under context parallelism, with every other axis, trains as it does serially") {
   if (!eight_ranks()) return;
-  using M = gpt2::model<launch_policy<st::fp32>>;
-  const auto ref = strata_test::serial_run<gpt2::model<serial_policy>>(gpt2_shape, setup);
+  using M = strata::models::gpt2::model<launch_policy<st::fp32>>;
+  const auto ref = strata_test::serial_run<strata::models::gpt2::model<serial_policy>>(gpt2_shape, setup);
   for (const auto& c : strata_test::context_layouts)
     strata_test::check_matches_serial<M>("GPT-2", gpt2_shape, ref, c, setup);
   for (const auto& c : strata_test::context_layouts_four_kv_heads)
@@ -59,8 +60,8 @@ TEST_CASE("GPT-2 under context parallelism, with every other axis, trains as it 
 
 TEST_CASE("Llama under context parallelism, with every other axis, trains as it does serially") {
   if (!eight_ranks()) return;
-  using M = llama::model<launch_policy<st::fp32>>;
-  const auto ref = strata_test::serial_run<llama::model<serial_policy>>(llama_shape, setup);
+  using M = strata::models::llama::model<launch_policy<st::fp32>>;
+  const auto ref = strata_test::serial_run<strata::models::llama::model<serial_policy>>(llama_shape, setup);
   for (const auto& c : strata_test::context_layouts)
     strata_test::check_matches_serial<M>("Llama", llama_shape, ref, c, setup);
 }
@@ -92,13 +93,13 @@ TEST_CASE("attention's activations at cp 4: a quarter of cp 1's, ring and all-to
 
 TEST_CASE("all-to-all over more context ranks than key/value heads, and generation under cp, are refused") {
   if (!eight_ranks()) return;
-  using L = llama::model<launch_policy<st::fp32>>;
+  using L = strata::models::llama::model<launch_policy<st::fp32>>;
   const strata_test::layout_case cp4{"dp2 x cp4 all-to-all", 2, 1, 1, 0, 0, 1, 1, "1f1b", 4, "all_to_all"};
   CHECK_THROWS_WITH_AS(st::training<L>(strata_test::world().comm(), llama_shape, strata_test::launch(cp4, setup)),
                        doctest::Contains("all-to-all context parallelism over cp=4 needs this rank's 8 query heads "
                                          "and 2 key/value heads"),
                        st::error);
-  using G = gpt2::model<launch_policy<st::fp32>>;
+  using G = strata::models::gpt2::model<launch_policy<st::fp32>>;
   st::training<G> run(strata_test::world().comm(), gpt2_shape,
                       strata_test::launch(strata_test::context_layouts[0], setup));
   const std::vector<std::int32_t> prompt{1, 2, 3};
@@ -111,7 +112,7 @@ TEST_CASE("context attention in the emulated device space gives the host run's l
   // The device path's steps (positions uploaded, copies and sums by for_each_index) on memory that
   // fills fresh buffers with NaN: a buffer read before it is written would turn the losses to NaN.
   if (!eight_ranks()) return;
-  using M = llama::model<launch_policy<st::fp32>>;
+  using M = strata::models::llama::model<launch_policy<st::fp32>>;
   for (const auto& c : {strata_test::context_layouts[0], strata_test::context_layouts[2]}) {
     CAPTURE(std::string(c.name));
     auto train = [&](const st::memory_space* memory) {

@@ -19,7 +19,7 @@
 
 #include "../mpi/counting_space_run.hpp"
 #include "../mpi/mpi_test.hpp"
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 
@@ -32,11 +32,11 @@ using dp_layout = st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>>;
 template <class Precision>
 using dp_policy = st::policy<st::host, dp_layout, Precision>;
 template <class P>
-using gpt2_net = st::sequential_model<gpt2::model<P>>;
+using gpt2_net = st::sequential_model<strata::models::gpt2::model<P>>;
 template <class P>
-using gpt2_run = st::training<gpt2::model<P>>;
+using gpt2_run = st::training<strata::models::gpt2::model<P>>;
 
-const gpt2::dims tiny{.vocab = 256, .seq = 16, .layers = 2, .heads = 2, .d_model = 16};
+const strata::models::gpt2::dims tiny{.vocab = 256, .seq = 16, .layers = 2, .heads = 2, .d_model = 16};
 constexpr std::int64_t global_batch = 8;
 constexpr int steps = 5;
 
@@ -89,7 +89,7 @@ run_result dp_run(st::mpi_communicator& world, int zero, std::int64_t bucket_ele
 
 // Deeper than `tiny`, so the transformer blocks (not the embedding table) hold most of Ψ: the
 // model of the ZeRO-2/3 memory checks.
-const gpt2::dims deeper{.vocab = 256, .seq = 16, .layers = 6, .heads = 2, .d_model = 32};
+const strata::models::gpt2::dims deeper{.vocab = 256, .seq = 16, .layers = 6, .heads = 2, .d_model = 32};
 
 // Elements of the k largest buckets: what ZeRO-2/3 may hold beyond the owned pieces in a step.
 std::size_t largest_buckets(const st::dp_layout& layout, std::size_t k) {
@@ -135,7 +135,7 @@ TEST_CASE("ZeRO 0-3 in a memory space that is not host memory: bit for bit, only
   for (int zero : {0, 1, 2, 3}) {
     CAPTURE(zero);
     const auto host = dp_run<st::fp32>(world, zero, 1000);
-    const auto other = strata_test::run_in_counting_space<gpt2::model<dp_policy<st::fp32>>>(
+    const auto other = strata_test::run_in_counting_space<strata::models::gpt2::model<dp_policy<st::fp32>>>(
         world, tiny, dp_options(zero, 1000), steps, global_batch,
         st::token_stream(st::byte_tokens(st::generate_corpus(30000)), 5));
     CHECK(other.losses == host.losses);
@@ -165,7 +165,7 @@ TEST_CASE(
     host.weights = run.serial_weights();
   }
   CHECK(host.weights != rounded);  // the steps moved them
-  const auto other = strata_test::run_in_counting_space<gpt2::model<dp_policy<st::fp32>>>(
+  const auto other = strata_test::run_in_counting_space<strata::models::gpt2::model<dp_policy<st::fp32>>>(
       world, tiny, o, steps, global_batch, st::token_stream(st::byte_tokens(st::generate_corpus(30000)), 5));
   CHECK(other.losses == host.losses);
   CHECK(other.weights == host.weights);

@@ -15,7 +15,7 @@
 #include <strata/parallel/sequential_model.hpp>
 #include <strata/train/checkpoint.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 #include "mutate.hpp"
 
 namespace st = strata;
@@ -24,7 +24,7 @@ using json = nlohmann::json;
 
 namespace {
 
-const gpt2::dims tiny{.vocab = 8, .seq = 4, .layers = 1, .heads = 1, .d_model = 4};
+const strata::models::gpt2::dims tiny{.vocab = 8, .seq = 4, .layers = 1, .heads = 1, .d_model = 4};
 const json model_json{{"model", "gpt2"}, {"vocab", 8}, {"seq", 4}, {"layers", 1}, {"d_model", 4}};
 constexpr int saved_step = 3;
 
@@ -35,7 +35,7 @@ using PBF16 = st::policy<st::host, st::serial, st::mixed<st::bf16, float>>;
 template <class P>
 struct run_state {
   st::memory_ledger ledger{st::host_memory()};
-  st::sequential_model<gpt2::model<P>> model{ledger, tiny, st::seed{3}};
+  st::sequential_model<strata::models::gpt2::model<P>> model{ledger, tiny, st::seed{3}};
   st::adamw<P> opt{model, {.lr = 3e-3}};
   st::checkpointer ckpt;
   explicit run_state(const std::string& dir) : ckpt({dir, 0}, st::group_ref(), {{"world", 1}}, model_json) {}

@@ -1,5 +1,5 @@
 // Fuzzes gpt2_train's --init-from readers: the GPT-2 and Llama importers
-// (examples/gpt2/gpt2_hf.hpp, examples/llama/llama_hf.hpp over strata/train/hf_weights.hpp),
+// (strata/models/gpt2_hf.hpp, strata/models/llama_hf.hpp over strata/train/hf_weights.hpp),
 // which find each tensor with or without its prefix, skip tensors nobody uses (of any dtype),
 // crop a longer position table and compare a stored head with the embedding: logic of their own
 // on top of safetensors_reader, fed here with tiny models' files.
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "gpt2/gpt2_hf.hpp"
-#include "llama/llama_hf.hpp"
+#include "strata/models/gpt2_hf.hpp"
+#include "strata/models/llama_hf.hpp"
 
 #include "mutate.hpp"
 
@@ -17,8 +17,9 @@ namespace fz = strata_fuzz;
 
 namespace {
 
-const gpt2::dims gdims{.vocab = 8, .seq = 4, .layers = 1, .heads = 1, .d_model = 4};
-const llama::dims ldims{.vocab = 8, .seq = 4, .layers = 1, .heads = 2, .d_model = 4, .kv_heads = 1, .ffn = 8};
+const strata::models::gpt2::dims gdims{.vocab = 8, .seq = 4, .layers = 1, .heads = 1, .d_model = 4};
+const strata::models::llama::dims ldims{
+    .vocab = 8, .seq = 4, .layers = 1, .heads = 2, .d_model = 4, .kv_heads = 1, .ffn = 8};
 
 void run(const fz::input& in, const fz::fs::path& work, fz::tally& tl) {
   const std::string path = (work / "model.safetensors").string();
@@ -30,15 +31,15 @@ void run(const fz::input& in, const fz::fs::path& work, fz::tally& tl) {
     return true;
   };
   std::size_t gn = 0, ln = 0;
-  for (const auto& p : gpt2::hf_layout(gdims)) gn += std::size_t(p.numel());
-  for (const auto& p : llama::hf_layout(ldims)) ln += std::size_t(p.numel());
-  tl.attempt("gpt2::import_hf", [&] {
+  for (const auto& p : strata::models::gpt2::hf_layout(gdims)) gn += std::size_t(p.numel());
+  for (const auto& p : strata::models::llama::hf_layout(ldims)) ln += std::size_t(p.numel());
+  tl.attempt("strata::models::gpt2::import_hf", [&] {
     std::vector<std::string> notes;
-    return expect(gpt2::import_hf(path, gdims, &notes), gn, "gpt2");
+    return expect(strata::models::gpt2::import_hf(path, gdims, &notes), gn, "gpt2");
   });
-  tl.attempt("llama::import_hf", [&] {
+  tl.attempt("strata::models::llama::import_hf", [&] {
     std::vector<std::string> notes;
-    return expect(llama::import_hf(path, ldims, &notes), ln, "llama");
+    return expect(strata::models::llama::import_hf(path, ldims, &notes), ln, "llama");
   });
 }
 
@@ -51,7 +52,7 @@ std::vector<double> ramp(std::size_t n) {
 // GPT-2 tensors in the file's layout, under `prefix`, with the position table `positions` long.
 std::vector<st::named_tensor> gpt2_tensors(const std::string& prefix, std::int64_t positions) {
   std::vector<st::named_tensor> out;
-  for (auto p : gpt2::hf_layout(gdims)) {
+  for (auto p : strata::models::gpt2::hf_layout(gdims)) {
     std::string name = p.parts[0].name.substr(std::string("transformer.").size());
     auto shape = p.transposed ? std::vector<std::int64_t>{p.shape[1], p.shape[0]} : p.shape;
     if (name == "wpe.weight") shape[0] = positions;
@@ -85,12 +86,12 @@ void write_corpus(const fz::fs::path& dir) {
     fz::write_bytes(dir / name, encode_any(t));
   };
   std::size_t gn = 0, ln = 0;
-  for (const auto& p : gpt2::hf_layout(gdims)) gn += std::size_t(p.numel());
-  for (const auto& p : llama::hf_layout(ldims)) ln += std::size_t(p.numel());
+  for (const auto& p : strata::models::gpt2::hf_layout(gdims)) gn += std::size_t(p.numel());
+  for (const auto& p : strata::models::llama::hf_layout(ldims)) ln += std::size_t(p.numel());
   const std::string tmp = (dir / "tmp.safetensors").string();
-  gpt2::export_hf<float>(tmp, gdims, ramp(gn));
+  strata::models::gpt2::export_hf<float>(tmp, gdims, ramp(gn));
   fz::fs::rename(tmp, dir / "ok-gpt2.safetensors");
-  llama::export_hf<st::bf16>(tmp, ldims, ramp(ln));
+  strata::models::llama::export_hf<st::bf16>(tmp, ldims, ramp(ln));
   fz::fs::rename(tmp, dir / "ok-llama-bf16.safetensors");
 
   // The hub's layout: no prefix, a longer position table, BOOL masks and a head equal to wte.

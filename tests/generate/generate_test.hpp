@@ -12,8 +12,8 @@
 
 #include <strata/strata.hpp>
 
-#include "gpt2/gpt2.hpp"
-#include "llama/llama.hpp"
+#include "strata/models/gpt2.hpp"
+#include "strata/models/llama.hpp"
 
 namespace gen_test {
 namespace st = strata;
@@ -21,8 +21,9 @@ namespace st = strata;
 using serial_policy = st::policy<st::host, st::serial, st::fp32>;
 
 // 4 blocks (pp 2 x 2 chunks), 4 heads (tp 2 and 4 divide them), room for 8 + 64 positions.
-const gpt2::dims gpt2_shape{.vocab = 64, .seq = 96, .layers = 4, .heads = 4, .d_model = 64};
-const llama::dims llama_shape{.vocab = 61, .seq = 96, .layers = 4, .heads = 8, .d_model = 64, .kv_heads = 2, .ffn = 96};
+const strata::models::gpt2::dims gpt2_shape{.vocab = 64, .seq = 96, .layers = 4, .heads = 4, .d_model = 64};
+const strata::models::llama::dims llama_shape{
+    .vocab = 61, .seq = 96, .layers = 4, .heads = 8, .d_model = 64, .kv_heads = 2, .ffn = 96};
 constexpr std::int64_t new_tokens = 64;
 constexpr std::uint64_t seed = 7;
 

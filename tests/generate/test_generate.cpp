@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "../neox/neox_model.hpp"
+#include "strata/models/neox.hpp"
 #include "generate_test.hpp"
 
 namespace {
@@ -82,17 +82,19 @@ TEST_CASE("the cached attention kernel gives the full attention's rows bit for b
 }
 
 TEST_CASE("greedy generation with the KV cache gives the tokens and logits of the full forward") {
-  check_cached_equals_uncached<gpt2::model<serial_policy>>("GPT-2", gpt2_shape);
-  check_cached_equals_uncached<llama::model<serial_policy>>("Llama (8 query heads on 2 key/value heads)", llama_shape);
+  check_cached_equals_uncached<strata::models::gpt2::model<serial_policy>>("GPT-2", gpt2_shape);
+  check_cached_equals_uncached<strata::models::llama::model<serial_policy>>(
+      "Llama (8 query heads on 2 key/value heads)", llama_shape);
   // Partial rotary by absolute position, the per-head QKV regrouped and the parallel residual,
   // token by token.
-  check_cached_equals_uncached<neox::model<serial_policy>>(
+  check_cached_equals_uncached<strata::models::neox::model<serial_policy>>(
       "GPT-NeoX (parallel residual, rotary on a quarter of each head, per-head QKV)",
-      neox::dims{.vocab = 64, .seq = 96, .layers = 2, .heads = 4, .d_model = 64, .ffn = 128});
+      strata::models::neox::dims{.vocab = 64, .seq = 96, .layers = 2, .heads = 4, .d_model = 64, .ffn = 128});
 }
 
 TEST_CASE("temperature and top-k draws depend on the seed and the token's index alone") {
-  serial_model<llama::model<serial_policy>> m(llama_shape, trained_weights<llama::model<serial_policy>>(llama_shape));
+  serial_model<strata::models::llama::model<serial_policy>> m(
+      llama_shape, trained_weights<strata::models::llama::model<serial_policy>>(llama_shape));
   st::generator gen(m.model);
   const auto p = prompt(llama_shape.vocab);
   const st::sampling warm{.temperature = 0.8, .top_k = 20, .seed = 3};
@@ -114,7 +116,7 @@ TEST_CASE("temperature and top-k draws depend on the seed and the token's index 
 }
 
 TEST_CASE("generation past the position table is refused before it starts") {
-  serial_model<gpt2::model<serial_policy>> m(gpt2_shape);
+  serial_model<strata::models::gpt2::model<serial_policy>> m(gpt2_shape);
   st::generator gen(m.model);
   const std::vector<std::int32_t> p(90, 1);
   CHECK_THROWS_WITH(gen.generate(p, {.new_tokens = 8}),
@@ -127,8 +129,8 @@ TEST_CASE("generation past the position table is refused before it starts") {
 }
 
 TEST_CASE("per-token time with and without the cache at seq 256 (GPT-2, 4 layers x 256 wide)") {
-  using M = gpt2::model<serial_policy>;
-  const gpt2::dims shape{.vocab = 256, .seq = 256, .layers = 4, .heads = 4, .d_model = 256};
+  using M = strata::models::gpt2::model<serial_policy>;
+  const strata::models::gpt2::dims shape{.vocab = 256, .seq = 256, .layers = 4, .heads = 4, .d_model = 256};
   serial_model<M> m(shape);
   st::generator gen(m.model);
   std::vector<std::int32_t> p(224);

@@ -22,14 +22,14 @@ namespace {
 using namespace gen_test;
 
 struct gpt2_family {
-  using config = gpt2::dims;
+  using config = strata::models::gpt2::dims;
   template <class P>
-  using apply = gpt2::model<P>;
+  using apply = strata::models::gpt2::model<P>;
 };
 struct llama_family {
-  using config = llama::dims;
+  using config = strata::models::llama::dims;
   template <class P>
-  using apply = llama::model<P>;
+  using apply = strata::models::llama::model<P>;
 };
 using strata_test::launch_policy;
 
@@ -97,7 +97,8 @@ TEST_CASE("the grouped-query Llama generates the serial tokens under every layou
 TEST_CASE("a generator over some pipeline stages only is refused, naming the head") {
   if (strata_test::world().size() != 2) return;
   auto o = strata_test::launch({"pp2", 1, 1, 2, 0, 0, 2, 1, "1f1b"}, {});
-  st::training<gpt2::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), gpt2_shape, std::move(o));
+  st::training<strata::models::gpt2::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), gpt2_shape,
+                                                                         std::move(o));
   // Each stage alone: the first holds no head; the reference needs the whole model.
   if (run.model().holds_head()) {
     st::generator gen(run.model());

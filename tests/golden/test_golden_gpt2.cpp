@@ -11,7 +11,7 @@
 // 1e-6 relative, logits 1e-5 of max|logit|, gradients 1e-4 of max|g|, weights after 3 AdamW steps
 // 1e-5 absolute - max|w| is 1.24, so that is the stricter reading); and the hub-layout file
 // tests/fixtures/gpt2_hub.safetensors (no "transformer." prefix, BOOL and F32 h.N.attn.bias masks,
-// h.N.attn.masked_bias) read by gpt2::import_hf: strata's loss on the batch in gpt2_hub_ref.safetensors
+// h.N.attn.masked_bias) read by strata::models::gpt2::import_hf: strata's loss on the batch in gpt2_hub_ref.safetensors
 // within 1e-6 relative of the float64 reference.
 // Two ranks (golden.np2): st::training under tp 2 + sequence parallelism, under pp 2 (1F1B, 2
 // micro-batches) and under cp 2 (ring and all-to-all), started from the fixture's weights
@@ -33,8 +33,8 @@
 #include "../mpi/layout_equivalence.hpp"
 #include "../support/program_dir.hpp"
 #include "../unit/max_error.hpp"
-#include "gpt2/gpt2.hpp"
-#include "gpt2/gpt2_hf.hpp"
+#include "strata/models/gpt2.hpp"
+#include "strata/models/gpt2_hf.hpp"
 
 namespace st = strata;
 
@@ -64,7 +64,7 @@ struct fixture_file {
     for (double v : values(name)) out.push_back(std::int32_t(v));
     return out;
   }
-  gpt2::dims dims() const {
+  strata::models::gpt2::dims dims() const {
     return {.vocab = std::int64_t(number("vocab")),
             .seq = std::int64_t(number("n_positions")),
             .layers = std::int64_t(number("layers")),
@@ -76,7 +76,7 @@ struct fixture_file {
 
 // gpt2_golden.safetensors, with every per-parameter tensor put in strata's serial order.
 struct golden : fixture_file {
-  gpt2::dims d;
+  strata::models::gpt2::dims d;
   st::token_batch batch;
   st::adamw_options adam;
   int adam_steps = 0;
@@ -100,7 +100,7 @@ struct golden : fixture_file {
   // weights, stored [in, out], transposed to strata's [out, in]).
   std::vector<double> serial(const std::string& prefix) const {
     std::vector<double> out;
-    for (const auto& p : gpt2::hf_layout(d)) {
+    for (const auto& p : strata::models::gpt2::hf_layout(d)) {
       const auto v = values(prefix + p.parts[0].name);
       REQUIRE(std::int64_t(v.size()) == p.numel());
       if (!p.transposed) {
@@ -176,7 +176,7 @@ errors compare(const measured& m) {
 template <class Precision>
 measured serial_run() {
   using P = st::policy<st::host, st::serial, Precision>;
-  using model_t = st::sequential_model<gpt2::model<P>>;
+  using model_t = st::sequential_model<strata::models::gpt2::model<P>>;
   const auto& f = reference();
   st::memory_ledger ledger;
   model_t model(ledger, f.d, st::seed{1});
@@ -206,7 +206,7 @@ struct layout_case {
 };
 
 measured layout_run(const layout_case& c) {
-  using M = gpt2::model<strata_test::launch_policy<st::fp32>>;
+  using M = strata::models::gpt2::model<strata_test::launch_policy<st::fp32>>;
   const auto& f = reference();
   st::training<M> run(
       strata_test::world().comm(), f.d,
@@ -293,21 +293,21 @@ TEST_CASE("the GPT-2 example matches GPT2LMHeadModel and torch AdamW under tp 2 
 TEST_CASE("a hub-layout GPT-2 file (no prefix, BOOL and F32 masks, masked_bias) loads and matches its reference loss") {
   if (strata_test::world().size() != 1) return;
   const fixture_file ref("gpt2_hub_ref.safetensors");
-  const gpt2::dims d = ref.dims();
+  const strata::models::gpt2::dims d = ref.dims();
   const std::int64_t batch = std::int64_t(ref.number("batch")), seq = std::int64_t(ref.number("seq"));
   const auto tokens = ref.ids("ref.tokens"), targets = ref.ids("ref.targets");
   const double expected = ref.values("ref.loss")[0];
   using P = st::policy<st::host, st::serial, st::fp32>;
-  using model_t = st::sequential_model<gpt2::model<P>>;
+  using model_t = st::sequential_model<strata::models::gpt2::model<P>>;
   st::memory_ledger ledger;
   model_t model(ledger, d, st::seed{1});
   auto& p = model.parameters();
-  const auto serial = gpt2::import_hf(fixtures + "/gpt2_hub.safetensors", d);
+  const auto serial = strata::models::gpt2::import_hf(fixtures + "/gpt2_hub.safetensors", d);
   st::scatter_model_weights(p, std::span(p.weights_data(), std::size_t(p.size())), model_t::serial_parameters(d),
                             serial);
   const st::tensor_view<const std::int32_t> in{tokens.data(), {batch, seq}}, out{targets.data(), {batch, seq}};
   const double loss = model.evaluate(in, out), err = std::abs(loss - expected) / expected;
-  MESSAGE("hub-layout file through gpt2::import_hf, float32: loss " << loss << " (reference " << expected
-                                                                    << "), rel. error " << err);
+  MESSAGE("hub-layout file through strata::models::gpt2::import_hf, float32: loss "
+          << loss << " (reference " << expected << "), rel. error " << err);
   CHECK(err <= 1e-6);
 }

@@ -1,7 +1,7 @@
 // The example Llama against Hugging Face LlamaForCausalLM: tests/fixtures/llama_{mha,gqa}.safetensors
 // hold a tiny model's weights under transformers' names, a token batch, and the float64 reference
 // logits, loss and every parameter's gradient (scripts/make-fixtures wrote them; no Python here).
-// strata loads the weights through examples/llama/llama_hf.hpp and computes the same things:
+// strata loads the weights through strata/models/llama_hf.hpp and computes the same things:
 //   float64 storage: everything within 1e-10 (the same function, up to rounding);
 //   float32 storage: loss within 1e-5 relative, logits within 1e-5 of max|logit|, gradients
 //   within 1e-4 of max|g| (the issue's tolerances).
@@ -18,8 +18,8 @@
 
 #include "../support/program_dir.hpp"
 #include "../unit/max_error.hpp"
-#include "llama/llama.hpp"
-#include "llama/llama_hf.hpp"
+#include "strata/models/llama.hpp"
+#include "strata/models/llama_hf.hpp"
 
 namespace st = strata;
 
@@ -29,7 +29,7 @@ namespace {
 const std::string fixtures = (strata_test::program_dir() / "fixtures").string();
 
 struct fixture {
-  llama::dims dims;
+  strata::models::llama::dims dims;
   std::map<std::string, st::named_tensor> tensors;
   std::vector<std::int32_t> tokens, targets;
   std::int64_t batch = 0;
@@ -61,7 +61,7 @@ struct fixture {
   // The reference gradient of every strata parameter, in serial order (the parts stacked).
   std::vector<double> gradients() const {
     std::vector<double> g;
-    for (const auto& p : llama::hf_layout(dims))
+    for (const auto& p : strata::models::llama::hf_layout(dims))
       for (const auto& part : p.parts) {
         const auto v = values("grad." + part.name);
         g.insert(g.end(), v.begin(), v.end());
@@ -82,13 +82,13 @@ template <class Precision>
 result run(const fixture& f) {
   using P = st::policy<st::host, st::serial, Precision>;
   st::memory_ledger ledger;
-  st::sequential_model<llama::model<P>> model(ledger, f.dims, st::seed{1});
+  st::sequential_model<strata::models::llama::model<P>> model(ledger, f.dims, st::seed{1});
   auto& p = model.parameters();
   st::scatter_model_weights(
       p, std::span(p.weights_data(), std::size_t(p.size())),
-      st::sequential_model<llama::model<P>>::serial_parameters(f.dims),
-      llama::import_hf(fixtures + "/" + (f.dims.kv() == f.dims.heads ? "llama_mha" : "llama_gqa") + ".safetensors",
-                       f.dims));
+      st::sequential_model<strata::models::llama::model<P>>::serial_parameters(f.dims),
+      strata::models::llama::import_hf(
+          fixtures + "/" + (f.dims.kv() == f.dims.heads ? "llama_mha" : "llama_gqa") + ".safetensors", f.dims));
   const st::tensor_view<const std::int32_t> in{f.tokens.data(), {f.batch, f.dims.seq}},
       out{f.targets.data(), {f.batch, f.dims.seq}};
   result r;
@@ -136,10 +136,11 @@ TEST_CASE("the Llama example matches Hugging Face LlamaForCausalLM: grouped-quer
 
 TEST_CASE("its Hugging Face layout covers exactly its parameters, in serial order") {
   using P = st::policy<st::host, st::serial, st::fp32>;
-  for (const llama::dims& d :
-       {llama::dims{}, llama::dims{.heads = 4, .kv_heads = 1}, llama::dims{.kv_heads = 2, .tied = true}}) {
-    const auto names = st::sequential_model<llama::model<P>>::serial_parameters(d);
-    const auto hf = llama::hf_layout(d);
+  for (const strata::models::llama::dims& d :
+       {strata::models::llama::dims{}, strata::models::llama::dims{.heads = 4, .kv_heads = 1},
+        strata::models::llama::dims{.kv_heads = 2, .tied = true}}) {
+    const auto names = st::sequential_model<strata::models::llama::model<P>>::serial_parameters(d);
+    const auto hf = strata::models::llama::hf_layout(d);
     REQUIRE(names.size() == hf.size());
     for (std::size_t i = 0; i < hf.size(); ++i) {
       CHECK(names[i].first == hf[i].name);
@@ -150,15 +151,15 @@ TEST_CASE("its Hugging Face layout covers exactly its parameters, in serial orde
 
 TEST_CASE("export then import gives the weights back") {
   const fixture f("llama_gqa.safetensors");
-  const auto serial = llama::import_hf(fixtures + "/llama_gqa.safetensors", f.dims);
+  const auto serial = strata::models::llama::import_hf(fixtures + "/llama_gqa.safetensors", f.dims);
   const std::string path = "llama_roundtrip.safetensors";
-  llama::export_hf<float>(path, f.dims, serial);
-  CHECK(llama::import_hf(path, f.dims) == serial);
+  strata::models::llama::export_hf<float>(path, f.dims, serial);
+  CHECK(strata::models::llama::import_hf(path, f.dims) == serial);
   // A file of another shape is refused, naming the tensor and both shapes.
-  llama::dims wider = f.dims;
+  strata::models::llama::dims wider = f.dims;
   wider.kv_heads = 4;
   CHECK_THROWS_WITH_AS(
-      llama::import_hf(path, wider),
+      strata::models::llama::import_hf(path, wider),
       "llama: 'llama_roundtrip.safetensors': tensor 'model.layers.0.self_attn.k_proj.weight' has shape "
       "[16, 32], the model expects [32, 32]",
       st::error);

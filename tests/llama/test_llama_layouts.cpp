@@ -1,4 +1,4 @@
-// The example Llama (examples/llama) under every layout, against its serial run, under mpiexec:
+// The example Llama (strata/models/llama.hpp) under every layout, against its serial run, under mpiexec:
 //   2 ranks: dp 2 with ZeRO 0-3; tp 2 with and without sequence parallelism; pp 2 under 1F1B and
 //            interleaved 1F1B;
 //   2 ranks also: a checkpoint saved by a run in a memory space that is not host memory resumes in
@@ -25,7 +25,7 @@
 
 #include "../mpi/layout_equivalence.hpp"
 #include "../mpi/counting_space_run.hpp"
-#include "llama/llama.hpp"
+#include "strata/models/llama.hpp"
 
 namespace st = strata;
 
@@ -35,11 +35,12 @@ using serial_policy = st::policy<st::host, st::serial, st::fp32>;
 using strata_test::launch_policy;
 
 // 8 query heads sharing 2 key/value heads; head size 8, rotary; 4 blocks (pp 2 x 2 chunks).
-const llama::dims shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 8, .d_model = 64, .kv_heads = 2, .ffn = 96};
+const strata::models::llama::dims shape{
+    .vocab = 61, .seq = 8, .layers = 4, .heads = 8, .d_model = 64, .kv_heads = 2, .ffn = 96};
 // lr 5e-4 as tests/custom, whose comment explains why its AdamW eps is 1e-6 (here 1e-8 holds).
 const strata_test::equivalence_setup setup{.lr = 5e-4, .steps = 5, .global_batch = 8};
 strata_test::losses_and_weights serial_run() {
-  return strata_test::serial_run<llama::model<serial_policy>>(shape, setup);
+  return strata_test::serial_run<strata::models::llama::model<serial_policy>>(shape, setup);
 }
 
 // A layout and the world size it runs on.
@@ -75,8 +76,8 @@ TEST_CASE("the Llama example trains under every layout as it does serially") {
     if (size != world) continue;
     ++ran;
     CAPTURE(std::string(c.name));
-    st::training<llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape,
-                                                            strata_test::launch(c, setup));
+    st::training<strata::models::llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape,
+                                                                            strata_test::launch(c, setup));
     const auto got = strata_test::train_steps(run, shape, setup);
     strata_test::check_run_matches(c.name, got, ref);
   }
@@ -91,11 +92,11 @@ TEST_CASE(
     if (size != world) continue;
     CAPTURE(std::string(c.name));
     const auto host = [&] {
-      st::training<llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape,
-                                                              strata_test::launch(c, setup));
+      st::training<strata::models::llama::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape,
+                                                                              strata_test::launch(c, setup));
       return strata_test::train_steps(run, shape, setup);
     }();
-    const auto other = strata_test::run_in_counting_space<llama::model<launch_policy<st::fp32>>>(
+    const auto other = strata_test::run_in_counting_space<strata::models::llama::model<launch_policy<st::fp32>>>(
         strata_test::world().comm(), shape, strata_test::launch(c, setup), setup.steps, setup.global_batch,
         strata_test::folded_corpus(shape.vocab));
     CHECK(other.losses == host.losses);  // bit for bit
@@ -107,7 +108,7 @@ TEST_CASE(
 TEST_CASE("a checkpoint saved from a memory space that is not host memory resumes in host memory bit for bit") {
   if (strata_test::world().size() != 2) return;
   const strata_test::layout_case& tp2_sp = cases[5].layout;
-  using M = llama::model<launch_policy<st::fp32>>;
+  using M = strata::models::llama::model<launch_policy<st::fp32>>;
   const auto uninterrupted = [&] {
     st::training<M> run(strata_test::world().comm(), shape, strata_test::launch(tp2_sp, setup));
     return strata_test::train_steps(run, shape, setup);
@@ -146,16 +147,16 @@ TEST_CASE("a checkpoint saved with key/value heads shared by ranks resumes under
   strata_test::world().comm().barrier();
   constexpr int saved_at = 3;
   {
-    st::training<llama::model<launch_policy<st::fp32>>> a(strata_test::world().comm(), shape,
-                                                          strata_test::launch(tp4, setup));
+    st::training<strata::models::llama::model<launch_policy<st::fp32>>> a(strata_test::world().comm(), shape,
+                                                                          strata_test::launch(tp4, setup));
     auto ckpt = a.make_checkpointer({dir, 0});
     auto data = strata_test::folded_corpus(shape.vocab);
     for (int s = 0; s < saved_at; ++s) a.step(data.next_batch(setup.global_batch, shape.seq));
     a.save(ckpt, data.position());
   }
   const strata_test::layout_case dp2_tp2{"dp2 x tp2, ZeRO-1", 2, 2, 1, 1, 0, 1, 1, "1f1b"};
-  st::training<llama::model<launch_policy<st::fp32>>> b(strata_test::world().comm(), shape,
-                                                        strata_test::launch(dp2_tp2, setup));
+  st::training<strata::models::llama::model<launch_policy<st::fp32>>> b(strata_test::world().comm(), shape,
+                                                                        strata_test::launch(dp2_tp2, setup));
   auto ckpt = b.make_checkpointer({dir, 0});
   const auto loaded = b.resume(ckpt);
   REQUIRE(loaded.has_value());
@@ -176,7 +177,7 @@ TEST_CASE("a checkpoint saved with key/value heads shared by ranks resumes under
 
 TEST_CASE("a 3-D layout's plan, from the model's own costs, equals what the allocator holds") {
   if (strata_test::world().size() != 8) return;
-  using M = llama::model<launch_policy<st::mixed<st::bf16, float>>>;
+  using M = strata::models::llama::model<launch_policy<st::mixed<st::bf16, float>>>;
   const auto& c = three_d;
   st::training<M> run(strata_test::world().comm(), shape,
                       strata_test::launch(c, setup, std::int64_t(1) << 30));  // one bucket: exact ZeRO pieces

@@ -12,14 +12,15 @@
 #include <strata/strata.hpp>
 
 #include "../unit/counting_space.hpp"
-#include "llama/llama.hpp"
+#include "strata/models/llama.hpp"
 
 namespace st = strata;
 
 namespace {
 
 using P = st::policy<st::host, st::serial, st::mixed<st::bf16, float>>;
-const llama::dims tiny{.vocab = 256, .seq = 16, .layers = 2, .heads = 4, .d_model = 32, .kv_heads = 2, .ffn = 64};
+const strata::models::llama::dims tiny{
+    .vocab = 256, .seq = 16, .layers = 2, .heads = 4, .d_model = 32, .kv_heads = 2, .ffn = 64};
 
 struct run_result {
   std::vector<double> losses;
@@ -28,7 +29,7 @@ struct run_result {
 
 run_result train_run(int steps, const st::memory_space& space) {
   st::memory_ledger ledger(space);
-  st::sequential_model<llama::model<P>> model(ledger, tiny, st::seed{1});
+  st::sequential_model<strata::models::llama::model<P>> model(ledger, tiny, st::seed{1});
   st::adamw<P> opt(model, {.lr = 3e-3, .weight_decay = 0.1});
   st::trainer_options o;
   o.micro_batch = 4;  // two micro-batches per step of 8

@@ -18,8 +18,8 @@
 
 #include "../support/program_dir.hpp"
 #include "../unit/max_error.hpp"
-#include "mixtral/mixtral.hpp"
-#include "mixtral/mixtral_hf.hpp"
+#include "strata/models/mixtral.hpp"
+#include "strata/models/mixtral_hf.hpp"
 
 namespace st = strata;
 
@@ -29,7 +29,7 @@ const std::string fixtures = (strata_test::program_dir() / "fixtures").string();
 const std::string file = fixtures + "/mixtral_moe.safetensors";
 
 struct fixture {
-  mixtral::dims dims;
+  strata::models::mixtral::dims dims;
   std::map<std::string, std::string> meta;
   std::map<std::string, st::named_tensor> tensors;
   std::vector<std::int32_t> tokens, targets;
@@ -64,7 +64,7 @@ struct fixture {
   // A reference gradient ("grad." or "total_grad.") of every strata parameter, in serial order.
   std::vector<double> gradients(const std::string& prefix) const {
     std::vector<double> g;
-    for (const auto& p : mixtral::hf_layout(dims))
+    for (const auto& p : strata::models::mixtral::hf_layout(dims))
       for (const auto& part : p.parts) {
         const auto v = values(prefix + part.name);
         g.insert(g.end(), v.begin(), v.end());
@@ -83,14 +83,14 @@ struct result {
 };
 
 template <class Precision>
-result run(const fixture& f, const mixtral::dims& d) {
+result run(const fixture& f, const strata::models::mixtral::dims& d) {
   using P = st::policy<st::host, st::serial, Precision>;
-  using model_t = st::sequential_model<mixtral::model<P>>;
+  using model_t = st::sequential_model<strata::models::mixtral::model<P>>;
   st::memory_ledger ledger;
   model_t model(ledger, d, st::seed{1});
   auto& p = model.parameters();
   st::scatter_model_weights(p, std::span(p.weights_data(), std::size_t(p.size())), model_t::serial_parameters(d),
-                            mixtral::import_hf(file, d));
+                            strata::models::mixtral::import_hf(file, d));
   const st::tensor_view<const std::int32_t> in{f.tokens.data(), {f.batch, d.seq}},
       out{f.targets.data(), {f.batch, d.seq}};
   result r;
@@ -132,7 +132,7 @@ TEST_CASE("the Mixtral example matches Hugging Face MixtralForCausalLM: loss, lo
 
 TEST_CASE("the router's balance and z-losses, and the total objective's gradients, match the reference") {
   const fixture f;
-  mixtral::dims d = f.dims;
+  strata::models::mixtral::dims d = f.dims;
   d.balance_coef = f.number("balance_coef");
   d.z_coef = f.number("z_coef");
   const double total = f.values("ref.total_loss")[0];
@@ -162,9 +162,10 @@ TEST_CASE("the router's balance and z-losses, and the total objective's gradient
 
 TEST_CASE("its Hugging Face layout covers exactly its parameters, in serial order; export then import") {
   using P = st::policy<st::host, st::serial, st::fp32>;
-  for (const mixtral::dims& d : {mixtral::dims{}, mixtral::dims{.kv_heads = 2, .experts = 3, .top_k = 1}}) {
-    const auto names = st::sequential_model<mixtral::model<P>>::serial_parameters(d);
-    const auto hf = mixtral::hf_layout(d);
+  for (const strata::models::mixtral::dims& d :
+       {strata::models::mixtral::dims{}, strata::models::mixtral::dims{.kv_heads = 2, .experts = 3, .top_k = 1}}) {
+    const auto names = st::sequential_model<strata::models::mixtral::model<P>>::serial_parameters(d);
+    const auto hf = strata::models::mixtral::hf_layout(d);
     REQUIRE(names.size() == hf.size());
     for (std::size_t i = 0; i < hf.size(); ++i) {
       CHECK(names[i].first == hf[i].name);
@@ -172,11 +173,11 @@ TEST_CASE("its Hugging Face layout covers exactly its parameters, in serial orde
     }
   }
   const fixture f;
-  const auto serial = mixtral::import_hf(file, f.dims);
-  mixtral::export_hf<float>("mixtral_roundtrip.safetensors", f.dims, serial);
-  CHECK(mixtral::import_hf("mixtral_roundtrip.safetensors", f.dims) == serial);
-  mixtral::dims shared = f.dims;
+  const auto serial = strata::models::mixtral::import_hf(file, f.dims);
+  strata::models::mixtral::export_hf<float>("mixtral_roundtrip.safetensors", f.dims, serial);
+  CHECK(strata::models::mixtral::import_hf("mixtral_roundtrip.safetensors", f.dims) == serial);
+  strata::models::mixtral::dims shared = f.dims;
   shared.shared_ffn = 16;
-  CHECK_THROWS_WITH_AS(mixtral::hf_layout(shared),
+  CHECK_THROWS_WITH_AS(strata::models::mixtral::hf_layout(shared),
                        "mixtral: a shared expert (shared_ffn 16) has no place in a MixtralForCausalLM file", st::error);
 }

@@ -27,8 +27,8 @@
 #include <strata/strata.hpp>
 
 #include "../mpi/layout_equivalence.hpp"
-#include "llama/llama.hpp"
-#include "mixtral/mixtral.hpp"
+#include "strata/models/llama.hpp"
+#include "strata/models/mixtral.hpp"
 
 namespace st = strata;
 
@@ -38,7 +38,7 @@ using serial_policy = st::policy<st::host, st::serial, st::fp32>;
 using strata_test::launch_policy;
 
 // 4 blocks (pp 2 x 2), 4 experts top-2, 4 query heads on 2 key/value heads.
-mixtral::dims shape(double capacity_factor) {
+strata::models::mixtral::dims shape(double capacity_factor) {
   return {.vocab = 61,
           .seq = 8,
           .layers = 4,
@@ -59,9 +59,9 @@ struct run_record {
   std::vector<double> weights;
 };
 
-run_record serial_run(const mixtral::dims& d) {
+run_record serial_run(const strata::models::mixtral::dims& d) {
   st::memory_ledger ledger;
-  st::sequential_model<mixtral::model<serial_policy>> model(ledger, d, st::seed{setup.seed});
+  st::sequential_model<strata::models::mixtral::model<serial_policy>> model(ledger, d, st::seed{setup.seed});
   st::adamw<serial_policy> opt(model, {.lr = setup.lr, .eps = setup.adam_eps});
   auto o = strata_test::equivalence_options(setup.lr, setup.steps);
   o.micro_batch = 2;
@@ -107,7 +107,7 @@ double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs
 
 void check_layouts(double capacity_factor, bool only_some) {
   const int world = strata_test::world().size();
-  const mixtral::dims d = shape(capacity_factor);
+  const strata::models::mixtral::dims d = shape(capacity_factor);
   const auto ref = serial_run(d);
   if (capacity_factor > 0) {  // the capacity does drop pairs: the case tests something
     double dropped = 0;
@@ -122,7 +122,7 @@ void check_layouts(double capacity_factor, bool only_some) {
     CAPTURE(std::string(c.name));
     auto o = strata_test::launch(c, setup);
     o.recompute = recompute;
-    st::training<mixtral::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), d, o);
+    st::training<strata::models::mixtral::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), d, o);
     auto data = strata_test::folded_corpus(d.vocab);
     double loss_err = 0, aux_err = 0, stat_err = 0, norm_err = 0;
     for (int s = 0; s < setup.steps; ++s) {
@@ -171,7 +171,7 @@ TEST_CASE("an MoE model's plan, from its own layer costs, equals what the alloca
     const strata_test::layout_case c = cases[at].layout;
     REQUIRE(cases[at].world == world);
     CAPTURE(std::string(c.name));
-    using M = mixtral::model<launch_policy<st::mixed<st::bf16, float>>>;
+    using M = strata::models::mixtral::model<launch_policy<st::mixed<st::bf16, float>>>;
     st::training<M> run(strata_test::world().comm(), shape(0), strata_test::launch(c, setup, std::int64_t(1) << 30));
     strata_test::check_plan_equals_allocator(run, shape(0), c, setup);
   }
@@ -192,9 +192,9 @@ TEST_CASE("under expert parallelism the counted all-to-all bytes equal what the 
   // One MoE block (the count is that block's), then four (their sum).
   for (const std::int64_t layers : {1, 4}) {
     CAPTURE(layers);
-    mixtral::dims d = shape(0);
+    strata::models::mixtral::dims d = shape(0);
     d.layers = layers;
-    st::training<mixtral::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), d, o);
+    st::training<strata::models::mixtral::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), d, o);
     auto data = strata_test::folded_corpus(d.vocab);
     run.groups().reset_counters();
     run.model().context().dispatch_log().clear();
@@ -238,7 +238,7 @@ TEST_CASE("under expert parallelism the counted all-to-all bytes equal what the 
 
 TEST_CASE("context parallelism is refused at start-up, naming why") {
   if (strata_test::world().size() != 2) return;
-  using run_t = st::training<mixtral::model<launch_policy<st::fp32>>>;
+  using run_t = st::training<strata::models::mixtral::model<launch_policy<st::fp32>>>;
   const auto o = strata_test::launch({"cp2", 1, 1, 1, 0, 0, 1, 1, "1f1b", 2, "ring"}, setup);
   CHECK_THROWS_WITH_AS(run_t(strata_test::world().comm(), shape(0), o),
                        doctest::Contains("a mixture of experts under context parallelism (cp=2) is not supported yet"),
@@ -248,14 +248,15 @@ TEST_CASE("context parallelism is refused at start-up, naming why") {
 TEST_CASE("expert parallelism that cannot share the experts out is refused at start-up, naming the numbers") {
   if (strata_test::world().size() != 2) return;
   const auto o = strata_test::launch({"dp2 ep2", 2, 1, 1, 0, 0, 1, 1, "1f1b", 1, "ring", 2}, setup);
-  mixtral::dims three = shape(0);
+  strata::models::mixtral::dims three = shape(0);
   three.experts = 3;
-  using run_t = st::training<mixtral::model<launch_policy<st::fp32>>>;
+  using run_t = st::training<strata::models::mixtral::model<launch_policy<st::fp32>>>;
   CHECK_THROWS_WITH_AS(run_t(strata_test::world().comm(), three, o),
                        doctest::Contains("expert parallelism ep=2 does not divide the experts (3)"), st::error);
   // A model without a mixture of experts has nothing to share out.
-  using dense_t = st::training<llama::model<launch_policy<st::fp32>>>;
-  const llama::dims dense{.vocab = 61, .seq = 8, .layers = 2, .heads = 4, .d_model = 32, .kv_heads = 2, .ffn = 24};
+  using dense_t = st::training<strata::models::llama::model<launch_policy<st::fp32>>>;
+  const strata::models::llama::dims dense{
+      .vocab = 61, .seq = 8, .layers = 2, .heads = 4, .d_model = 32, .kv_heads = 2, .ffn = 24};
   CHECK_THROWS_WITH_AS(dense_t(strata_test::world().comm(), dense, o),
                        doctest::Contains("layout ep=2: the model has no mixture-of-experts layer"), st::error);
 }

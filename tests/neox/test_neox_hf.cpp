@@ -1,4 +1,4 @@
-// The GPT-NeoX-shaped model of tests/neox/neox_model.hpp (strata's layers only) against Hugging
+// The GPT-NeoX-shaped model of strata/models/neox.hpp (strata's layers only) against Hugging
 // Face GPTNeoXForCausalLM: tests/fixtures/neox_parallel.safetensors holds a tiny model's weights
 // under transformers' names, a token batch, and the float64 reference loss and every parameter's
 // gradient (scripts/make-fixtures). Parallel residual, rotary on a quarter of each head, per-head
@@ -17,7 +17,7 @@
 
 #include "../support/program_dir.hpp"
 #include "../unit/max_error.hpp"
-#include "neox_model.hpp"
+#include "strata/models/neox.hpp"
 
 namespace st = strata;
 
@@ -26,7 +26,7 @@ namespace {
 const std::string fixtures = (strata_test::program_dir() / "fixtures").string();
 
 struct fixture {
-  neox::dims dims;
+  strata::models::neox::dims dims;
   std::map<std::string, st::named_tensor> tensors;
   std::vector<std::int32_t> tokens, targets;
   std::int64_t batch = 0;
@@ -57,10 +57,10 @@ struct fixture {
     return v;
   }
   // The tensors `prefix` + the Hugging Face name of every strata parameter, stacked in serial
-  // order by the model's rules (neox::hf_map, train/hf_weights.hpp).
+  // order by the model's rules (strata::models::neox::hf_map, train/hf_weights.hpp).
   template <class Model>
   std::vector<double> serial(const char* prefix) const {
-    return st::read_hf_weights(fixtures + "/neox_parallel.safetensors", neox::hf_map(prefix),
+    return st::read_hf_weights(fixtures + "/neox_parallel.safetensors", strata::models::neox::hf_map(prefix),
                                st::sequential_model<Model>::serial_parameter_shapes(dims));
   }
 };
@@ -76,7 +76,7 @@ struct result {
 template <class Precision>
 result run(const fixture& f) {
   using P = st::policy<st::host, st::serial, Precision>;
-  using M = neox::model<P>;
+  using M = strata::models::neox::model<P>;
   st::memory_ledger ledger;
   st::sequential_model<M> model(ledger, f.dims, st::seed{1});
   auto& p = model.parameters();
@@ -95,7 +95,7 @@ result run(const fixture& f) {
 
 TEST_CASE("a GPT-NeoX model from strata's layers matches Hugging Face GPTNeoXForCausalLM") {
   const fixture f;
-  using M32 = neox::model<st::policy<st::host, st::serial, st::fp32>>;
+  using M32 = strata::models::neox::model<st::policy<st::host, st::serial, st::fp32>>;
   const double loss = f.values("ref.loss")[0];
   const auto grads = f.serial<M32>("grad.");
   {
@@ -116,9 +116,9 @@ TEST_CASE("each variant matters: with any one of them changed, the same weights 
   // So the test above cannot pass with one variant wrong: each moves the gradients by more than
   // the 1e-4 of max|g| the float32 model is held to.
   const fixture f;
-  using M = neox::model<st::policy<st::host, st::serial, st::fp64>>;
+  using M = strata::models::neox::model<st::policy<st::host, st::serial, st::fp64>>;
   const auto grads = f.serial<M>("grad.");
-  const auto error_with = [&](const neox::dims& d) {
+  const auto error_with = [&](const strata::models::neox::dims& d) {
     st::memory_ledger ledger;
     st::sequential_model<M> model(ledger, d, st::seed{1});
     auto& p = model.parameters();
@@ -132,7 +132,7 @@ TEST_CASE("each variant matters: with any one of them changed, the same weights 
     return max_diff(g, grads) / max_abs(grads);
   };
   CHECK(error_with(f.dims) <= 1e-10);
-  neox::dims d = f.dims;
+  strata::models::neox::dims d = f.dims;
   d.rotary_fraction = 1;
   const double whole_head = error_with(d);
   d = f.dims;

@@ -1,4 +1,4 @@
-// The GPT-NeoX-shaped model of tests/neox/neox_model.hpp under the layouts each variant must
+// The GPT-NeoX-shaped model of strata/models/neox.hpp under the layouts each variant must
 // survive, against its serial run, under mpiexec (fp32, 5 steps, per-step losses and the gathered
 // weights within 1e-5):
 //   2 ranks: tp2 + SP (the per-head QKV split by heads, the parallel residual's two tensor-parallel
@@ -12,7 +12,7 @@
 #include <strata/strata.hpp>
 
 #include "../mpi/layout_equivalence.hpp"
-#include "neox_model.hpp"
+#include "strata/models/neox.hpp"
 
 namespace st = strata;
 
@@ -22,7 +22,7 @@ using serial_policy = st::policy<st::host, st::serial, st::fp32>;
 using strata_test::launch_policy;
 
 // 4 heads of 8 (2 of them turned by the rotary embedding), 4 blocks (pp 2 x 2).
-const neox::dims shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 4, .d_model = 32, .ffn = 64};
+const strata::models::neox::dims shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 4, .d_model = 32, .ffn = 64};
 const strata_test::equivalence_setup setup{.lr = 5e-4, .steps = 5, .global_batch = 8};
 
 struct sized_case {
@@ -45,7 +45,7 @@ const sized_case cases[] = {
 
 TEST_CASE("the GPT-NeoX model trains under every layout as it does serially") {
   const int world = strata_test::world().size();
-  const auto ref = strata_test::serial_run<neox::model<serial_policy>>(shape, setup);
+  const auto ref = strata_test::serial_run<strata::models::neox::model<serial_policy>>(shape, setup);
   int ran = 0;
   for (const auto& [size, c, recompute] : cases) {
     if (size != world) continue;
@@ -53,7 +53,8 @@ TEST_CASE("the GPT-NeoX model trains under every layout as it does serially") {
     CAPTURE(std::string(c.name));
     auto o = strata_test::launch(c, setup);
     o.recompute = recompute;
-    st::training<neox::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape, std::move(o));
+    st::training<strata::models::neox::model<launch_policy<st::fp32>>> run(strata_test::world().comm(), shape,
+                                                                           std::move(o));
     const auto got = strata_test::train_steps(run, shape, setup);
     strata_test::check_run_matches(c.name, got, ref);
   }

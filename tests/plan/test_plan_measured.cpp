@@ -18,7 +18,7 @@
 #include <strata/strata.hpp>
 
 #include "../mpi/mpi_test.hpp"
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 
@@ -28,11 +28,11 @@ using layout =
     st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>,
                  st::pipeline<st::dynamic, st::dynamic_schedule, st::dynamic, st::dynamic>>;
 using PBF16 = st::policy<st::host, layout, st::mixed<st::bf16, float>>;
-using model_decl = gpt2::model<PBF16>;
+using model_decl = strata::models::gpt2::model<PBF16>;
 
 // Small enough for 4 ranks on 2 cores; every split below leaves each rank a Ψ its data-parallel
 // group divides evenly (one bucket), so the ZeRO pieces are exact.
-const gpt2::dims shape{.vocab = 64, .seq = 8, .layers = 4, .heads = 4, .d_model = 32};
+const strata::models::gpt2::dims shape{.vocab = 64, .seq = 8, .layers = 4, .heads = 4, .d_model = 32};
 
 struct case_t {
   const char* name;

@@ -16,9 +16,9 @@
 
 #include "../compose/composed_blocks.hpp"
 #include "../mpi/layout_equivalence.hpp"
-#include "../neox/neox_model.hpp"
-#include "gpt2/gpt2.hpp"
-#include "llama/llama.hpp"
+#include "strata/models/neox.hpp"
+#include "strata/models/gpt2.hpp"
+#include "strata/models/llama.hpp"
 
 namespace st = strata;
 
@@ -26,9 +26,10 @@ namespace {
 
 using strata_test::launch_policy;
 
-const gpt2::dims gpt2_shape{.vocab = 64, .seq = 8, .layers = 4, .heads = 4, .d_model = 32};
-const llama::dims llama_shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 4, .d_model = 32, .kv_heads = 2, .ffn = 64};
-const neox::dims neox_shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 4, .d_model = 32, .ffn = 64};
+const strata::models::gpt2::dims gpt2_shape{.vocab = 64, .seq = 8, .layers = 4, .heads = 4, .d_model = 32};
+const strata::models::llama::dims llama_shape{
+    .vocab = 61, .seq = 8, .layers = 4, .heads = 4, .d_model = 32, .kv_heads = 2, .ffn = 64};
+const strata::models::neox::dims neox_shape{.vocab = 61, .seq = 8, .layers = 4, .heads = 4, .d_model = 32, .ffn = 64};
 constexpr std::int64_t batch = 8;
 
 std::vector<std::int32_t> token_ids(std::int64_t n, std::int64_t vocab, std::int64_t shift) {
@@ -117,16 +118,16 @@ struct family {
 TEST_CASE("the plan's activation peak equals the allocator's, serially") {
   if (strata_test::world().rank() != 0) return;
   using P = st::policy<st::host, st::serial, st::fp32>;
-  check_serial<gpt2::model<P>>("GPT-2", gpt2_shape);
-  check_serial<llama::model<P>>("Llama", llama_shape);
-  check_serial<neox::model<P>>("GPT-NeoX", neox_shape);
+  check_serial<strata::models::gpt2::model<P>>("GPT-2", gpt2_shape);
+  check_serial<strata::models::llama::model<P>>("Llama", llama_shape);
+  check_serial<strata::models::neox::model<P>>("GPT-NeoX", neox_shape);
   check_serial<composed::model<P>>("sandwich", composed::dims{});
 }
 
 TEST_CASE("the plan's activation peak equals the allocator's under tp2 + SP, full recomputation and pp2") {
   if (strata_test::world().size() != 2) return;
-  check_layouts<family<gpt2::model, gpt2::dims>>("GPT-2", gpt2_shape);
-  check_layouts<family<llama::model, llama::dims>>("Llama", llama_shape);
-  check_layouts<family<neox::model, neox::dims>>("GPT-NeoX", neox_shape);
+  check_layouts<family<strata::models::gpt2::model, strata::models::gpt2::dims>>("GPT-2", gpt2_shape);
+  check_layouts<family<strata::models::llama::model, strata::models::llama::dims>>("Llama", llama_shape);
+  check_layouts<family<strata::models::neox::model, strata::models::neox::dims>>("GPT-NeoX", neox_shape);
   check_layouts<family<composed::model, composed::dims>>("sandwich", composed::dims{});
 }

@@ -26,7 +26,7 @@
 
 #include "../mpi/counting_space_run.hpp"
 #include "../mpi/mpi_test.hpp"
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 
@@ -41,7 +41,7 @@ using PL = st::policy<st::host, layout, st::fp32>;
 using kind = st::pipeline_schedule_kind;
 
 // 8 blocks split over p·V = 2, 4 or 8 virtual stages; 67 tokens (padded under tp 2).
-const gpt2::dims tiny{.vocab = 67, .seq = 8, .layers = 8, .heads = 4, .d_model = 16};
+const strata::models::gpt2::dims tiny{.vocab = 67, .seq = 8, .layers = 8, .heads = 4, .d_model = 16};
 constexpr int steps = 5;
 constexpr double lr = 1e-3;  // see tests/tp: AdamW turns reduction-order noise into lr-sized steps
 
@@ -57,7 +57,7 @@ struct run_result {
 run_result serial_run(std::int64_t batch, std::int64_t micro,
                       std::vector<std::pair<std::string, std::int64_t>>* names = nullptr) {
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P32>> model(ledger, tiny, st::seed{11});
+  st::sequential_model<strata::models::gpt2::model<P32>> model(ledger, tiny, st::seed{11});
   st::adamw<P32> opt(model, {.lr = lr});
   auto o = options();
   o.micro_batch = micro;
@@ -96,7 +96,7 @@ st::training_options launch(const pipeline_run& c) {
 }
 
 run_result run(const pipeline_run& c) {
-  st::training<gpt2::model<PL>> run(strata_test::world().comm(), tiny, launch(c));
+  st::training<strata::models::gpt2::model<PL>> run(strata_test::world().comm(), tiny, launch(c));
   auto data = corpus();
   run_result out;
   for (int s = 0; s < steps; ++s) out.losses.push_back(run.step(data.next_batch(c.batch, tiny.seq)).loss);
@@ -176,8 +176,8 @@ TEST_CASE("dp 2 x tp 2 x pp 2 with ZeRO-1 and sequence parallelism matches the s
     CHECK(lerr <= 1e-5);
     CHECK(werr <= 1e-5);
     // The same layout in a memory space that is not host memory: bit for bit, only the batches cross.
-    const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c),
-                                                                           steps, c.batch, corpus());
+    const auto other = strata_test::run_in_counting_space<strata::models::gpt2::model<PL>>(
+        strata_test::world().comm(), tiny, launch(c), steps, c.batch, corpus());
     CHECK(other.losses == got.losses);
     CHECK(other.weights == got.weights);
     strata_test::check_only_batches_cross(other, steps);
@@ -192,8 +192,8 @@ TEST_CASE("every schedule in a memory space that is not host memory: bit for bit
         .pp = p, .microbatches = 2 * p, .chunks = k == kind::interleaved ? 2 : 1, .schedule = k, .batch = 4 * p};
     CAPTURE(std::string(st::schedule_label(k)));
     const auto host = run(c);
-    const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c),
-                                                                           steps, c.batch, corpus());
+    const auto other = strata_test::run_in_counting_space<strata::models::gpt2::model<PL>>(
+        strata_test::world().comm(), tiny, launch(c), steps, c.batch, corpus());
     CHECK(other.losses == host.losses);
     CHECK(other.weights == host.weights);
     strata_test::check_only_batches_cross(other, steps);
@@ -209,8 +209,8 @@ TEST_CASE("one stage of 2 chunks (messages to itself) matches the serial run, an
   CHECK(host.stats.peak_in_flight == st::simulate({kind::interleaved, 1, 2, 2}).peak_in_flight[0]);
   CHECK(loss_error(host, ref) <= 1e-5);
   CHECK(weight_error(host, ref) <= 1e-5);
-  const auto other = strata_test::run_in_counting_space<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch(c),
-                                                                         steps, c.batch, corpus());
+  const auto other = strata_test::run_in_counting_space<strata::models::gpt2::model<PL>>(
+      strata_test::world().comm(), tiny, launch(c), steps, c.batch, corpus());
   CHECK(other.losses == host.losses);
   CHECK(other.weights == host.weights);
   CHECK(other.microbatches == 2);  // the pipeline's count, so the crossings are counted per micro-batch
@@ -224,7 +224,7 @@ TEST_CASE("explicit layers per stage, and splits that cannot work, say so") {
   {
     auto options = launch({.pp = 2, .microbatches = 2, .batch = 4});
     options.blocks_per_virtual_stage = {5, 3};
-    st::training<gpt2::model<PL>> run(strata_test::world().comm(), tiny, options);
+    st::training<strata::models::gpt2::model<PL>> run(strata_test::world().comm(), tiny, options);
     // Stage 0 holds the embedding and blocks 0-4, stage 1 blocks 5-7, ln_f and the head.
     const int stage = run.mesh().position().pp_rank;
     auto& params = run.model().parameters();
@@ -251,7 +251,7 @@ TEST_CASE("explicit layers per stage, and splits that cannot work, say so") {
   CHECK_THROWS_WITH_AS(empty.block_ranges(8), "pipeline: virtual stage 1 has 0 layers; every stage needs at least one",
                        st::error);
   // ZeRO-2 under a pipeline is refused on every rank at start-up.
-  CHECK_THROWS_WITH_AS(
-      st::training<gpt2::model<PL>>(strata_test::world().comm(), tiny, launch({.pp = 2, .zero = 2, .microbatches = 2})),
-      doctest::Contains("pipeline parallelism works with ZeRO 0 or 1, not 2"), st::error);
+  CHECK_THROWS_WITH_AS(st::training<strata::models::gpt2::model<PL>>(strata_test::world().comm(), tiny,
+                                                                     launch({.pp = 2, .zero = 2, .microbatches = 2})),
+                       doctest::Contains("pipeline parallelism works with ZeRO 0 or 1, not 2"), st::error);
 }

@@ -32,7 +32,7 @@
 #include "../custom/custom_model.hpp"
 #include "../mpi/counting_space_run.hpp"
 #include "../mpi/mpi_test.hpp"
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 
@@ -43,10 +43,10 @@ using P32 = st::policy<st::host, st::serial, st::fp32>;
 using layout =
     st::parallel<st::data<st::dynamic, st::zero<st::dynamic>>, st::tensor<st::dynamic, st::dynamic_sequence_parallel>>;
 template <class P>
-using gpt2_net = st::sequential_model<gpt2::model<P>>;
+using gpt2_net = st::sequential_model<strata::models::gpt2::model<P>>;
 
 // 67 tokens: neither 2 nor 4 divides the vocabulary, so the tables are padded.
-const gpt2::dims tiny{.vocab = 67, .seq = 8, .layers = 2, .heads = 4, .d_model = 32};
+const strata::models::gpt2::dims tiny{.vocab = 67, .seq = 8, .layers = 2, .heads = 4, .d_model = 32};
 constexpr std::int64_t global_batch = 4;
 constexpr int steps = 5;
 
@@ -90,7 +90,7 @@ st::training_options tp_options(int tp, bool sp, int zero, st::recompute_mode r 
 template <class P = P32>
 run_result tp_run(int tp, bool sp, int zero, st::recompute_mode r = st::recompute_mode::none) {
   using policy = st::policy<st::host, layout, typename P::precision>;
-  st::training<gpt2::model<policy>> run(strata_test::world().comm(), tiny, tp_options(tp, sp, zero, r));
+  st::training<strata::models::gpt2::model<policy>> run(strata_test::world().comm(), tiny, tp_options(tp, sp, zero, r));
   auto data = corpus();
   run_result out;
   for (int s = 0; s < steps; ++s) out.losses.push_back(run.step(data.next_batch(global_batch, tiny.seq)).loss);
@@ -150,7 +150,7 @@ TEST_CASE("tensor parallelism in a memory space that is not host memory: bit for
       CAPTURE(tp);
       CAPTURE(sp);
       const auto host = tp_run(tp, sp, zero);
-      const auto other = strata_test::run_in_counting_space<gpt2::model<policy>>(
+      const auto other = strata_test::run_in_counting_space<strata::models::gpt2::model<policy>>(
           strata_test::world().comm(), tiny, tp_options(tp, sp, zero), steps, global_batch, corpus());
       CHECK(other.losses == host.losses);
       CHECK(other.weights == host.weights);
@@ -180,7 +180,7 @@ TEST_CASE(
       CAPTURE(std::string(space->name));
       auto o = tp_options(2, sp, 0);
       o.memory = space;
-      st::training<gpt2::model<policy>> run(strata_test::world().comm(), tiny, o);
+      st::training<strata::models::gpt2::model<policy>> run(strata_test::world().comm(), tiny, o);
       const auto l = run.model().logits(in);
       REQUIRE(l.numel() == std::int64_t(ref.size()));
       // Read through the space, as a GPU's memory must be read.
@@ -428,10 +428,10 @@ TEST_CASE("bad tensor-parallel shapes fail with the numbers") {
   // the same words.
   if (world.size() % 2 == 0) {
     using policy = st::policy<st::host, layout, st::fp32>;
-    CHECK_THROWS_WITH_AS(
-        st::training<gpt2::model<policy>>(world, {.vocab = 64, .seq = 8, .layers = 1, .heads = 3, .d_model = 48},
-                                          {.layout = {.tp = 2, .zero_stage = 0, .sequence_parallel = 0}}),
-        "tensor parallelism tp=2 does not divide heads = 3 (blocks 'h')", st::error);
+    CHECK_THROWS_WITH_AS(st::training<strata::models::gpt2::model<policy>>(
+                             world, {.vocab = 64, .seq = 8, .layers = 1, .heads = 3, .d_model = 48},
+                             {.layout = {.tp = 2, .zero_stage = 0, .sequence_parallel = 0}}),
+                         "tensor parallelism tp=2 does not divide heads = 3 (blocks 'h')", st::error);
   }
 }
 

@@ -15,7 +15,7 @@
 #include <strata/train/trainer.hpp>
 
 #include "counting_space.hpp"
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 namespace fs = std::filesystem;
@@ -24,7 +24,7 @@ namespace {
 
 using P32 = st::policy<st::host, st::serial, st::fp32>;
 using PFP16 = st::policy<st::host, st::serial, st::mixed<st::fp16, float>>;
-const gpt2::dims tiny{.vocab = 256, .seq = 16, .layers = 2, .heads = 2, .d_model = 32};
+const strata::models::gpt2::dims tiny{.vocab = 256, .seq = 16, .layers = 2, .heads = 2, .d_model = 32};
 
 // A fresh scratch directory under the build tree.
 std::string scratch(const std::string& name) {
@@ -37,9 +37,9 @@ std::string scratch(const std::string& name) {
 template <class P>
 struct run {
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P>> model{ledger, tiny, st::seed{3}};
+  st::sequential_model<strata::models::gpt2::model<P>> model{ledger, tiny, st::seed{3}};
   st::adamw<P> opt{model, {.lr = 3e-3}};
-  st::trainer<st::sequential_model<gpt2::model<P>>, st::adamw<P>> train;
+  st::trainer<st::sequential_model<strata::models::gpt2::model<P>>, st::adamw<P>> train;
   st::token_stream data{st::byte_tokens(st::generate_corpus(20000)), 11};
   st::checkpointer ckpt;
   explicit run(const std::string& dir, int keep = 0, const st::memory_space* space = nullptr)
@@ -158,7 +158,7 @@ TEST_CASE("checkpoint: a checkpoint of another model is refused, naming the fiel
   a.step();
   a.save();
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P32>> model(ledger, tiny, st::seed{3});
+  st::sequential_model<strata::models::gpt2::model<P32>> model(ledger, tiny, st::seed{3});
   st::adamw<P32> opt(model, {});
   st::checkpointer other({dir, 0}, st::group_ref(), {}, {{"layers", 5}, {"d_model", tiny.d_model}});
   CHECK_THROWS_WITH_AS(other.resume(st::train_state_ref<P32>{model.parameters(), opt, {}}),

@@ -18,7 +18,7 @@
 #include <strata/train/hf_weights.hpp>
 #include <strata/train/safetensors.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 
@@ -334,8 +334,8 @@ TEST_CASE("rules that cannot make a parameter are refused, naming it") {
 }
 
 TEST_CASE("a model's serial parameter shapes are its serial parameters, with their whole shapes") {
-  using M = st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>>;
-  const gpt2::dims d{.vocab = 50, .seq = 8, .layers = 2, .heads = 2, .d_model = 16};
+  using M = st::sequential_model<strata::models::gpt2::model<st::policy<st::host, st::serial, st::fp32>>>;
+  const strata::models::gpt2::dims d{.vocab = 50, .seq = 8, .layers = 2, .heads = 2, .d_model = 16};
   const auto shapes = M::serial_parameter_shapes(d);
   const auto params = M::serial_parameters(d);
   REQUIRE(shapes.size() == params.size());

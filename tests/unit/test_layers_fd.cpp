@@ -17,7 +17,7 @@
 #include <strata/strata.hpp>
 
 #include "../compose/composed_blocks.hpp"
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 using P64 = st::policy<st::host, st::serial, st::fp64>;
@@ -315,8 +315,8 @@ TEST_CASE("a composed block computes what the hand-written one does, and costs w
 
 TEST_CASE("GPT-2 model: every parameter's gradient through the fused loss matches finite differences") {
   st::memory_ledger ledger;
-  gpt2::dims d{.vocab = 11, .seq = 4, .layers = 2, .heads = 2, .d_model = 8};
-  st::sequential_model<gpt2::model<P64>> model(ledger, d, st::seed{5});
+  strata::models::gpt2::dims d{.vocab = 11, .seq = 4, .layers = 2, .heads = 2, .d_model = 8};
+  st::sequential_model<strata::models::gpt2::model<P64>> model(ledger, d, st::seed{5});
   auto& params = model.parameters();
   // Widen the initial weights so gradients are far from zero everywhere.
   for (std::int64_t i = 0; i < params.size(); ++i) params.weights_data()[i] *= 8.0;

@@ -1,13 +1,13 @@
 // The planner against the published arithmetic: the back-of-envelope model state (70B, 100B),
 // ZeRO's worked example, 6·N·D and 2·N, and Narayanan et al.'s FLOPs per iteration; its
 // compile-time use; and its start-up errors. The GPT shapes are planned through the example
-// model's declaration (examples/gpt2/gpt2.hpp), the path every declared model takes. (Plan
+// model's declaration (strata/models/gpt2.hpp), the path every declared model takes. (Plan
 // against the allocator: tests/plan.)
 #include <doctest/doctest.h>
 
 #include <cmath>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 #include "strata/plan/plan.hpp"
 
 namespace st = strata;
@@ -17,13 +17,14 @@ namespace {
 constexpr double GB = 1e9;
 
 // GPT-3 175B (Brown et al. 2020) and GPT-2 small, as the example model's dims.
-constexpr gpt2::dims gpt3_175b{.vocab = 51200, .seq = 2048, .layers = 96, .heads = 96, .d_model = 12288};
-constexpr gpt2::dims gpt2_small{.vocab = 50304, .seq = 1024, .layers = 12, .heads = 12, .d_model = 768};
+constexpr strata::models::gpt2::dims gpt3_175b{
+    .vocab = 51200, .seq = 2048, .layers = 96, .heads = 96, .d_model = 12288};
+constexpr strata::models::gpt2::dims gpt2_small{.vocab = 50304, .seq = 1024, .layers = 12, .heads = 12, .d_model = 768};
 
 // The example GPT-2 in a precision. plan_model takes the layout from its setup; attention keeps
 // one logsumexp per query row on the host as on the GPU (last test case).
 template <class Precision>
-using gpt = gpt2::model<st::policy<st::host, st::serial, Precision>>;
+using gpt = strata::models::gpt2::model<st::policy<st::host, st::serial, Precision>>;
 using gpt_bf16 = gpt<st::mixed<st::bf16, float>>;
 
 st::plan_setup with(int dp, int tp, int pp, int zero, st::recompute_mode r = st::recompute_mode::none) {
@@ -116,14 +117,15 @@ using fits_policy = st::policy<st::cuda, st::parallel<st::data<8, st::zero<1>>, 
                                st::mixed<st::bf16, float>>;
 // The compile-time form: the layout from the policy (a layout that does not fit:
 // tests/compile_fail/plan_does_not_fit.cpp).
-static_assert(
-    st::plan<gpt2::model<fits_policy>>(gpt2_small, st::batch{.micro = 4, .global = 512}).fits(st::hw::h100_80gb));
+static_assert(st::plan<strata::models::gpt2::model<fits_policy>>(gpt2_small, st::batch{.micro = 4, .global = 512})
+                  .fits(st::hw::h100_80gb));
 // The same for a model whose shape is part of its type.
-struct gpt2_small_model : gpt2::model<fits_policy> {
-  static constexpr gpt2::dims shape = gpt2_small;
+struct gpt2_small_model : strata::models::gpt2::model<fits_policy> {
+  static constexpr strata::models::gpt2::dims shape = gpt2_small;
 };
-static_assert(st::plan<gpt2_small_model>(st::batch{.micro = 4, .global = 512}).params_total ==
-              st::plan<gpt2::model<fits_policy>>(gpt2_small, st::batch{.micro = 4, .global = 512}).params_total);
+static_assert(
+    st::plan<gpt2_small_model>(st::batch{.micro = 4, .global = 512}).params_total ==
+    st::plan<strata::models::gpt2::model<fits_policy>>(gpt2_small, st::batch{.micro = 4, .global = 512}).params_total);
 }  // namespace
 
 TEST_CASE("the plan splits what tensor, sequence and pipeline parallelism split") {
@@ -180,7 +182,8 @@ TEST_CASE("attention keeps one logsumexp per query row on every device: no s² t
   // The plan of a model is the same on each device.
   const st::batch b{.micro = 1, .global = 8};
   const auto on_host = st::plan_model<gpt_bf16>(gpt2_small, b, with(8, 1, 1, 0));
-  const auto on_gpu = st::plan_model<gpt2::model<gpu_attention::policy>>(gpt2_small, b, with(8, 1, 1, 0));
+  const auto on_gpu =
+      st::plan_model<strata::models::gpt2::model<gpu_attention::policy>>(gpt2_small, b, with(8, 1, 1, 0));
   CHECK(on_host.activation_bytes == on_gpu.activation_bytes);
   CHECK(on_host.model_state_bytes() == on_gpu.model_state_bytes());
 }

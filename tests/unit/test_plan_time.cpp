@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 #include "strata/plan/calibration.hpp"
 #include "strata/plan/hardware_json.hpp"
 #include "strata/plan/plan.hpp"
@@ -25,7 +25,7 @@ namespace st = strata;
 namespace {
 
 // The example GPT-2 on a GPU in bf16, as strata-plan plans it.
-using gpt = gpt2::model<st::policy<st::cuda, st::serial, st::mixed<st::bf16, float>>>;
+using gpt = strata::models::gpt2::model<st::policy<st::cuda, st::serial, st::mixed<st::bf16, float>>>;
 
 st::plan_setup layout(int dp, int tp, int pp, int v, std::int64_t microbatches, st::recompute_mode r, int zero = 0) {
   st::plan_setup s;
@@ -71,7 +71,7 @@ TEST_CASE("a GEMM runs in whole waves of tiles, at an efficiency that grows with
 TEST_CASE("the layers' matrix products and attention are their FLOPs, bar the element-wise terms") {
   // GPT-3's shape: a plan's GEMMs and attention, over the whole batch, against the Narayanan
   // formula (72·B·s·l·h²·(1 + s/6h + V/12lh)), which counts exactly those.
-  const gpt2::dims m{.vocab = 51200, .seq = 2048, .layers = 96, .heads = 96, .d_model = 12288};
+  const strata::models::gpt2::dims m{.vocab = 51200, .seq = 2048, .layers = 96, .heads = 96, .d_model = 12288};
   for (const int tp : {1, 8}) {
     const st::plan_result r =
         st::plan_model<gpt>(m, {.micro = 1, .global = 64}, layout(8, tp, 1, 1, 8, st::recompute_mode::none));
@@ -122,7 +122,7 @@ TEST_CASE("attention's memory-bound bytes count the rotary embedding and the per
 }
 
 TEST_CASE("groups use NVLink inside a node and the network across, and overlap hides what it can") {
-  const gpt2::dims m{.vocab = 51200, .seq = 2048, .layers = 24, .heads = 32, .d_model = 4096};
+  const strata::models::gpt2::dims m{.vocab = 51200, .seq = 2048, .layers = 24, .heads = 32, .d_model = 4096};
   constexpr auto d = st::hw::a100_80gb;
   const auto estimate = [&](int dp, int tp, int pp, int zero, const st::hw::device_spec& dev) {
     const std::int64_t M = 64 / dp;
@@ -192,7 +192,7 @@ TEST_CASE("a device from JSON: a preset with figures replaced, and clear errors"
                                      .peak_flops_fp32 = 1e14,
                                      .intra_node_bandwidth = 1e11,
                                      .inter_node_bandwidth = 1e10};
-  const gpt2::dims m{.vocab = 256, .seq = 64, .layers = 2, .heads = 4, .d_model = 64};
+  const strata::models::gpt2::dims m{.vocab = 256, .seq = 64, .layers = 2, .heads = 4, .d_model = 64};
   const auto s = layout(1, 1, 1, 1, 1, st::recompute_mode::none);
   CHECK_THROWS_WITH(st::estimate_step_time(st::plan_model<gpt>(m, {.micro = 1, .global = 1}, s), s, bare),
                     "time model: device 'bare' needs its peak, memory and link bandwidths, SM count, GEMM tile and "
@@ -212,11 +212,11 @@ TEST_CASE("every row of the published table: median error at most 5%, largest at
     const st::hw::device_spec& d = device.get();
     std::vector<double> errors;
     for (const auto& row : table.at("rows")) {
-      const gpt2::dims m{.vocab = table.at("vocab"),
-                         .seq = table.at("seq"),
-                         .layers = row.at("layers"),
-                         .heads = row.at("heads"),
-                         .d_model = row.at("hidden")};
+      const strata::models::gpt2::dims m{.vocab = table.at("vocab"),
+                                         .seq = table.at("seq"),
+                                         .layers = row.at("layers"),
+                                         .heads = row.at("heads"),
+                                         .d_model = row.at("hidden")};
       const int tp = row.at("tp"), pp = row.at("pp"), gpus = row.at("gpus");
       const std::int64_t B = row.at("global_batch");
       const int dp = gpus / (tp * pp);
@@ -282,11 +282,11 @@ TEST_CASE("every row of the published table as its scripts ran it: median error 
       nlohmann::json device_json = table.at("device");
       device_json.update(run.at("device"));
       st::hw::named_device device = st::hw::device_from_json(device_json, STRATA_PUBLISHED_RUNS);
-      const gpt2::dims m{.vocab = table.at("vocab"),
-                         .seq = table.at("seq"),
-                         .layers = row.at("layers"),
-                         .heads = row.at("heads"),
-                         .d_model = row.at("hidden")};
+      const strata::models::gpt2::dims m{.vocab = table.at("vocab"),
+                                         .seq = table.at("seq"),
+                                         .layers = row.at("layers"),
+                                         .heads = row.at("heads"),
+                                         .d_model = row.at("hidden")};
       const int tp = row.at("tp"), pp = row.at("pp"), gpus = row.at("gpus"), v = run.at("virtual");
       const std::int64_t B = row.at("global_batch"), micro = run.at("micro_batch");
       const int dp = gpus / (tp * pp);
@@ -321,7 +321,7 @@ TEST_CASE("the paper's tensor against pipeline sweep: (t, p) = (8, 8) predicted 
   REQUIRE(in.good());
   const nlohmann::json data = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
   st::hw::named_device device = st::hw::device_from_json(data.at("tables").at(0).at("device"), STRATA_PUBLISHED_RUNS);
-  const gpt2::dims m{.vocab = 51200, .seq = 2048, .layers = 32, .heads = 128, .d_model = 20480};
+  const strata::models::gpt2::dims m{.vocab = 51200, .seq = 2048, .layers = 32, .heads = 128, .d_model = 20480};
   for (const std::int64_t B : {32, 128}) {
     CAPTURE(B);
     int fastest_p = 0;
@@ -342,7 +342,7 @@ TEST_CASE("the paper's tensor against pipeline sweep: (t, p) = (8, 8) predicted 
 
 TEST_CASE("a layer that states FLOPs but not their kinds is refused by the time model, by name") {
   // The example GPT-2 with its work's kinds erased: a cost() written before they existed.
-  const gpt2::dims m{.vocab = 256, .seq = 64, .layers = 2, .heads = 4, .d_model = 64};
+  const strata::models::gpt2::dims m{.vocab = 256, .seq = 64, .layers = 2, .heads = 4, .d_model = 64};
   const auto s = layout(1, 1, 1, 1, 1, st::recompute_mode::none);
   st::plan_result r = st::plan_model<gpt>(m, {.micro = 1, .global = 1}, s);
   CHECK_NOTHROW(st::estimate_step_time(r, s, st::hw::h100_80gb));

@@ -17,7 +17,7 @@
 #include <strata/strata.hpp>
 #include <strata/train/safetensors.hpp>
 
-#include "gpt2/gpt2_hf.hpp"
+#include "strata/models/gpt2_hf.hpp"
 
 namespace st = strata;
 
@@ -90,18 +90,19 @@ TEST_CASE("a truncated or corrupt safetensors file is refused with its name and 
 }
 
 TEST_CASE("the example GPT-2 exports with GPT-2's names and loads back exactly") {
-  const gpt2::dims d{.vocab = 50, .seq = 8, .layers = 2, .heads = 2, .d_model = 16};
+  const strata::models::gpt2::dims d{.vocab = 50, .seq = 8, .layers = 2, .heads = 2, .d_model = 16};
   // The layout the exporter walks is the model's own flat order.
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>> a(ledger, d, st::seed{1});
-  const auto layout = gpt2::hf_layout(d);
+  st::sequential_model<strata::models::gpt2::model<st::policy<st::host, st::serial, st::fp32>>> a(ledger, d,
+                                                                                                  st::seed{1});
+  const auto layout = strata::models::gpt2::hf_layout(d);
   REQUIRE(layout.size() == a.parameters().entries().size());
   for (std::size_t i = 0; i < layout.size(); ++i) {
     CHECK(layout[i].name == a.parameters().entries()[i].name);
     CHECK(layout[i].numel() == a.parameters().entries()[i].numel);
   }
   const std::string path = temp_path("gpt2.safetensors");
-  gpt2::export_hf<float>(path, d, weights_of(a.parameters()));
+  strata::models::gpt2::export_hf<float>(path, d, weights_of(a.parameters()));
   const auto tensors = st::read_safetensors(path);
   std::map<std::string, std::vector<std::int64_t>> shapes;
   for (const auto& t : tensors) {
@@ -117,21 +118,23 @@ TEST_CASE("the example GPT-2 exports with GPT-2's names and loads back exactly")
   CHECK(shapes["transformer.h.0.mlp.c_proj.weight"] == std::vector<std::int64_t>{64, 16});
   CHECK(shapes["transformer.ln_f.bias"] == std::vector<std::int64_t>{16});
   // Another seed, then the file: exactly the first model's weights.
-  st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>> b(ledger, d, st::seed{2});
+  st::sequential_model<strata::models::gpt2::model<st::policy<st::host, st::serial, st::fp32>>> b(ledger, d,
+                                                                                                  st::seed{2});
   CHECK(weights_of(b.parameters()) != weights_of(a.parameters()));
   auto& p = b.parameters();
   st::scatter_model_weights(
       p, std::span<float>(p.weights_data(), std::size_t(p.size())),
-      st::sequential_model<gpt2::model<st::policy<st::host, st::serial, st::fp32>>>::serial_parameters(d),
-      gpt2::import_hf(path, d));
+      st::sequential_model<strata::models::gpt2::model<st::policy<st::host, st::serial, st::fp32>>>::serial_parameters(
+          d),
+      strata::models::gpt2::import_hf(path, d));
   CHECK(weights_of(b.parameters()) == weights_of(a.parameters()));
   // bf16 models write BF16.
-  gpt2::export_hf<st::bf16>(path, d, weights_of(a.parameters()));
+  strata::models::gpt2::export_hf<st::bf16>(path, d, weights_of(a.parameters()));
   CHECK(st::read_safetensors(path).front().dtype == "BF16");
   // A file for another shape is refused with the tensor and both shapes.
-  const gpt2::dims wider{.vocab = 50, .seq = 8, .layers = 2, .heads = 2, .d_model = 32};
+  const strata::models::gpt2::dims wider{.vocab = 50, .seq = 8, .layers = 2, .heads = 2, .d_model = 32};
   CHECK_THROWS_WITH_AS(
-      gpt2::import_hf(path, wider),
+      strata::models::gpt2::import_hf(path, wider),
       doctest::Contains("tensor 'transformer.wte.weight' has shape [50, 16], the model expects [50, 32]"), st::error);
   std::remove(path.c_str());
 }
@@ -240,7 +243,7 @@ struct hub_gpt2 {
     plain("ln_f.weight", {C});
     plain("ln_f.bias", {C});
   }
-  static gpt2::dims dims(std::int64_t seq = T) {
+  static strata::models::gpt2::dims dims(std::int64_t seq = T) {
     return {.vocab = V, .seq = seq, .layers = L, .heads = 2, .d_model = C};
   }
   const raw_tensor& tensor(const std::string& name) const {
@@ -258,7 +261,7 @@ TEST_CASE("a hub-layout GPT-2 file loads: names without prefix, BOOL and F32 mas
   const hub_gpt2 hub("");
   write_bytes(path, raw_file(hub.tensors));
   std::vector<std::string> notes;
-  const auto serial = gpt2::import_hf(path, hub_gpt2::dims(), &notes);
+  const auto serial = strata::models::gpt2::import_hf(path, hub_gpt2::dims(), &notes);
   REQUIRE(serial.size() == hub.serial.size());
   CHECK(serial == hub.serial);  // every weight, the Conv1D transposes included
   REQUIRE(notes.size() == 1);
@@ -268,12 +271,12 @@ TEST_CASE("a hub-layout GPT-2 file loads: names without prefix, BOOL and F32 mas
   const hub_gpt2 prefixed("transformer.");
   write_bytes(path, raw_file(prefixed.tensors));
   notes.clear();
-  CHECK(gpt2::import_hf(path, hub_gpt2::dims(), &notes) == hub.serial);
+  CHECK(strata::models::gpt2::import_hf(path, hub_gpt2::dims(), &notes) == hub.serial);
   CHECK(notes[0].find("skipped 4 tensors") == 0);
   // strata's own export of them reads back the same, with nothing skipped.
-  gpt2::export_hf<float>(path, hub_gpt2::dims(), hub.serial);
+  strata::models::gpt2::export_hf<float>(path, hub_gpt2::dims(), hub.serial);
   notes.clear();
-  CHECK(gpt2::import_hf(path, hub_gpt2::dims(), &notes) == hub.serial);
+  CHECK(strata::models::gpt2::import_hf(path, hub_gpt2::dims(), &notes) == hub.serial);
   CHECK(notes.empty());
 
   // One tensor under both names is refused, naming both.
@@ -282,7 +285,7 @@ TEST_CASE("a hub-layout GPT-2 file loads: names without prefix, BOOL and F32 mas
   copy.name = "transformer.h.1.mlp.c_fc.bias";
   both.push_back(copy);
   write_bytes(path, raw_file(both));
-  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+  CHECK_THROWS_WITH_AS(strata::models::gpt2::import_hf(path, hub_gpt2::dims()),
                        doctest::Contains("hub_gpt2.safetensors' holds tensor 'h.1.mlp.c_fc.bias' twice, as "
                                          "'transformer.h.1.mlp.c_fc.bias' and as 'h.1.mlp.c_fc.bias'"),
                        st::error);
@@ -291,7 +294,7 @@ TEST_CASE("a hub-layout GPT-2 file loads: names without prefix, BOOL and F32 mas
   missing.erase(
       std::find_if(missing.begin(), missing.end(), [](const raw_tensor& t) { return t.name == "ln_f.bias"; }));
   write_bytes(path, raw_file(missing));
-  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+  CHECK_THROWS_WITH_AS(strata::models::gpt2::import_hf(path, hub_gpt2::dims()),
                        doctest::Contains("has no tensor 'transformer.ln_f.bias' (nor 'ln_f.bias')"), st::error);
   std::remove(path.c_str());
 }
@@ -305,26 +308,26 @@ TEST_CASE("a used tensor keeps its checks: a wrong dtype or shape is refused, an
     if (t.name == "h.0.ln_2.bias") t = {t.name, "I8", t.shape, std::string(std::size_t(hub_gpt2::C), '\1')};
   write_bytes(path, raw_file(bad));
   CHECK_THROWS_WITH_AS(
-      gpt2::import_hf(path, hub_gpt2::dims()),
+      strata::models::gpt2::import_hf(path, hub_gpt2::dims()),
       doctest::Contains(
           "hub_gpt2_bad.safetensors': tensor 'h.0.ln_2.bias' has dtype I8 (F32, F64, BF16 or F16 expected)"),
       st::error);
   // A used weight of another shape: the tensor as the file names it, and both shapes.
-  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, {.vocab = 16, .seq = 12, .layers = 2, .heads = 2, .d_model = 16}),
-                       doctest::Contains("tensor 'wte.weight' has shape [16, 8], the model expects [16, 16]"),
-                       st::error);
+  CHECK_THROWS_WITH_AS(
+      strata::models::gpt2::import_hf(path, {.vocab = 16, .seq = 12, .layers = 2, .heads = 2, .d_model = 16}),
+      doctest::Contains("tensor 'wte.weight' has shape [16, 8], the model expects [16, 16]"), st::error);
   // An unused BOOL entry is still checked: bytes that do not match its shape are refused.
   auto short_mask = hub.tensors;
   for (auto& t : short_mask)
     if (t.name == "h.0.attn.bias") t.bytes.resize(t.bytes.size() - 1);
   write_bytes(path, raw_file(short_mask));
-  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+  CHECK_THROWS_WITH_AS(strata::models::gpt2::import_hf(path, hub_gpt2::dims()),
                        doctest::Contains("tensor 'h.0.attn.bias' spans 143 bytes at file offset"), st::error);
   // A dtype no safetensors file has is refused wherever it is.
   auto odd = hub.tensors;
   odd.push_back({"extra", "Q3", {2}, "ab"});
   write_bytes(path, raw_file(odd));
-  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+  CHECK_THROWS_WITH_AS(strata::models::gpt2::import_hf(path, hub_gpt2::dims()),
                        doctest::Contains("tensor 'extra' has dtype Q3, which is not a safetensors dtype"), st::error);
   // read_safetensors (checkpoints) still reads only strata's dtypes, the reader any.
   write_bytes(path, raw_file(hub.tensors));
@@ -348,14 +351,14 @@ TEST_CASE("a longer position table is cropped to --seq, a shorter one refused; l
   write_bytes(path, raw_file(hub.tensors));
   // seq 5 of the file's 12 positions: the first 5 rows of wpe, everything else as it is.
   std::vector<std::string> notes;
-  const auto serial = gpt2::import_hf(path, hub_gpt2::dims(5), &notes);
+  const auto serial = strata::models::gpt2::import_hf(path, hub_gpt2::dims(5), &notes);
   const auto V = hub_gpt2::V, C = hub_gpt2::C, T = hub_gpt2::T;
   std::vector<double> want(hub.serial.begin(), hub.serial.begin() + (V + 5) * C);
   want.insert(want.end(), hub.serial.begin() + (V + T) * C, hub.serial.end());
   CHECK(serial == want);
   REQUIRE(notes.size() == 2);
   CHECK(notes[0] == "wpe has 12 positions, using the first 5 (--seq 5)");
-  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims(16)),
+  CHECK_THROWS_WITH_AS(strata::models::gpt2::import_hf(path, hub_gpt2::dims(16)),
                        doctest::Contains("tensor 'wpe.weight' has 12 positions, fewer than --seq 16"), st::error);
 
   // An lm_head.weight equal to wte loads (it is the tied head); another one is refused.
@@ -365,12 +368,12 @@ TEST_CASE("a longer position table is cropped to --seq, a shorter one refused; l
   with_head.push_back(head);
   write_bytes(path, raw_file(with_head));
   notes.clear();
-  CHECK(gpt2::import_hf(path, hub_gpt2::dims(), &notes) == hub.serial);
+  CHECK(strata::models::gpt2::import_hf(path, hub_gpt2::dims(), &notes) == hub.serial);
   CHECK(notes.size() == 2);
   CHECK(notes[0] == "lm_head.weight equals wte (GPT-2 ties them): read once");
   with_head.back().bytes[5] ^= 0x40;
   write_bytes(path, raw_file(with_head));
-  CHECK_THROWS_WITH_AS(gpt2::import_hf(path, hub_gpt2::dims()),
+  CHECK_THROWS_WITH_AS(strata::models::gpt2::import_hf(path, hub_gpt2::dims()),
                        doctest::Contains("tensor 'lm_head.weight' differs from wte at element 1"), st::error);
   std::remove(path.c_str());
 }

@@ -10,7 +10,7 @@
 
 #include <strata/strata.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 
@@ -27,9 +27,9 @@ outcome train_at(int threads) {
   const int before = omp_get_max_threads();
   omp_set_num_threads(threads);
   // Wide enough that every kernel crosses its parallel threshold.
-  const gpt2::dims d{.vocab = 300, .seq = 64, .layers = 2, .heads = 4, .d_model = 128};
+  const strata::models::gpt2::dims d{.vocab = 300, .seq = 64, .layers = 2, .heads = 4, .d_model = 128};
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P>> model(ledger, d, st::seed{3});
+  st::sequential_model<strata::models::gpt2::model<P>> model(ledger, d, st::seed{3});
   st::adamw<P> opt(model, {.lr = 1e-3});
   st::trainer_options o;
   o.schedule = {1e-3, 1e-4, 1, 100};

@@ -10,7 +10,7 @@
 #include <strata/strata.hpp>
 
 #include "counting_space.hpp"
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 
@@ -20,7 +20,7 @@ using P32 = st::policy<st::host, st::serial, st::fp32>;
 using PBF16 = st::policy<st::host, st::serial, st::mixed<st::bf16, float>>;
 using PFP16 = st::policy<st::host, st::serial, st::mixed<st::fp16, float>>;
 
-const gpt2::dims tiny{.vocab = 256, .seq = 32, .layers = 2, .heads = 2, .d_model = 32};
+const strata::models::gpt2::dims tiny{.vocab = 256, .seq = 32, .layers = 2, .heads = 2, .d_model = 32};
 
 template <class P>
 struct run_result {
@@ -32,7 +32,7 @@ template <class P>
 run_result<P> train_run(int steps, std::int64_t batch = 8, std::int64_t micro = 0, std::uint64_t seed = 1,
                         const st::memory_space& space = st::host_memory()) {
   st::memory_ledger ledger(space);
-  st::sequential_model<gpt2::model<P>> model(ledger, tiny, st::seed{seed});
+  st::sequential_model<strata::models::gpt2::model<P>> model(ledger, tiny, st::seed{seed});
   st::adamw<P> opt(model, {.lr = 3e-3, .weight_decay = 0.1});
   st::trainer_options o;
   o.micro_batch = micro;
@@ -101,7 +101,7 @@ TEST_CASE("bf16 and fp16 runs track the fp32 run") {
 
 TEST_CASE("fp16 loss scaling: an injected overflow skips the step, backs off, then grows again") {
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<PFP16>> model(ledger, tiny, st::seed{1});
+  st::sequential_model<strata::models::gpt2::model<PFP16>> model(ledger, tiny, st::seed{1});
   st::adamw<PFP16> opt(model, {.lr = 1e-3});
   st::trainer_options o;
   o.schedule = {1e-3, 1e-4, 0, 100};
@@ -163,12 +163,12 @@ TEST_CASE("loss_scaler rules in isolation") {
 
 TEST_CASE("allocator books: fp32 AdamW holds 4Ψ weights, 4Ψ gradients, 8Ψ moments") {
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P32>> model(ledger, tiny, st::seed{1});
+  st::sequential_model<strata::models::gpt2::model<P32>> model(ledger, tiny, st::seed{1});
   st::adamw<P32> opt(model, {});
   const std::int64_t C = tiny.d_model, L = tiny.layers;
   const std::int64_t psi = tiny.vocab * C + tiny.seq * C + L * (12 * C * C + 13 * C) + 2 * C;  // GPT-2, tied head
   CHECK(model.parameters().size() == psi);
-  CHECK(st::plan<gpt2::model<P32>>(tiny, {}).params_total == psi);  // the layers' own costs agree
+  CHECK(st::plan<strata::models::gpt2::model<P32>>(tiny, {}).params_total == psi);  // the layers' own costs agree
   using mc = st::memory_category;
   CHECK(ledger.current(mc::parameters) == std::size_t(4 * psi));
   CHECK(ledger.current(mc::gradients) == std::size_t(4 * psi));
@@ -178,7 +178,7 @@ TEST_CASE("allocator books: fp32 AdamW holds 4Ψ weights, 4Ψ gradients, 8Ψ mom
 
 TEST_CASE("allocator books: bf16 with fp32 master weights holds 2Ψ + 2Ψ + 4Ψ + 8Ψ") {
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<PBF16>> model(ledger, tiny, st::seed{1});
+  st::sequential_model<strata::models::gpt2::model<PBF16>> model(ledger, tiny, st::seed{1});
   st::adamw<PBF16> opt(model, {});
   const auto psi = std::size_t(model.parameters().size());
   using mc = st::memory_category;
@@ -190,13 +190,13 @@ TEST_CASE("allocator books: bf16 with fp32 master weights holds 2Ψ + 2Ψ + 4Ψ 
 
 TEST_CASE("activations held after forward equal the layers' constexpr activation_bytes") {
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P32>> model(ledger, tiny, st::seed{1});
+  st::sequential_model<strata::models::gpt2::model<P32>> model(ledger, tiny, st::seed{1});
   st::token_stream data(st::byte_tokens(st::generate_corpus(20000)), 1);
   const std::int64_t B = 4, T = tiny.seq;
   auto batch = data.next_batch(B, T);
   model.forward(batch.input_view(), batch.target_view());
   // Every part's cost(config, scope), as the model declares them.
-  const auto layers = gpt2::model<P32>::layers(tiny);
+  const auto layers = strata::models::gpt2::model<P32>::layers(tiny);
   const st::cost_scope scope{.batch = B, .seq = T};
   const std::int64_t expected =
       st::embedding<P32>::cost(layers.part<0>().config, scope).activation_bytes +
@@ -212,7 +212,7 @@ TEST_CASE("activations held after forward equal the layers' constexpr activation
 
 TEST_CASE("bad input: a token id past the vocabulary and a shape mismatch are named") {
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P32>> model(ledger, tiny, st::seed{1});
+  st::sequential_model<strata::models::gpt2::model<P32>> model(ledger, tiny, st::seed{1});
   std::vector<std::int32_t> tokens(2 * 8, 65), targets(2 * 8, 66);
   tokens[9] = 300;
   CHECK_THROWS_WITH_AS(model.forward({tokens.data(), {2, 8}}, {targets.data(), {2, 8}}),
@@ -223,9 +223,9 @@ TEST_CASE("bad input: a token id past the vocabulary and a shape mismatch are na
   std::vector<std::int32_t> long_seq(40, 1);
   CHECK_THROWS_WITH_AS(model.forward({long_seq.data(), {1, 40}}, {long_seq.data(), {1, 40}}),
                        doctest::Contains("sequence length 40 exceeds"), st::error);
-  gpt2::dims bad = tiny;
+  strata::models::gpt2::dims bad = tiny;
   bad.heads = 5;
-  CHECK_THROWS_WITH_AS(st::sequential_model<gpt2::model<P32>>(ledger, bad, st::seed{1}),
+  CHECK_THROWS_WITH_AS(st::sequential_model<strata::models::gpt2::model<P32>>(ledger, bad, st::seed{1}),
                        doctest::Contains("h.0.attn: heads = 5 does not divide d_model = 32"), st::error);
   // A layer fed the wrong width names both shapes.
   st::model_context<P32> ctx(ledger, st::seed{1});

@@ -23,7 +23,7 @@
 #include <strata/train/safetensors.hpp>
 #include <strata/train/token_data.hpp>
 
-#include "gpt2/gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
 namespace st = strata;
 namespace fs = std::filesystem;
@@ -32,7 +32,7 @@ using json = nlohmann::json;
 namespace {
 
 using P32 = st::policy<st::host, st::serial, st::fp32>;
-const gpt2::dims tiny{.vocab = 256, .seq = 16, .layers = 1, .heads = 2, .d_model = 32};
+const strata::models::gpt2::dims tiny{.vocab = 256, .seq = 16, .layers = 1, .heads = 2, .d_model = 32};
 
 // A fresh scratch directory under the build tree.
 std::string scratch(const std::string& name) {
@@ -60,7 +60,7 @@ std::string file_with(const std::string& header, const std::string& data) {
 // One rank's model, optimizer and checkpointer: a tiny checkpoint to damage, and a run to load it.
 struct tiny_run {
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P32>> model{ledger, tiny, st::seed{3}};
+  st::sequential_model<strata::models::gpt2::model<P32>> model{ledger, tiny, st::seed{3}};
   st::adamw<P32> opt{model, {.lr = 3e-3}};
   st::checkpointer ckpt;
   explicit tiny_run(const std::string& dir)
@@ -280,7 +280,7 @@ TEST_CASE("untrusted input: element counts that overflow are refused, never wrap
 
   // AdamW's state size: a negative count is refused before any cast to size_t.
   st::memory_ledger ledger;
-  st::sequential_model<gpt2::model<P32>> model(ledger, tiny, st::seed{3});
+  st::sequential_model<strata::models::gpt2::model<P32>> model(ledger, tiny, st::seed{3});
   CHECK_THROWS_WITH_AS(st::adamw<P32>(model.parameters(), {}, {}, -1), doctest::Contains("optimizer state elements"),
                        st::error);
 }

@@ -202,192 +202,222 @@ constexpr std::int64_t sequence_length(const Config& c, const batch& b) {
 
 }  // namespace plan_detail
 
-// The plan for a declared model with config `c` under `setup`, in its policy's precision. Checks
-// the layout against the model first (the same words as at start-up).
+namespace plan_detail {
+// The layout's degrees and the batch's numbers, after the checks a start-up makes.
+struct plan_numbers {
+  int t = 1, p = 1, dp = 1, cp = 1, V = 1, ep = 1;
+  bool sp = false;
+  context_form form = context_form::ring;
+  std::int64_t s = 0, layers = 0, M = 0, per_stage = 0, per_chunk = 0;
+};
+
 template <class Model>
-constexpr plan_result plan_model(const typename Model::config& c, const batch& b, const plan_setup& setup) {
-  using P = typename Model::policy;
-  using Precision = typename P::precision;
-  using T = typename P::storage;
+constexpr plan_numbers checked_numbers(const typename Model::config& c, const batch& b, const plan_setup& setup) {
   const layout_config& L = setup.layout;
-  const int t = L.tp, p = L.pp, dp = L.dp, cp = L.cp, V = L.virtual_chunks, ep = L.ep;
-  const bool sp = L.sequence_parallel == 1 && t > 1;
-  const std::int64_t s = plan_detail::sequence_length(c, b);
-  const context_form form = L.context_form == "all_to_all" ? context_form::all_to_all : context_form::ring;
+  plan_numbers n{L.tp, L.pp, L.dp, L.cp, L.virtual_chunks, L.ep};
+  const int t = n.t, p = n.p, dp = n.dp, cp = n.cp, V = n.V, ep = n.ep;
+  n.sp = L.sequence_parallel == 1 && t > 1;
+  n.s = sequence_length(c, b);
+  n.form = L.context_form == "all_to_all" ? context_form::all_to_all : context_form::ring;
+  const std::int64_t s = n.s;
   check_tensor_extents<Model>(c, t, "plan: ");
   STRATA_CHECK(cp == 1 || s % (2 * cp) == 0, "plan: context parallelism cp=", cp,
                " cuts each sequence into 2·cp = ", 2 * cp, " chunks, which do not divide the sequence length ", s);
-  const std::int64_t layers = Model::layers(c).blocks().count;
-  STRATA_CHECK(layers % (p * V) == 0, "plan: ", layers, " layers do not split evenly over ", p, " stages x ", V,
+  n.layers = Model::layers(c).blocks().count;
+  STRATA_CHECK(n.layers % (p * V) == 0, "plan: ", n.layers, " layers do not split evenly over ", p, " stages x ", V,
                " chunks");
-  STRATA_CHECK(!sp || s / cp % t == 0, "plan: sequence parallelism over tp=", t,
+  STRATA_CHECK(!n.sp || s / cp % t == 0, "plan: sequence parallelism over tp=", t,
                " needs the tokens per context rank divisible by it, got ", s / cp);
   STRATA_CHECK(b.global % (dp * b.micro) == 0, "plan: the global batch ", b.global, " does not split into dp=", dp,
                " x micro-batches of ", b.micro);
   STRATA_CHECK(p == 1 || L.zero_stage <= 1, "plan: pipeline parallelism works with ZeRO 0 or 1, not ", L.zero_stage);
   STRATA_CHECK(ep >= 1 && (dp * cp) % ep == 0, "plan: expert parallelism ep=", ep,
                " does not divide dp x cp = ", dp * cp);
-  const std::int64_t M = b.global / (dp * b.micro);
+  n.M = b.global / (dp * b.micro);
   STRATA_CHECK(V == 1 || setup.schedule == pipeline_schedule_kind::interleaved, "plan: ", V,
                " virtual chunks per stage need the interleaved schedule");
-  STRATA_CHECK(V == 1 || M % p == 0, "plan: interleaved 1F1B needs microbatches (", M,
+  STRATA_CHECK(V == 1 || n.M % p == 0, "plan: interleaved 1F1B needs microbatches (", n.M,
                ") divisible by the pipeline degree (", p, ")");
+  n.per_stage = n.layers / p;
+  n.per_chunk = n.layers / (p * V);
+  return n;
+}
 
-  const tensor_split split{t, sp};
-  const std::int64_t per_stage = layers / p, per_chunk = layers / (p * V);
-  // One micro-batch on this rank, and the whole model unsplit over the global batch (FLOPs).
-  const plan_detail::part_costs mine =
-      plan_detail::costs_of<Model>(c, {split, b.micro, s, setup.recompute, cp, form, ep});
-  const plan_detail::part_costs mine_plain =
-      plan_detail::costs_of<Model>(c, {split, b.micro, s, recompute_mode::none, cp, form, ep});
-  const plan_detail::part_costs whole = plan_detail::costs_of<Model>(c, {{}, b.global, s, setup.recompute});
-  const plan_detail::part_costs plain = plan_detail::costs_of<Model>(c, {{}, b.global, s, recompute_mode::none});
-
-  plan_result r;
-  r.params_total = plan_detail::costs_of<Model>(c, {}).before.params + layers * whole.block.params + whole.after.params;
-  r.params_active =
-      r.params_total - (whole.before.idle_params + layers * whole.block.idle_params + whole.after.idle_params);
+// The parameters of the busiest stage, and the model state ZeRO leaves a rank of it: over the
+// gradient group dp × cp (pieces rounded up: rank 0 holds the largest), a rank's experts over
+// the expert-data group, dp·cp/ep ranks.
+template <class Precision, class T>
+constexpr void plan_model_state(plan_result& r, const plan_numbers& n, const part_costs& mine,
+                                const plan_setup& setup) {
+  const int p = n.p, replicas_n = n.dp * n.cp, expert_replicas = replicas_n / n.ep;
   // The busiest stage: the first (the parts before the blocks), the last (the parts after them
   // and, when it is another stage, its replica of a tied parameter), or with one stage both.
-  const std::int64_t replicas = p > 1 ? mine.before.tied_params + mine.after.tied_params : 0;
   const std::int64_t first = mine.before.params + (p > 1 ? mine.before.tied_params : 0);
   const std::int64_t last = mine.after.params + (p > 1 ? mine.after.tied_params : 0);
-  const std::int64_t blocks = per_stage * mine.block.params;
+  const std::int64_t blocks = n.per_stage * mine.block.params;
   r.params_per_rank = p == 1 ? first + blocks + last : std::max(first + blocks, blocks + last);
-  r.expert_params_per_rank = per_stage * mine.block.expert_params;
-
-  // Model state, ZeRO over the gradient group dp × cp (pieces rounded up: rank 0 holds the
-  // largest); a rank's experts over the expert-data group, dp·cp/ep ranks.
-  const int replicas_n = dp * cp, expert_replicas = replicas_n / ep;
+  r.expert_params_per_rank = n.per_stage * mine.block.expert_params;
   // Without expert parallelism experts share buckets with the rest: one group, one rounding.
-  const std::int64_t psi = r.params_per_rank, experts_psi = ep > 1 ? r.expert_params_per_rank : 0;
+  const std::int64_t psi = r.params_per_rank, experts_psi = n.ep > 1 ? r.expert_params_per_rank : 0;
   const std::int64_t dense_psi = psi - experts_psi;
-  const std::int64_t owned =
-      plan_detail::ceil_div(dense_psi, replicas_n) + plan_detail::ceil_div(experts_psi, expert_replicas);
-  const int z = L.zero_stage;
+  const std::int64_t owned = ceil_div(dense_psi, replicas_n) + ceil_div(experts_psi, expert_replicas);
+  const int z = setup.layout.zero_stage;
   const std::int64_t storage = sizeof(T);
-  {
-    constexpr int master = sizeof(typename Precision::master);
-    const auto state_of = [&](std::int64_t n, int over) {
-      return model_state_plan(
-          n, {int(storage), Precision::keeps_master_copy ? master : 0, master, setup.optimizer, over, z});
-    };
-    const auto dense = state_of(dense_psi, replicas_n), experts = state_of(experts_psi, expert_replicas);
-    r.params_bytes = dense.params_bytes + experts.params_bytes;
-    r.grads_bytes = dense.grads_bytes + experts.grads_bytes;
-    r.master_bytes = dense.master_bytes + experts.master_bytes;
-    r.optimizer_bytes = dense.optimizer_bytes + experts.optimizer_bytes;
-  }
+  constexpr int master = sizeof(typename Precision::master);
+  const auto state_of = [&](std::int64_t elements, int over) {
+    return model_state_plan(
+        elements, {int(storage), Precision::keeps_master_copy ? master : 0, master, setup.optimizer, over, z});
+  };
+  const auto dense = state_of(dense_psi, replicas_n), experts = state_of(experts_psi, expert_replicas);
+  r.params_bytes = dense.params_bytes + experts.params_bytes;
+  r.grads_bytes = dense.grads_bytes + experts.grads_bytes;
+  r.master_bytes = dense.master_bytes + experts.master_bytes;
+  r.optimizer_bytes = dense.optimizer_bytes + experts.optimizer_bytes;
   r.comm_buffer_bytes = z == 1 && replicas_n > 1 ? owned * storage : 0;
   r.optimizer_params_per_rank = z >= 1 ? owned : psi;
-  r.stage_blocks = per_stage;
+  r.stage_blocks = n.per_stage;
   r.storage_bytes = int(storage);
+}
 
-  // The busiest stage's work per micro-batch: with one stage the whole model, otherwise the first
-  // (the parts before the blocks) or the last (those after), whichever has more FLOPs.
-  {
-    const auto stage = [&](const plan_detail::part_costs& k) {
-      const layer_cost blocks = k.block.repeated(per_stage);
-      if (p == 1) return k.before.then(blocks).then(k.after);
-      const layer_cost first_stage = k.before.then(blocks), last_stage = blocks.then(k.after);
-      const auto flops = [](const layer_cost& x) { return x.forward_flops + x.backward_flops; };
-      return flops(first_stage) >= flops(last_stage) ? first_stage : last_stage;
-    };
-    r.stage_work = stage(mine);
-    r.stage_work_plain = stage(mine_plain);
-  }
+// The busiest stage's work per micro-batch: with one stage the whole model, otherwise the first
+// (the parts before the blocks) or the last (those after), whichever has more FLOPs.
+constexpr layer_cost stage_work(const part_costs& k, const plan_numbers& n) {
+  const layer_cost blocks = k.block.repeated(n.per_stage);
+  if (n.p == 1) return k.before.then(blocks).then(k.after);
+  const layer_cost first_stage = k.before.then(blocks), last_stage = blocks.then(k.after);
+  const auto flops = [](const layer_cost& x) { return x.forward_flops + x.backward_flops; };
+  return flops(first_stage) >= flops(last_stage) ? first_stage : last_stage;
+}
 
-  // Activations kept from forward to backward, per chunk-micro-batch, on each stage.
-  const std::int64_t act_blocks = per_chunk * mine.block.activation_bytes;
+// Activations kept from forward to backward, per chunk-micro-batch, on each stage, and the step's
+// peak.
+constexpr void plan_activations(plan_result& r, const plan_numbers& n, const part_costs& mine,
+                                const plan_setup& setup) {
+  const int p = n.p, V = n.V;
+  const std::int64_t act_blocks = n.per_chunk * mine.block.activation_bytes;
   const std::int64_t act_input = mine.block.output_bytes;  // an activation received from the stage before
-  r.microbatches = M;
+  r.microbatches = n.M;
   if (p == 1 && V == 1) {
     r.activation_bytes_per_microbatch = mine.before.activation_bytes + act_blocks + mine.after.activation_bytes;
     r.activation_bytes = r.activation_bytes_per_microbatch;
     r.in_flight = 1;
-    const layer_cost model = mine.before.then(mine.block.repeated(per_chunk)).then(mine.after);
+    const layer_cost model = mine.before.then(mine.block.repeated(n.per_chunk)).then(mine.after);
     r.activation_peak_bytes =
         layer_cost::max_of(model.forward_high(), model.activation_bytes + model.backward_peak_bytes);
-  } else {
-    // Each stage: its in-flight chunk-micro-batches times its largest chunk (exact for V = 1).
-    // The peak adds to what is in flight (the first backward comes when the most micro-batches
-    // are) the largest chunk's backward scratch, and two activations of the stage boundary: the
-    // output gradient the backward received, and the receive posted for the next action.
-    const layer_cost chunk_blocks = mine.block.repeated(per_chunk);
-    for (int stage = 0; stage < p; ++stage) {
-      std::int64_t largest = 0, scratch = 0;
-      for (int ch = 0; ch < V; ++ch) {
-        const int v = ch * p + stage;
-        std::int64_t bytes = act_blocks + (v == 0 ? mine.before.activation_bytes : act_input);
-        if (v == p * V - 1) bytes += mine.after.activation_bytes;
-        largest = std::max(largest, bytes);
-        layer_cost chunk = v == 0 ? mine.before.then(chunk_blocks) : chunk_blocks;
-        if (v == p * V - 1) chunk = chunk.then(mine.after);
-        scratch = std::max(scratch, chunk.backward_peak_bytes);
-      }
-      const int n = plan_detail::in_flight(setup.schedule, p, stage, int(M), V);
-      if (std::int64_t(n) * largest > r.activation_bytes) {
-        r.activation_bytes = std::int64_t(n) * largest;
-        r.activation_bytes_per_microbatch = largest * V;
-        r.in_flight = n;
-      }
-      r.activation_peak_bytes = std::max(r.activation_peak_bytes, std::int64_t(n) * largest + scratch + 2 * act_input);
+    return;
+  }
+  // Each stage: its in-flight chunk-micro-batches times its largest chunk (exact for V = 1).
+  // The peak adds to what is in flight (the first backward comes when the most micro-batches
+  // are) the largest chunk's backward scratch, and two activations of the stage boundary: the
+  // output gradient the backward received, and the receive posted for the next action.
+  const layer_cost chunk_blocks = mine.block.repeated(n.per_chunk);
+  for (int stage = 0; stage < p; ++stage) {
+    std::int64_t largest = 0, scratch = 0;
+    for (int ch = 0; ch < V; ++ch) {
+      const int v = ch * p + stage;
+      std::int64_t bytes = act_blocks + (v == 0 ? mine.before.activation_bytes : act_input);
+      if (v == p * V - 1) bytes += mine.after.activation_bytes;
+      largest = std::max(largest, bytes);
+      layer_cost chunk = v == 0 ? mine.before.then(chunk_blocks) : chunk_blocks;
+      if (v == p * V - 1) chunk = chunk.then(mine.after);
+      scratch = std::max(scratch, chunk.backward_peak_bytes);
     }
+    const int in_flight_here = in_flight(setup.schedule, p, stage, int(n.M), V);
+    if (std::int64_t(in_flight_here) * largest > r.activation_bytes) {
+      r.activation_bytes = std::int64_t(in_flight_here) * largest;
+      r.activation_bytes_per_microbatch = largest * V;
+      r.in_flight = in_flight_here;
+    }
+    r.activation_peak_bytes =
+        std::max(r.activation_peak_bytes, std::int64_t(in_flight_here) * largest + scratch + 2 * act_input);
   }
+}
 
-  // FLOPs of one iteration, whole model (unsplit costs over the global batch); recomputation is
-  // counted in flops_per_step, not in model_flops_per_step (MFU's numerator).
-  {
-    const auto step_flops = [&](const plan_detail::part_costs& k) {
-      return double(k.before.forward_flops + k.before.backward_flops) +
-             double(layers) * double(k.block.forward_flops + k.block.backward_flops) +
-             double(k.after.forward_flops + k.after.backward_flops);
-    };
-    r.model_flops_per_step = step_flops(plain);
-    r.flops_per_step = step_flops(whole);
-    // The busiest stage: its blocks plus the parts before (first) or after (last) the blocks,
-    // shared by its dp·cp·t ranks.
-    const double stage_blocks = double(per_stage) * double(whole.block.forward_flops + whole.block.backward_flops);
-    const double head = double(whole.before.forward_flops + whole.before.backward_flops);
-    const double tail = double(whole.after.forward_flops + whole.after.backward_flops);
-    const double busiest = p == 1 ? stage_blocks + head + tail : stage_blocks + std::max(head, tail);
-    r.flops_per_rank = busiest / double(dp * cp * t);
-  }
+// FLOPs of one iteration, whole model (unsplit costs over the global batch); recomputation is
+// counted in flops_per_step, not in model_flops_per_step (MFU's numerator).
+constexpr void plan_flops(plan_result& r, const plan_numbers& n, const part_costs& whole, const part_costs& plain) {
+  const auto step_flops = [&](const part_costs& k) {
+    return double(k.before.forward_flops + k.before.backward_flops) +
+           double(n.layers) * double(k.block.forward_flops + k.block.backward_flops) +
+           double(k.after.forward_flops + k.after.backward_flops);
+  };
+  r.model_flops_per_step = step_flops(plain);
+  r.flops_per_step = step_flops(whole);
+  // The busiest stage: its blocks plus the parts before (first) or after (last) the blocks,
+  // shared by its dp·cp·t ranks.
+  const double stage_blocks = double(n.per_stage) * double(whole.block.forward_flops + whole.block.backward_flops);
+  const double head = double(whole.before.forward_flops + whole.before.backward_flops);
+  const double tail = double(whole.after.forward_flops + whole.after.backward_flops);
+  const double busiest = n.p == 1 ? stage_blocks + head + tail : stage_blocks + std::max(head, tail);
+  r.flops_per_rank = busiest / double(n.dp * n.cp * n.t);
+}
 
-  // Communication per rank per step (bytes).
-  {
-    const double S = double(storage);
-    const int n_micro = int(M);
-    const auto gradient_bytes = [&](double bytes, int n) {
-      switch (z) {
-        case 0:
-        case 1: return ring_all_reduce_bytes(bytes, n);               // RS + AG = AR
-        case 2: return (n_micro + 1) * ring_gather_bytes(bytes, n);   // RS per micro-batch, AG once
-        default: return 3.0 * n_micro * ring_gather_bytes(bytes, n);  // 2 AG + RS per micro-batch
-      }
-    };
-    r.comm_bytes.dp =
-        gradient_bytes(double(dense_psi) * S, replicas_n) + gradient_bytes(double(experts_psi) * S, expert_replicas);
-    // Expert parallel: the busiest stage's MoE blocks' all-to-alls, per micro-batch.
-    r.comm_bytes.ep = ep > 1 ? double(per_stage) * mine.block.expert_bytes() * n_micro : 0.0;
-    // Tensor parallel: what the layers of the busiest stage send, per micro-batch.
-    const double block_tp = double(per_stage) * mine.block.tensor_bytes();
-    const double first_tp = block_tp + mine.before.tensor_bytes(), last_tp = block_tp + mine.after.tensor_bytes();
-    const double per_micro =
-        p == 1 ? block_tp + mine.before.tensor_bytes() + mine.after.tensor_bytes() : std::max(first_tp, last_tp);
-    r.comm_bytes.tp = t > 1 ? per_micro * n_micro : 0.0;
-    // Context parallel: what the busiest stage's attention sends around its context group.
-    const double block_cp = double(per_stage) * mine.block.context_bytes();
-    const double cp_micro =
-        p == 1 ? block_cp + mine.before.context_bytes() + mine.after.context_bytes()
-               : std::max(block_cp + mine.before.context_bytes(), block_cp + mine.after.context_bytes());
-    r.comm_bytes.cp = cp > 1 ? cp_micro * n_micro : 0.0;
-    // Pipeline: each chunk-micro-batch sends its activation on and its input gradient back.
-    r.comm_bytes.pp = p > 1 ? 2.0 * double(n_micro) * V * double(act_input) : 0.0;
-    // Tied parameters: the replica's gradient summed with the owner's, once per step.
-    r.comm_bytes.embedding = p > 1 ? ring_all_reduce_bytes(double(replicas) * S, 2) : 0.0;
-  }
-  r.bubble_fraction = p > 1 ? double(p - 1) / double(V * M + p - 1) : 0.0;
+// Communication per rank per step (bytes), each group's.
+constexpr void plan_communication(plan_result& r, const plan_numbers& n, const part_costs& mine,
+                                  const plan_setup& setup) {
+  const int p = n.p, z = setup.layout.zero_stage, replicas_n = n.dp * n.cp, expert_replicas = replicas_n / n.ep;
+  const double S = double(r.storage_bytes);
+  const int n_micro = int(n.M);
+  const std::int64_t experts_psi = n.ep > 1 ? r.expert_params_per_rank : 0, dense_psi = r.params_per_rank - experts_psi;
+  const auto gradient_bytes = [&](double bytes, int over) {
+    switch (z) {
+      case 0:
+      case 1: return ring_all_reduce_bytes(bytes, over);               // RS + AG = AR
+      case 2: return (n_micro + 1) * ring_gather_bytes(bytes, over);   // RS per micro-batch, AG once
+      default: return 3.0 * n_micro * ring_gather_bytes(bytes, over);  // 2 AG + RS per micro-batch
+    }
+  };
+  r.comm_bytes.dp =
+      gradient_bytes(double(dense_psi) * S, replicas_n) + gradient_bytes(double(experts_psi) * S, expert_replicas);
+  // Expert parallel: the busiest stage's MoE blocks' all-to-alls, per micro-batch.
+  r.comm_bytes.ep = n.ep > 1 ? double(n.per_stage) * mine.block.expert_bytes() * n_micro : 0.0;
+  // Tensor parallel: what the layers of the busiest stage send, per micro-batch.
+  const double block_tp = double(n.per_stage) * mine.block.tensor_bytes();
+  const double first_tp = block_tp + mine.before.tensor_bytes(), last_tp = block_tp + mine.after.tensor_bytes();
+  const double per_micro =
+      p == 1 ? block_tp + mine.before.tensor_bytes() + mine.after.tensor_bytes() : std::max(first_tp, last_tp);
+  r.comm_bytes.tp = n.t > 1 ? per_micro * n_micro : 0.0;
+  // Context parallel: what the busiest stage's attention sends around its context group.
+  const double block_cp = double(n.per_stage) * mine.block.context_bytes();
+  const double cp_micro = p == 1
+                              ? block_cp + mine.before.context_bytes() + mine.after.context_bytes()
+                              : std::max(block_cp + mine.before.context_bytes(), block_cp + mine.after.context_bytes());
+  r.comm_bytes.cp = n.cp > 1 ? cp_micro * n_micro : 0.0;
+  // Pipeline: each chunk-micro-batch sends its activation on and its input gradient back.
+  r.comm_bytes.pp = p > 1 ? 2.0 * double(n_micro) * n.V * double(mine.block.output_bytes) : 0.0;
+  // Tied parameters: the replica's gradient summed with the owner's, once per step.
+  const std::int64_t replicas = p > 1 ? mine.before.tied_params + mine.after.tied_params : 0;
+  r.comm_bytes.embedding = p > 1 ? ring_all_reduce_bytes(double(replicas) * S, 2) : 0.0;
+}
+}  // namespace plan_detail
+
+// The plan for a declared model with config `c` under `setup`, in its policy's precision. Checks
+// the layout against the model first (the same words as at start-up).
+template <class Model>
+constexpr plan_result plan_model(const typename Model::config& c, const batch& b, const plan_setup& setup) {
+  using P = typename Model::policy;
+  const plan_detail::plan_numbers n = plan_detail::checked_numbers<Model>(c, b, setup);
+  const cost_scope here{{n.t, n.sp}, b.micro, n.s, setup.recompute, n.cp, n.form, n.ep};
+  cost_scope here_plain = here;
+  here_plain.recompute = recompute_mode::none;
+  // One micro-batch on this rank, and the whole model unsplit over the global batch (FLOPs).
+  const plan_detail::part_costs mine = plan_detail::costs_of<Model>(c, here),
+                                mine_plain = plan_detail::costs_of<Model>(c, here_plain);
+  const plan_detail::part_costs whole = plan_detail::costs_of<Model>(c, {{}, b.global, n.s, setup.recompute});
+  const plan_detail::part_costs plain = plan_detail::costs_of<Model>(c, {{}, b.global, n.s, recompute_mode::none});
+
+  plan_result r;
+  r.params_total =
+      plan_detail::costs_of<Model>(c, {}).before.params + n.layers * whole.block.params + whole.after.params;
+  r.params_active =
+      r.params_total - (whole.before.idle_params + n.layers * whole.block.idle_params + whole.after.idle_params);
+  plan_detail::plan_model_state<typename P::precision, typename P::storage>(r, n, mine, setup);
+  r.stage_work = plan_detail::stage_work(mine, n);
+  r.stage_work_plain = plan_detail::stage_work(mine_plain, n);
+  plan_detail::plan_activations(r, n, mine, setup);
+  plan_detail::plan_flops(r, n, whole, plain);
+  plan_detail::plan_communication(r, n, mine, setup);
+  r.bubble_fraction = n.p > 1 ? double(n.p - 1) / double(n.V * n.M + n.p - 1) : 0.0;
   return r;
 }
 

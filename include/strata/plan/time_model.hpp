@@ -126,63 +126,55 @@ constexpr work_time work_seconds(const layer_cost& c, const hw::device_spec& d, 
           (c.memory_forward_bytes + c.memory_backward_bytes) / bandwidth};
 }
 
-// The step time of plan `r` made under `setup`, on device `d`.
-constexpr step_time estimate_step_time(const plan_result& r, const plan_setup& setup, const hw::device_spec& d) {
-  const layout_config& L = setup.layout;
-  const int tp = L.tp, cp = L.cp, dp = L.dp, pp = L.pp, V = L.virtual_chunks, ep = L.ep;
-  const int gpus = tp * cp * dp * pp, S = r.storage_bytes;
-  STRATA_CHECK(d.peak_flops(S) > 0 && d.memory_bandwidth > 0 && d.intra_node_bandwidth > 0 &&
+namespace time_detail {
+// The device's numbers the model needs, and the kinds of the plan's work: a layer whose cost()
+// states FLOPs but not their kinds would take no time here, so say so.
+constexpr void check_inputs(const plan_result& r, const hw::device_spec& d) {
+  STRATA_CHECK(d.peak_flops(r.storage_bytes) > 0 && d.memory_bandwidth > 0 && d.intra_node_bandwidth > 0 &&
                    d.inter_node_bandwidth > 0 && d.sm_count > 0 && d.gemm_tile_m > 0 && d.gemm_tile_n > 0 &&
                    d.gpus_per_node > 0,
                "time model: device '", d.name,
                "' needs its peak, memory and link bandwidths, SM count, GEMM tile and GPUs per node");
   STRATA_CHECK(d.gemm_efficiency > 0 && d.attention_efficiency > 0 && d.memory_efficiency > 0 && d.link_efficiency > 0,
                "time model: device '", d.name, "' needs positive GEMM, attention, memory and link efficiencies");
-  const double M = double(r.microbatches), blocks = double(r.stage_blocks);
-  step_time t;
-  t.tp_intra = time_detail::group_within_node(gpus, d.gpus_per_node, 1, tp);
-  t.cp_intra = time_detail::group_within_node(gpus, d.gpus_per_node, tp, cp);
-  t.dp_intra = time_detail::group_within_node(gpus, d.gpus_per_node, tp, dp * cp);  // the gradient group dp x cp
-  t.pp_intra = time_detail::group_within_node(gpus, d.gpus_per_node, tp * cp * dp, pp);
-  t.ep_intra = time_detail::group_within_node(gpus, d.gpus_per_node, tp, ep);
-  // A collective inside a node runs at NVLink's rate; across nodes at the network's, times the
-  // adapters of the group's members in one node (capped at NVLink's). A send goes through one.
-  const auto bandwidth = [&](bool intra, int stride = 0, int size = 1) {
+  const layer_cost& w = r.stage_work_plain;
+  const double flops = double(w.forward_flops + w.backward_flops);
+  const double kinds =
+      w.forward_gemms.flops() + w.backward_gemms.flops() + w.attention_forward_flops + w.attention_backward_flops;
+  STRATA_CHECK(flops <= 0 || kinds >= 0.9 * flops, "time model: the layers state ", 100 * kinds / flops,
+               "% of their FLOPs as matrix products or attention; a layer's cost() leaves its kinds of work "
+               "unstated (layer_cost::forward_gemms/backward_gemms, attention_*_flops, memory_*_bytes: "
+               "layers/cost.hpp)");
+}
+
+// A collective inside a node runs at NVLink's rate; across nodes at the network's, times the
+// adapters of the group's members in one node (capped at NVLink's). A send goes through one.
+struct links {
+  const hw::device_spec& d;
+  constexpr double bandwidth(bool intra, int stride = 0, int size = 1) const {
     if (intra) return d.intra_node_bandwidth * d.link_efficiency;
-    const int adapters = stride > 0 ? time_detail::members_per_node(d.gpus_per_node, stride, size) : 1;
+    const int adapters = stride > 0 ? members_per_node(d.gpus_per_node, stride, size) : 1;
     return std::min(d.intra_node_bandwidth, d.inter_node_bandwidth * adapters) * d.link_efficiency;
-  };
-  const auto latency = [&](bool intra) { return intra ? d.intra_node_latency : d.inter_node_latency; };
-
-  // A layer whose cost() states FLOPs but not their kinds would take no time here: say so.
-  {
-    const layer_cost& w = r.stage_work_plain;
-    const double flops = double(w.forward_flops + w.backward_flops);
-    const double kinds =
-        w.forward_gemms.flops() + w.backward_gemms.flops() + w.attention_forward_flops + w.attention_backward_flops;
-    STRATA_CHECK(flops <= 0 || kinds >= 0.9 * flops, "time model: the layers state ", 100 * kinds / flops,
-                 "% of their FLOPs as matrix products or attention; a layer's cost() leaves its kinds of work "
-                 "unstated (layer_cost::forward_gemms/backward_gemms, attention_*_flops, memory_*_bytes: "
-                 "layers/cost.hpp)");
   }
+  constexpr double latency(bool intra) const { return intra ? d.intra_node_latency : d.inter_node_latency; }
+};
 
-  // Compute per micro-batch on the busiest stage.
-  const work_time planned = work_seconds(r.stage_work, d, S), plain = work_seconds(r.stage_work_plain, d, S);
-  t.gemm_s = plain.gemm_s * M;
-  t.attention_s = plain.attention_s * M;
-  t.memory_s = plain.memory_s * M;
-  t.recompute_s = std::max(0.0, planned.total() - plain.total()) * M;
-
-  // Exposed communication per micro-batch.
+// Exposed tensor-, context- and expert-parallel communication per micro-batch on the busiest
+// stage, into t.tp_s, t.cp_s and t.ep_s (per step); returns their sum per micro-batch.
+constexpr double exposed_per_microbatch(step_time& t, const plan_result& r, const plan_setup& setup, const links& l,
+                                        const work_time& planned) {
+  const layout_config& L = setup.layout;
+  const int tp = L.tp, cp = L.cp, ep = L.ep;
+  const double M = double(r.microbatches), blocks = double(r.stage_blocks);
   const bool again = setup.recompute == recompute_mode::full;
   double tp_mb = 0, cp_mb = 0, ep_mb = 0;
   if (tp > 1) {
     // Per block about 4 collectives (2 forward, 2 backward; 6 with full recomputation), each a
     // ring of 2(tp - 1) steps.
     const double collectives = blocks * (again ? 6.0 : 4.0);
-    tp_mb = (r.comm_bytes.tp / M / bandwidth(t.tp_intra, 1, tp) +
-             latency(t.tp_intra) * collectives * 2.0 * double(tp - 1)) *
-            (1.0 - d.tensor_overlap);
+    tp_mb = (r.comm_bytes.tp / M / l.bandwidth(t.tp_intra, 1, tp) +
+             l.latency(t.tp_intra) * collectives * 2.0 * double(tp - 1)) *
+            (1.0 - l.d.tensor_overlap);
   }
   if (cp > 1) {
     const bool ring = L.context_form != "all_to_all";
@@ -190,53 +182,84 @@ constexpr step_time estimate_step_time(const plan_result& r, const plan_setup& s
     // Steps per block: the ring's hops; all-to-all's 2 collectives forward and 3 backward (dout,
     // the output, dqkv), each of cp - 1 steps, and forward's again where it is recomputed.
     const double steps = ring ? (2.0 * cp - 1) + (redo ? cp - 1 : 0) : (5.0 + (redo ? 2 : 0)) * double(cp - 1);
-    const double transfer = r.comm_bytes.cp / M / bandwidth(t.cp_intra, tp, cp) + latency(t.cp_intra) * steps * blocks;
+    const double transfer =
+        r.comm_bytes.cp / M / l.bandwidth(t.cp_intra, tp, cp) + l.latency(t.cp_intra) * steps * blocks;
     cp_mb = ring ? std::max(0.0, transfer - (planned.attention_s)) : transfer;
   }
   if (ep > 1) {
     const double alltoalls = blocks * (5.0 + (again ? 3 : 0));
-    ep_mb = r.comm_bytes.ep / M / bandwidth(t.ep_intra, tp, ep) + latency(t.ep_intra) * alltoalls * double(ep - 1);
+    ep_mb = r.comm_bytes.ep / M / l.bandwidth(t.ep_intra, tp, ep) + l.latency(t.ep_intra) * alltoalls * double(ep - 1);
   }
   t.tp_s = tp_mb * M;
   t.cp_s = cp_mb * M;
   t.ep_s = ep_mb * M;
-  const double per_micro = planned.total() + tp_mb + cp_mb + ep_mb;
+  return tp_mb + cp_mb + ep_mb;
+}
+
+// Data parallel: the gradient group's traffic, hidden behind backward but for the last bucket.
+constexpr double exposed_gradient_seconds(const step_time& t, const plan_result& r, const layout_config& L,
+                                          const links& l, const work_time& planned) {
+  const int n = L.dp * L.cp;
+  if (n == 1) return 0.0;
+  const bool intra = t.dp_intra;
+  const double M = double(r.microbatches);
+  const double bucket_bytes = double(std::int64_t(1) << 20) * double(r.storage_bytes);
+  const double last_bucket = 2.0 * double(n - 1) / double(n) * bucket_bytes / l.bandwidth(intra, L.tp, n) +
+                             l.latency(intra) * 2.0 * double(n - 1);
+  // Buckets are posted back to back as they fill, so their latencies overlap: one ring's worth.
+  const double total = r.comm_bytes.dp / l.bandwidth(intra, L.tp, n) + l.latency(intra) * 2.0 * double(n - 1);
+  const double backward_one = planned.total() * 2.0 / 3.0;  // backward is about 2/3 of a micro-batch's work
+  // What backward can hide: the last micro-batch's (every micro-batch's at ZeRO-2, which
+  // reduces per micro-batch; forward's too at ZeRO-3, which also gathers); ZeRO-1's gather of
+  // the updated weights comes after the optimizer and stays exposed.
+  const double window = L.zero_stage <= 1 ? backward_one : L.zero_stage == 2 ? backward_one * M : planned.total() * M;
+  const double reducible = L.zero_stage == 1 ? total / 2 : total;
+  const double hidden = l.d.data_parallel_overlap * std::max(0.0, std::min(reducible - last_bucket, window));
+  return total - hidden;
+}
+
+// The optimizer reads and writes its state (master copy, moments), reads the gradients and
+// writes the weights (and, without a master copy, reads them too); clipping reads the gradients.
+constexpr double optimizer_seconds(const plan_result& r, const hw::device_spec& d) {
+  const double owned = double(r.optimizer_params_per_rank);
+  const double state = double(r.master_bytes + r.optimizer_bytes);  // this rank's share already
+  const double bytes = 2.0 * state + owned * double(r.storage_bytes) * (r.master_bytes > 0 ? 3.0 : 4.0);
+  return bytes / (d.memory_bandwidth * d.memory_efficiency);
+}
+}  // namespace time_detail
+
+// The step time of plan `r` made under `setup`, on device `d`.
+constexpr step_time estimate_step_time(const plan_result& r, const plan_setup& setup, const hw::device_spec& d) {
+  const layout_config& L = setup.layout;
+  const int tp = L.tp, cp = L.cp, dp = L.dp, pp = L.pp, V = L.virtual_chunks, ep = L.ep;
+  const int gpus = tp * cp * dp * pp, S = r.storage_bytes;
+  time_detail::check_inputs(r, d);
+  const double M = double(r.microbatches);
+  step_time t;
+  t.tp_intra = time_detail::group_within_node(gpus, d.gpus_per_node, 1, tp);
+  t.cp_intra = time_detail::group_within_node(gpus, d.gpus_per_node, tp, cp);
+  t.dp_intra = time_detail::group_within_node(gpus, d.gpus_per_node, tp, dp * cp);  // the gradient group dp x cp
+  t.pp_intra = time_detail::group_within_node(gpus, d.gpus_per_node, tp * cp * dp, pp);
+  t.ep_intra = time_detail::group_within_node(gpus, d.gpus_per_node, tp, ep);
+  const time_detail::links links{d};
+
+  // Compute per micro-batch on the busiest stage.
+  const work_time planned = work_seconds(r.stage_work, d, S), plain = work_seconds(r.stage_work_plain, d, S);
+  t.gemm_s = plain.gemm_s * M;
+  t.attention_s = plain.attention_s * M;
+  t.memory_s = plain.memory_s * M;
+  t.recompute_s = std::max(0.0, planned.total() - plain.total()) * M;
+  const double per_micro = planned.total() + time_detail::exposed_per_microbatch(t, r, setup, links, planned);
 
   // The pipeline: the bubble, and the sends at its edges.
   if (pp > 1) {
     t.bubble_s = double(pp - 1) / double(V) * per_micro;
-    const double send = r.comm_bytes.pp / (2.0 * M * double(V)) / bandwidth(t.pp_intra) + latency(t.pp_intra);
+    const double send =
+        r.comm_bytes.pp / (2.0 * M * double(V)) / links.bandwidth(t.pp_intra) + links.latency(t.pp_intra);
     t.pp_s = 2.0 * double(pp * V - 1) * send;
   }
-
-  // Data parallel: the gradient group's traffic, hidden behind backward but for the last bucket.
-  if (dp * cp > 1) {
-    const int n = dp * cp;
-    const bool intra = t.dp_intra;
-    const double bucket_bytes = double(std::int64_t(1) << 20) * double(S);
-    const double last_bucket =
-        2.0 * double(n - 1) / double(n) * bucket_bytes / bandwidth(intra, tp, n) + latency(intra) * 2.0 * double(n - 1);
-    // Buckets are posted back to back as they fill, so their latencies overlap: one ring's worth.
-    const double total = r.comm_bytes.dp / bandwidth(intra, tp, n) + latency(intra) * 2.0 * double(n - 1);
-    const double backward_one = planned.total() * 2.0 / 3.0;  // backward is about 2/3 of a micro-batch's work
-    // What backward can hide: the last micro-batch's (every micro-batch's at ZeRO-2, which
-    // reduces per micro-batch; forward's too at ZeRO-3, which also gathers); ZeRO-1's gather of
-    // the updated weights comes after the optimizer and stays exposed.
-    const double window = L.zero_stage <= 1 ? backward_one : L.zero_stage == 2 ? backward_one * M : planned.total() * M;
-    const double reducible = L.zero_stage == 1 ? total / 2 : total;
-    const double hidden = d.data_parallel_overlap * std::max(0.0, std::min(reducible - last_bucket, window));
-    t.dp_s = total - hidden;
-  }
-
-  // The optimizer reads and writes its state (master copy, moments), reads the gradients and
-  // writes the weights (and, without a master copy, reads them too); clipping reads the gradients.
-  {
-    const double owned = double(r.optimizer_params_per_rank);
-    const double state = double(r.master_bytes + r.optimizer_bytes);  // this rank's share already
-    const double bytes = 2.0 * state + owned * double(S) * (r.master_bytes > 0 ? 3.0 : 4.0);
-    t.optimizer_s = bytes / (d.memory_bandwidth * d.memory_efficiency);
-  }
-
+  t.dp_s = time_detail::exposed_gradient_seconds(t, r, L, links, planned);
+  t.optimizer_s = time_detail::optimizer_seconds(r, d);
   t.step_s = per_micro * M + t.bubble_s + t.pp_s + t.dp_s + t.optimizer_s;
   return t;
 }

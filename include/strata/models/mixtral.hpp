@@ -1,6 +1,6 @@
-// examples/mixtral/mixtral.hpp - a Mixtral-family model: the example Llama with a mixture of
+// strata/models/mixtral.hpp - a Mixtral-family model: the Llama (llama.hpp) with a mixture of
 // experts in every block's place of the SwiGLU (layers/moe.hpp), written as a strata user writes
-// a model. strata derives the rest from this declaration, as for examples/llama.
+// a model. strata derives the rest from this declaration, as for the Llama.
 //
 // Each block: RMSNorm, grouped-query attention with rotary positions, RMSNorm, a router over
 // `experts` SwiGLU experts of width ffn, each token through its top_k (weights renormalised, as
@@ -20,7 +20,7 @@
 #include <strata/layers/sequential.hpp>
 #include <strata/layers/transformer_block.hpp>
 
-namespace mixtral {
+namespace strata::models::mixtral {
 namespace st = strata;
 
 struct dims {
@@ -78,4 +78,4 @@ struct model {
   }
 };
 
-}  // namespace mixtral
+}  // namespace strata::models::mixtral

@@ -1,4 +1,4 @@
-// examples/gpt2/gpt2.hpp - GPT-2, written the way a strata user writes a model: its shape and
+// strata/models/gpt2.hpp - GPT-2, written the way a strata user writes a model: its shape and
 // its layers in order. strata derives the rest from this declaration (every layout, the
 // pipeline stages, the plan, the checkpoint names: parallel/sequential_model.hpp).
 //
@@ -18,7 +18,7 @@
 #include <strata/layers/sequential.hpp>
 #include <strata/layers/transformer_block.hpp>
 
-namespace gpt2 {
+namespace strata::models::gpt2 {
 namespace st = strata;
 
 struct dims {
@@ -50,4 +50,4 @@ struct model {
   }
 };
 
-}  // namespace gpt2
+}  // namespace strata::models::gpt2

@@ -1,6 +1,6 @@
-// examples/llama/llama.hpp - a Llama-family model, written the way a strata user writes one: its
+// strata/models/llama.hpp - a Llama-family model, written the way a strata user writes one: its
 // shape and its layers in order. strata derives the rest from this declaration (every layout,
-// the pipeline stages, the plan, the checkpoint names), as for examples/gpt2.
+// the pipeline stages, the plan, the checkpoint names), as for gpt2.hpp.
 //
 // Architecture as in Llama 2/3: a token embedding with no position table; pre-RMSNorm blocks;
 // attention with rotary positions (rotate-half convention, base rope_theta) and kv_heads
@@ -19,7 +19,7 @@
 #include <strata/layers/sequential.hpp>
 #include <strata/layers/transformer_block.hpp>
 
-namespace llama {
+namespace strata::models::llama {
 namespace st = strata;
 
 struct dims {
@@ -61,4 +61,4 @@ struct model {
   }
 };
 
-}  // namespace llama
+}  // namespace strata::models::llama

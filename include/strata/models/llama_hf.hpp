@@ -1,4 +1,4 @@
-// examples/llama/llama_hf.hpp - the example Llama's weights as Hugging Face's LlamaForCausalLM
+// strata/models/llama_hf.hpp - the Llama's weights as Hugging Face's LlamaForCausalLM
 // names them.
 //
 // strata's parameters in serial order (sequential_model::serial_parameters), each with the
@@ -22,9 +22,9 @@
 #include <strata/policy/policy.hpp>
 #include <strata/train/hf_weights.hpp>
 
-#include "llama.hpp"
+#include "strata/models/llama.hpp"
 
-namespace llama {
+namespace strata::models::llama {
 
 // The attention and norms of every block (q query and kv key/value features), added to `m`: the
 // rules every family built on the Llama's block shares.
@@ -80,4 +80,4 @@ inline std::vector<double> import_hf(const std::string& path, const dims& d,
   return st::read_hf_weights(path, hf_map(d), hf_shapes(d), notes);
 }
 
-}  // namespace llama
+}  // namespace strata::models::llama

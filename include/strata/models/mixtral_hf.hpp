@@ -1,7 +1,7 @@
-// examples/mixtral/mixtral_hf.hpp - the example Mixtral's weights as Hugging Face's
+// strata/models/mixtral_hf.hpp - the Mixtral's weights as Hugging Face's
 // MixtralForCausalLM checkpoints name them.
 //
-// The attention and norms as the Llama's (examples/llama/llama_hf.hpp); each block's mixture:
+// The attention and norms as the Llama's (llama_hf.hpp); each block's mixture:
 //   mlp.router.weight             [E, C]   block_sparse_moe.gate.weight
 //   mlp.experts.e.gate_up.weight  [2F, C]  block_sparse_moe.experts.e.w1 (gate) | .w3 (up)
 //   mlp.experts.e.down.weight     [C, F]   block_sparse_moe.experts.e.w2
@@ -14,18 +14,18 @@
 #include <strata/policy/policy.hpp>
 #include <strata/train/hf_weights.hpp>
 
-#include "../llama/llama_hf.hpp"
+#include "strata/models/llama_hf.hpp"
 
-#include "mixtral.hpp"
+#include "strata/models/mixtral.hpp"
 
-namespace mixtral {
+namespace strata::models::mixtral {
 
 // The rules from strata's parameter names to MixtralForCausalLM's.
 inline st::hf_weight_map hf_map(const dims& d) {
   STRATA_CHECK(d.shared_ffn == 0, "mixtral: a shared expert (shared_ffn ", d.shared_ffn,
                ") has no place in a MixtralForCausalLM file");
-  auto m = llama::embedding_rules("mixtral", d.tied);
-  llama::add_attention_rules(m, d.heads * d.head_dim(), d.kv() * d.head_dim());
+  auto m = strata::models::llama::embedding_rules("mixtral", d.tied);
+  strata::models::llama::add_attention_rules(m, d.heads * d.head_dim(), d.kv() * d.head_dim());
   const std::string moe = "model.layers.{i}.block_sparse_moe.";
   return m.rename("h.{i}.mlp.router.weight", moe + "gate.weight")
       .stack("h.{i}.mlp.experts.{e}.gate_up.weight", {moe + "experts.{e}.w1.weight", moe + "experts.{e}.w3.weight"})
@@ -54,4 +54,4 @@ inline std::vector<double> import_hf(const std::string& path, const dims& d,
   return st::read_hf_weights(path, hf_map(d), hf_shapes(d), notes);
 }
 
-}  // namespace mixtral
+}  // namespace strata::models::mixtral

@@ -1,11 +1,11 @@
-// examples/common/model_families.hpp - the example models as the programs take them: a shape
-// from the flags, the declaration to build, and the shape in words and JSON.
+// strata/models/families.hpp - the models of strata/models as programs take them: a shape from
+// flags, the declaration to build, and the shape in words and JSON.
 //
 // gpt2_train (examples/gpt2/train_run.hpp) trains a family's model and strata-plan
 // (tools/strata-plan.cpp) plans it; both are templates on the family. Each program fills a
 // model_shape from its own flags (gpt2_train's --d-model is strata-plan's --hidden) and checks
 // them in its own words; the family takes the fields its model has. The export and import of its
-// weights under Hugging Face's names are model_families_hf.hpp's, which only gpt2_train includes:
+// weights under Hugging Face's names are families_hf.hpp's, which only gpt2_train includes:
 // strata-plan never reads the safetensors code.
 #pragma once
 #include <cstdint>
@@ -13,11 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../gpt2/gpt2.hpp"
-#include "../llama/llama.hpp"
-#include "../mixtral/mixtral.hpp"
+#include "strata/models/gpt2.hpp"
+#include "strata/models/llama.hpp"
+#include "strata/models/mixtral.hpp"
+#include "strata/models/neox.hpp"
 
-namespace example_models {
+namespace strata::models {
 
 // The shape flags of every family.
 struct model_shape {
@@ -32,14 +33,17 @@ struct model_shape {
   double capacity_factor = 0.0;                  // Mixtral: 0 dropless
 };
 
-// GPT-2 (examples/gpt2/gpt2.hpp): learned positions, multi-head attention, a GELU MLP of width
+// One family per model of strata/models, named as programs take them (--model).
+inline constexpr const char* model_names[] = {"gpt2", "llama", "mixtral", "neox"};
+
+// GPT-2 (gpt2.hpp): learned positions, multi-head attention, a GELU MLP of width
 // ffn (default 4 x d_model), a head tied to the embedding.
 struct gpt2_family {
   static constexpr const char* name = "gpt2";
   static constexpr const char* hf_class = "GPT2LMHeadModel";  // the transformers class of its weights
-  using dims = gpt2::dims;
+  using dims = strata::models::gpt2::dims;
   template <class P>
-  using model = gpt2::model<P>;
+  using model = strata::models::gpt2::model<P>;
 
   static dims shape(const model_shape& s) {
     return {.vocab = s.vocab, .seq = s.seq, .layers = s.layers, .heads = s.heads, .d_model = s.d_model, .ffn = s.ffn};
@@ -55,15 +59,15 @@ struct gpt2_family {
   }
 };
 
-// Llama (examples/llama/llama.hpp): rotary positions, grouped-query attention with kv_heads
+// Llama (llama.hpp): rotary positions, grouped-query attention with kv_heads
 // key/value heads (default: as many as heads), SwiGLU of width ffn (default 8/3 x d_model
 // rounded up to 32), RMSNorm, a head of its own unless tied.
 struct llama_family {
   static constexpr const char* name = "llama";
   static constexpr const char* hf_class = "LlamaForCausalLM";
-  using dims = llama::dims;
+  using dims = strata::models::llama::dims;
   template <class P>
-  using model = llama::model<P>;
+  using model = strata::models::llama::model<P>;
 
   static dims shape(const model_shape& s) {
     return {.vocab = s.vocab,
@@ -89,14 +93,14 @@ struct llama_family {
   }
 };
 
-// Mixtral (examples/mixtral/mixtral.hpp): the Llama with a mixture of `experts` SwiGLU experts of
+// Mixtral (mixtral.hpp): the Llama with a mixture of `experts` SwiGLU experts of
 // width ffn in every block, top_k per token, an optional shared expert.
 struct mixtral_family {
   static constexpr const char* name = "mixtral";
   static constexpr const char* hf_class = "MixtralForCausalLM";
-  using dims = mixtral::dims;
+  using dims = strata::models::mixtral::dims;
   template <class P>
-  using model = mixtral::model<P>;
+  using model = strata::models::mixtral::model<P>;
 
   static dims shape(const model_shape& s) {
     return {.vocab = s.vocab,
@@ -130,4 +134,34 @@ struct mixtral_family {
   }
 };
 
-}  // namespace example_models
+// GPT-NeoX (neox.hpp): rotary positions on a quarter of each head, a parallel residual, LayerNorm
+// and attention with biases, an exact-GELU MLP of width ffn (default 4 x d_model), an untied head.
+struct neox_family {
+  static constexpr const char* name = "neox";
+  static constexpr const char* hf_class = "GPTNeoXForCausalLM";
+  using dims = neox::dims;
+  template <class P>
+  using model = neox::model<P>;
+
+  static dims shape(const model_shape& s) {
+    return {.vocab = s.vocab,
+            .seq = s.seq,
+            .layers = s.layers,
+            .heads = s.heads,
+            .d_model = s.d_model,
+            .ffn = s.ffn > 0 ? s.ffn : 4 * s.d_model,
+            .rope_theta = s.rope_theta,
+            .norm_eps = s.norm_eps};
+  }
+  static std::string shape_text(const dims& m) {
+    return "GPT-NeoX: " + std::to_string(m.layers) + " layers, hidden " + std::to_string(m.d_model) + ", " +
+           std::to_string(m.heads) + " heads, FFN " + std::to_string(m.ffn) + ", seq " + std::to_string(m.seq) +
+           ", vocab " + std::to_string(m.vocab) + ", untied head";
+  }
+  static nlohmann::ordered_json shape_json(const dims& m) {
+    return {{"layers", m.layers}, {"hidden", m.d_model}, {"heads", m.heads}, {"ffn", m.ffn},
+            {"seq", m.seq},       {"vocab", m.vocab},    {"tied", false}};
+  }
+};
+
+}  // namespace strata::models

@@ -1,4 +1,4 @@
-// examples/gpt2/gpt2_hf.hpp - the example GPT-2's weights as Hugging Face's GPT-2 names them.
+// strata/models/gpt2_hf.hpp - GPT-2's weights as Hugging Face's GPT-2 names them.
 //
 // strata's parameters in serial order (sequential_model::serial_parameters), each with its name
 // in a transformers GPT2LMHeadModel
@@ -24,9 +24,9 @@
 #include <strata/train/hf_file.hpp>
 #include <strata/train/hf_weights.hpp>
 
-#include "gpt2.hpp"
+#include "strata/models/gpt2.hpp"
 
-namespace gpt2 {
+namespace strata::models::gpt2 {
 
 // The rules from strata's parameter names to GPT2LMHeadModel's.
 inline st::hf_weight_map hf_map() {
@@ -80,4 +80,4 @@ inline std::vector<double> import_hf(const std::string& path, const dims& d,
   return st::read_hf_weights(file, map, hf_shapes(d), notes);
 }
 
-}  // namespace gpt2
+}  // namespace strata::models::gpt2

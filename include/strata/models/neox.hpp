@@ -1,5 +1,5 @@
-// tests/neox/neox_model.hpp - a GPT-NeoX / Pythia-shaped model declared from strata's layers
-// alone (no layer of its own): the test of issue 33's variants working together.
+// strata/models/neox.hpp - a GPT-NeoX / Pythia-shaped model declared from strata's layers alone
+// (no layer of its own): the attention and block variants of layers/ working together.
 //
 // GPT-NeoX's architecture: a token embedding with no position table; blocks with a parallel
 // residual (y = x + attn(ln_1(x)) + mlp(ln_2(x))), LayerNorm with biases, attention with biases,
@@ -20,7 +20,7 @@
 #include <strata/layers/transformer_block.hpp>
 #include <strata/train/hf_weights.hpp>
 
-namespace neox {
+namespace strata::models::neox {
 namespace st = strata;
 
 struct dims {
@@ -87,4 +87,4 @@ inline st::hf_weight_map hf_map(const std::string& before = "") {
   return m;
 }
 
-}  // namespace neox
+}  // namespace strata::models::neox
