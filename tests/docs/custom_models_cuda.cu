@@ -11,7 +11,7 @@
 using cuda_policy = st::policy<st::cuda, st::serial, st::mixed<st::bf16, float>>;
 template struct rmsnorm<cuda_policy>;
 template struct relu2_ffn<cuda_policy>;
-template struct block<cuda_policy>;
+template class st::composition<block_parts<cuda_policy>>;
 
 using cuda_fp32_policy = st::policy<st::cuda, any_layout, st::fp32>;
 template struct rmsnorm<cuda_fp32_policy>;

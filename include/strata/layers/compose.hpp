@@ -159,15 +159,16 @@ class composed<P, layer_part<L>> {
   static constexpr tensor_extent_list tensor_extents(const layer_part<L>& n) { return tensor_extents_of<L>(n.config); }
   static constexpr layer_cost cost(const layer_part<L>& n, const cost_scope& s) { return L::cost(n.config, s); }
   static constexpr bool position_wise = position_wise_layer<L>;
+  static constexpr bool generates = cached_hidden_layer<L> || position_wise_layer<L>;
 
   composed(const module_scope<P>& scope, const layer_part<L>& n)
       : layer_(n.name.empty() ? scope : scope / n.name, n.config) {}
 
   tensor_view<const T> forward(tensor_view<const T> x) { return layer_.forward(x); }
-  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) {
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) requires generates {
     return run_cached(layer_, x, step);
   }
-  void release_cache() { drop_cache(layer_); }
+  void release_cache() requires generates { drop_cache(layer_); }
   buffer<T> backward(const buffer<T>& dy) { return layer_.backward(dy); }
   int recompute_core(bool on) {
     if constexpr (selectively_recomputed<L>) {
@@ -213,6 +214,7 @@ class composed<P, chain_part<Parts...>> {
     (std::index_sequence_for<Parts...>{});
   }
   static constexpr bool position_wise = (composed<P, Parts>::position_wise && ...);
+  static constexpr bool generates = (composed<P, Parts>::generates && ...);
 
   composed(const module_scope<P>& scope, const node& n) : parts_(scope, n.parts) {}
 
@@ -220,11 +222,11 @@ class composed<P, chain_part<Parts...>> {
     parts_.each([&](auto& part) { x = part.forward(x); });
     return x;
   }
-  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) {
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) requires generates {
     parts_.each([&](auto& part) { x = part.forward_cached(x, step); });
     return x;
   }
-  void release_cache() {
+  void release_cache() requires generates {
     parts_.each([](auto& part) { part.release_cache(); });
   }
   // The parts in reverse: the last part's input gradient is the one before's output gradient.
@@ -269,14 +271,15 @@ class composed<P, residual_part<Inner>> {
     return r;
   }
   static constexpr bool position_wise = composed<P, Inner>::position_wise;
+  static constexpr bool generates = composed<P, Inner>::generates;
 
   composed(const module_scope<P>& scope, const node& n) : ledger_(&scope.ledger()), inner_(scope, n.inner) {}
 
   tensor_view<const T> forward(tensor_view<const T> x) { return add_input(x, inner_.forward(x)); }
-  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) {
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) requires generates {
     return add_input(x, inner_.forward_cached(x, step));
   }
-  void release_cache() { inner_.release_cache(); }
+  void release_cache() requires generates { inner_.release_cache(); }
   // dx = innerᵀ(dy) + dy: the skip path's gradient added in place.
   buffer<T> backward(const buffer<T>& dy) {
     buffer<T> dx = inner_.backward(dy);
@@ -356,16 +359,17 @@ class composed<P, sum_part<Branches...>> {
     (std::index_sequence_for<Branches...>{});
   }
   static constexpr bool position_wise = (composed<P, Branches>::position_wise && ...);
+  static constexpr bool generates = (composed<P, Branches>::generates && ...);
 
   composed(const module_scope<P>& scope, const node& n) : ledger_(&scope.ledger()), branches_(scope, n.branches) {}
 
   tensor_view<const T> forward(tensor_view<const T> x) {
     return sum([&](auto& branch) { return branch.forward(x); });
   }
-  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) {
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) requires generates {
     return sum([&](auto& branch) { return branch.forward_cached(x, step); });
   }
-  void release_cache() {
+  void release_cache() requires generates {
     branches_.each([](auto& b) { b.release_cache(); });
   }
   // dx = Σ branchᵀ(dy), into the first branch's gradient.
@@ -444,6 +448,7 @@ class composition {
   using built_type = detail::composed<policy, parts_type>;
 
   static constexpr bool position_wise = built_type::position_wise;
+  static constexpr bool generates = built_type::generates;  // every part generates: forward_cached exists
   static constexpr tensor_extent_list tensor_extents(const config& c) {
     return built_type::tensor_extents(Decl::parts(c));
   }
@@ -454,10 +459,10 @@ class composition {
 
   tensor_view<const T> forward(tensor_view<const T> x) { return parts_.forward(x); }
   buffer<T> backward(const buffer<T>& dy) { return parts_.backward(dy); }
-  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) {
+  tensor_view<const T> forward_cached(tensor_view<const T> x, const decode_step& step) requires generates {
     return parts_.forward_cached(x, step);
   }
-  void release_cache() { parts_.release_cache(); }
+  void release_cache() requires generates { parts_.release_cache(); }
   void recompute_core(bool on) {
     if (parts_.recompute_core(on) == 0)
       fail(scope_.qualify_layer(), ": selective recomputation needs a part with recompute_core(bool) (an attention)");
