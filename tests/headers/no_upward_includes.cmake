@@ -11,6 +11,7 @@
 #   optim     ... parallel
 #   plan      ... optim
 #   train     everything below
+#   models    everything below (the library's models and their Hugging Face rules)
 # strata/strata.hpp, at the top, includes them all. Fails naming every file and include that
 # breaks the order.
 cmake_minimum_required(VERSION 3.24)
@@ -28,7 +29,8 @@ set(below_parallel ${below_layers} "layers/")
 set(below_optim ${below_parallel} "parallel/")
 set(below_plan ${below_optim} "optim/")
 set(below_train ${below_plan} "plan/")
-set(layers core policy kernels comm layers parallel optim plan train)
+set(below_models ${below_train} "train/")
+set(layers core policy kernels comm layers parallel optim plan train models)
 
 file(GLOB_RECURSE headers RELATIVE ${INCLUDE_DIR}/strata ${INCLUDE_DIR}/strata/*.hpp ${INCLUDE_DIR}/strata/*.cuh)
 list(SORT headers)
