@@ -80,110 +80,157 @@ class pipeline_executor {
                  " and ", targets.shape.str());
     const std::int64_t seq = inputs.shape[1];
     const strata::shape act_shape = stage_->pipeline_activation_shape(rows, seq);
-    const auto act_count = static_cast<std::size_t>(act_shape.numel());
-    const auto slot = [&](int m, int c) { return static_cast<std::size_t>(m * V + c); };
-    const auto tokens_of = [&](tensor_view<const std::int32_t> all, int m) {
-      return tensor_view<const std::int32_t>{all.data + std::int64_t(m) * rows * seq, {rows, seq}};
-    };
-    std::vector<buffer<T>> received(static_cast<std::size_t>(M * V)), out_grads(received.size()),
-        sent_grads(received.size());
-    std::vector<comm_handle> input_recv(received.size()), grad_recv(received.size()), act_send(received.size()),
-        grad_send(received.size());
-    std::vector<bool> posted(actions_.size(), false);
-    std::vector<std::size_t> posted_bytes(actions_.size() + 1, 0);
+    const auto slots = static_cast<std::size_t>(M * V);
+    step_run st{.inputs = inputs,
+                .targets = targets,
+                .rows = rows,
+                .seq = seq,
+                .grad_scale = grad_scale,
+                .stage = s,
+                .last_virtual = last_virtual,
+                .act_shape = act_shape,
+                .act_count = static_cast<std::size_t>(act_shape.numel()),
+                .received = std::vector<buffer<T>>(slots),
+                .out_grads = std::vector<buffer<T>>(slots),
+                .sent_grads = std::vector<buffer<T>>(slots),
+                .input_recv = std::vector<comm_handle>(slots),
+                .grad_recv = std::vector<comm_handle>(slots),
+                .act_send = std::vector<comm_handle>(slots),
+                .grad_send = std::vector<comm_handle>(slots),
+                .posted = std::vector<bool>(actions_.size(), false),
+                .posted_bytes = std::vector<std::size_t>(actions_.size() + 1, 0)};
     stats_ = {};
-    int in_flight = 0;
-    // Activation bytes the step's micro-batches hold: the ledger's, less the receive posted for
-    // the next action (it belongs to that one) and input gradients still on their way out.
-    const std::size_t base = ledger_->current(memory_category::activations);
-    std::size_t in_transit = 0;
-    const auto held = [&](std::size_t i) {
-      return ledger_->current(memory_category::activations) - base - posted_bytes[i + 1] - in_transit;
-    };
-    double loss_sum = 0;
-    const int prev = (s + p - 1) % p, next = (s + 1) % p;
-    const auto tag = [&](int m, int v, bool grad) { return (m * shape_.virtual_stages() + v) * 2 + (grad ? 1 : 0); };
-
-    // Posts the receive action i needs (none for virtual stage 0's forward or the last one's backward).
-    const auto post = [&](std::size_t i) {
-      if (i >= actions_.size() || posted[i]) return;
-      posted[i] = true;
-      const auto& a = actions_[i];
-      const int v = shape_.virtual_stage(s, a.chunk);
-      const auto k = slot(a.microbatch, a.chunk);
-      if (a.kind == pipeline_action::forward && v > 0) {
-        received[k] = buffer<T>(*ledger_, memory_category::activations, act_count);
-        input_recv[k] = receive(received[k], prev, tag(a.microbatch, v, false));
-        posted_bytes[i] = received[k].bytes();
-      } else if (a.kind == pipeline_action::backward && v < last_virtual) {
-        out_grads[k] = buffer<T>(*ledger_, memory_category::activations, act_count);
-        grad_recv[k] = receive(out_grads[k], next, tag(a.microbatch, v, true));
-        posted_bytes[i] = out_grads[k].bytes();
-      }
-    };
-    // Input gradients whose sends have finished are let go.
-    const auto collect_sent = [&] {
-      for (std::size_t k = 0; k < sent_grads.size(); ++k)
-        if (!sent_grads[k].empty() && grad_send[k].test()) {
-          in_transit -= sent_grads[k].bytes();
-          sent_grads[k] = buffer<T>();
-        }
-    };
+    st.base = ledger_->current(memory_category::activations);
+    st.prev = (s + p - 1) % p;
+    st.next = (s + 1) % p;
 
     for (std::size_t i = 0; i < actions_.size(); ++i) {
-      collect_sent();
-      post(i);
-      post(i + 1);
-      const auto& a = actions_[i];
-      const int v = shape_.virtual_stage(s, a.chunk);
-      const auto k = slot(a.microbatch, a.chunk);
-      auto t0 = clock::now();
-      if (a.kind == pipeline_action::forward) {
-        input_recv[k].wait();
-        auto t1 = clock::now();
-        const std::size_t before = held(i) - posted_bytes[i];  // this forward's input counts as its own
-        double loss = 0;
-        auto out = stage_->pipeline_forward(
-            a.chunk, a.microbatch, v > 0 ? tensor_view<const T>{received[k].data(), act_shape} : tensor_view<const T>{},
-            tokens_of(inputs, a.microbatch), tokens_of(targets, a.microbatch), grad_scale, loss);
-        auto t2 = clock::now();
-        if (v == last_virtual) loss_sum += loss;
-        else act_send[k] = send(out.data, act_count, next, tag(a.microbatch, v + 1, false));
-        account(t0, t1, t2);
-        ++in_flight;
-        stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight);
-        const std::size_t now = held(i);
-        stats_.largest_chunk_bytes = std::max(stats_.largest_chunk_bytes, now - before);
-        stats_.peak_activation_bytes = std::max(stats_.peak_activation_bytes, now);
-      } else {
-        grad_recv[k].wait();
-        act_send[k].wait();  // the layer's output buffer goes with its activations
-        auto t1 = clock::now();
-        buffer<T> input_grad =
-            stage_->pipeline_backward(a.chunk, a.microbatch, v < last_virtual ? &out_grads[k] : nullptr);
-        auto t2 = clock::now();
-        out_grads[k] = buffer<T>();
-        received[k] = buffer<T>();
-        if (v > 0) {
-          sent_grads[k] = std::move(input_grad);
-          in_transit += sent_grads[k].bytes();
-          grad_send[k] = send(sent_grads[k].data(), act_count, prev, tag(a.microbatch, v - 1, true));
-        }
-        account(t0, t1, t2);
-        --in_flight;
-      }
+      collect_sent(st);
+      post(st, i);
+      post(st, i + 1);
+      if (actions_[i].kind == pipeline_action::forward) run_forward(st, i);
+      else run_backward(st, i);
     }
     const auto t0 = clock::now();
-    for (auto& h : act_send) h.wait();
-    for (auto& h : grad_send) h.wait();
+    for (auto& h : st.act_send) h.wait();
+    for (auto& h : st.grad_send) h.wait();
     stats_.idle_seconds += seconds(t0, clock::now());
     // Only the last stage saw the losses; every stage reports them.
-    pp_.all_reduce(std::span<double>(&loss_sum, 1));
-    return loss_sum;
+    pp_.all_reduce(std::span<double>(&st.loss_sum, 1));
+    return st.loss_sum;
   }
 
  private:
   using clock = std::chrono::steady_clock;
+
+  // One step's state between its actions: the step's tokens, the buffers and messages of each
+  // (micro-batch, chunk) slot, which receives are posted, the activation bytes accounted and the
+  // losses so far.
+  struct step_run {
+    tensor_view<const std::int32_t> inputs, targets;
+    std::int64_t rows, seq;
+    double grad_scale;
+    int stage, last_virtual;
+    strata::shape act_shape;
+    std::size_t act_count;
+    std::vector<buffer<T>> received, out_grads, sent_grads;
+    std::vector<comm_handle> input_recv, grad_recv, act_send, grad_send;
+    std::vector<bool> posted;
+    std::vector<std::size_t> posted_bytes;
+    int prev = 0, next = 0;  // the stages before and after this one
+    int in_flight = 0;
+    // Activation bytes the step's micro-batches hold: the ledger's, less the receive posted for
+    // the next action (it belongs to that one) and input gradients still on their way out.
+    std::size_t base = 0;
+    std::size_t in_transit = 0;
+    double loss_sum = 0;
+
+    tensor_view<const std::int32_t> tokens_of(tensor_view<const std::int32_t> all, int m) const {
+      return tensor_view<const std::int32_t>{all.data + std::int64_t(m) * rows * seq, {rows, seq}};
+    }
+  };
+
+  std::size_t slot(int m, int c) const { return static_cast<std::size_t>(m * shape_.chunks + c); }
+  int tag(int m, int v, bool grad) const { return (m * shape_.virtual_stages() + v) * 2 + (grad ? 1 : 0); }
+  std::size_t held(const step_run& st, std::size_t i) const {
+    return ledger_->current(memory_category::activations) - st.base - st.posted_bytes[i + 1] - st.in_transit;
+  }
+
+  // Posts the receive action i needs (none for virtual stage 0's forward or the last one's backward).
+  void post(step_run& st, std::size_t i) {
+    if (i >= actions_.size() || st.posted[i]) return;
+    st.posted[i] = true;
+    const auto& a = actions_[i];
+    const int v = shape_.virtual_stage(st.stage, a.chunk);
+    const auto k = slot(a.microbatch, a.chunk);
+    if (a.kind == pipeline_action::forward && v > 0) {
+      st.received[k] = buffer<T>(*ledger_, memory_category::activations, st.act_count);
+      st.input_recv[k] = receive(st.received[k], st.prev, tag(a.microbatch, v, false));
+      st.posted_bytes[i] = st.received[k].bytes();
+    } else if (a.kind == pipeline_action::backward && v < st.last_virtual) {
+      st.out_grads[k] = buffer<T>(*ledger_, memory_category::activations, st.act_count);
+      st.grad_recv[k] = receive(st.out_grads[k], st.next, tag(a.microbatch, v, true));
+      st.posted_bytes[i] = st.out_grads[k].bytes();
+    }
+  }
+  // Input gradients whose sends have finished are let go.
+  void collect_sent(step_run& st) {
+    for (std::size_t k = 0; k < st.sent_grads.size(); ++k)
+      if (!st.sent_grads[k].empty() && st.grad_send[k].test()) {
+        st.in_transit -= st.sent_grads[k].bytes();
+        st.sent_grads[k] = buffer<T>();
+      }
+  }
+
+  // Action i, a forward: waits for its input, computes, sends the output on (or adds the loss on
+  // the last virtual stage) and records the activation bytes it holds.
+  void run_forward(step_run& st, std::size_t i) {
+    const auto& a = actions_[i];
+    const int v = shape_.virtual_stage(st.stage, a.chunk);
+    const auto k = slot(a.microbatch, a.chunk);
+    auto t0 = clock::now();
+    st.input_recv[k].wait();
+    auto t1 = clock::now();
+    const std::size_t before = held(st, i) - st.posted_bytes[i];  // this forward's input counts as its own
+    double loss = 0;
+    auto out = stage_->pipeline_forward(
+        a.chunk, a.microbatch,
+        v > 0 ? tensor_view<const T>{st.received[k].data(), st.act_shape} : tensor_view<const T>{},
+        st.tokens_of(st.inputs, a.microbatch), st.tokens_of(st.targets, a.microbatch), st.grad_scale, loss);
+    auto t2 = clock::now();
+    if (v == st.last_virtual) st.loss_sum += loss;
+    else st.act_send[k] = send(out.data, st.act_count, st.next, tag(a.microbatch, v + 1, false));
+    account(t0, t1, t2);
+    ++st.in_flight;
+    stats_.peak_in_flight = std::max(stats_.peak_in_flight, st.in_flight);
+    const std::size_t now = held(st, i);
+    stats_.largest_chunk_bytes = std::max(stats_.largest_chunk_bytes, now - before);
+    stats_.peak_activation_bytes = std::max(stats_.peak_activation_bytes, now);
+  }
+  // Action i, a backward: waits for the output's gradient, computes, lets the micro-batch's
+  // activations go and sends the input's gradient back.
+  void run_backward(step_run& st, std::size_t i) {
+    const auto& a = actions_[i];
+    const int v = shape_.virtual_stage(st.stage, a.chunk);
+    const auto k = slot(a.microbatch, a.chunk);
+    auto t0 = clock::now();
+    st.grad_recv[k].wait();
+    st.act_send[k].wait();  // the layer's output buffer goes with its activations
+    auto t1 = clock::now();
+    buffer<T> input_grad =
+        stage_->pipeline_backward(a.chunk, a.microbatch, v < st.last_virtual ? &st.out_grads[k] : nullptr);
+    auto t2 = clock::now();
+    st.out_grads[k] = buffer<T>();
+    st.received[k] = buffer<T>();
+    if (v > 0) {
+      st.sent_grads[k] = std::move(input_grad);
+      st.in_transit += st.sent_grads[k].bytes();
+      st.grad_send[k] = send(st.sent_grads[k].data(), st.act_count, st.prev, tag(a.microbatch, v - 1, true));
+    }
+    account(t0, t1, t2);
+    --st.in_flight;
+  }
+
   static double seconds(clock::time_point a, clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   }

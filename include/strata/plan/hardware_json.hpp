@@ -28,25 +28,12 @@ struct named_device {
   }
 };
 
-// `where` names the source in errors (a file's path).
-inline named_device device_from_json(const nlohmann::json& j, const std::string& where) {
-  STRATA_CHECK(j.is_object(), where, ": a device is a JSON object, got ", j.dump());
-  named_device d;
-  d.name = "custom";
-  if (j.contains("base")) {
-    STRATA_CHECK(j["base"].is_string(), where, ": \"base\" names a preset, got ", j["base"].dump());
-    const std::string base = j["base"].get<std::string>();
-    const device_spec* p = find(base);
-    STRATA_CHECK(p != nullptr, where, ": \"base\": unknown preset '", base, "'");
-    d.spec = *p;
-    d.name = base;
-  }
-  if (j.contains("name")) {
-    STRATA_CHECK(j["name"].is_string() && !j["name"].get<std::string>().empty(), where,
-                 ": \"name\" is a non-empty string, got ", j["name"].dump());
-    d.name = j["name"].get<std::string>();
-  }
-  device_spec& s = d.spec;
+namespace detail {
+
+// Sets the device_spec field JSON key `key` names to `value`, checked against the field's range;
+// false when no field has that name.
+inline bool set_device_field(device_spec& s, const std::string& key, const nlohmann::json& value,
+                             const std::string& where) {
   using real_member = double device_spec::*;
   using int_member = int device_spec::*;
   struct real_field {
@@ -82,30 +69,55 @@ inline named_device device_from_json(const nlohmann::json& j, const std::string&
                             {"sm_count", &device_spec::sm_count},
                             {"gemm_tile_m", &device_spec::gemm_tile_m},
                             {"gemm_tile_n", &device_spec::gemm_tile_n}};
+  bool known = false;
+  for (const auto& f : reals) {
+    if (key != f.key) continue;
+    known = true;
+    STRATA_CHECK(value.is_number(), where, ": \"", key, "\" is a number, got ", value.dump());
+    const double v = value.get<double>();
+    if (key == std::string("tensor_overlap") || key == std::string("data_parallel_overlap")) {
+      STRATA_CHECK(v >= 0 && v <= 1, where, ": \"", key, "\" is a share in [0, 1], got ", v);
+    } else if (f.share) {
+      STRATA_CHECK(v > 0 && v <= 1, where, ": \"", key, "\" is a share of a peak in (0, 1], got ", v);
+    } else {
+      STRATA_CHECK(v >= 0 && v < 1e300, where, ": \"", key, "\" is a non-negative number, got ", v);
+    }
+    s.*f.field = v;
+  }
+  for (const auto& f : ints) {
+    if (key != f.key) continue;
+    known = true;
+    STRATA_CHECK(value.is_number_integer() && value.get<long long>() >= 1 && value.get<long long>() <= 1 << 20, where,
+                 ": \"", key, "\" is a whole number from 1 to 1048576, got ", value.dump());
+    s.*f.field = int(value.get<long long>());
+  }
+  return known;
+}
+
+}  // namespace detail
+
+// `where` names the source in errors (a file's path).
+inline named_device device_from_json(const nlohmann::json& j, const std::string& where) {
+  STRATA_CHECK(j.is_object(), where, ": a device is a JSON object, got ", j.dump());
+  named_device d;
+  d.name = "custom";
+  if (j.contains("base")) {
+    STRATA_CHECK(j["base"].is_string(), where, ": \"base\" names a preset, got ", j["base"].dump());
+    const std::string base = j["base"].get<std::string>();
+    const device_spec* p = find(base);
+    STRATA_CHECK(p != nullptr, where, ": \"base\": unknown preset '", base, "'");
+    d.spec = *p;
+    d.name = base;
+  }
+  if (j.contains("name")) {
+    STRATA_CHECK(j["name"].is_string() && !j["name"].get<std::string>().empty(), where,
+                 ": \"name\" is a non-empty string, got ", j["name"].dump());
+    d.name = j["name"].get<std::string>();
+  }
+  device_spec& s = d.spec;
   for (const auto& [key, value] : j.items()) {
     if (key == "base" || key == "name") continue;
-    bool known = false;
-    for (const auto& f : reals) {
-      if (key != f.key) continue;
-      known = true;
-      STRATA_CHECK(value.is_number(), where, ": \"", key, "\" is a number, got ", value.dump());
-      const double v = value.get<double>();
-      if (key == std::string("tensor_overlap") || key == std::string("data_parallel_overlap")) {
-        STRATA_CHECK(v >= 0 && v <= 1, where, ": \"", key, "\" is a share in [0, 1], got ", v);
-      } else if (f.share) {
-        STRATA_CHECK(v > 0 && v <= 1, where, ": \"", key, "\" is a share of a peak in (0, 1], got ", v);
-      } else {
-        STRATA_CHECK(v >= 0 && v < 1e300, where, ": \"", key, "\" is a non-negative number, got ", v);
-      }
-      s.*f.field = v;
-    }
-    for (const auto& f : ints) {
-      if (key != f.key) continue;
-      known = true;
-      STRATA_CHECK(value.is_number_integer() && value.get<long long>() >= 1 && value.get<long long>() <= 1 << 20, where,
-                   ": \"", key, "\" is a whole number from 1 to 1048576, got ", value.dump());
-      s.*f.field = int(value.get<long long>());
-    }
+    const bool known = detail::set_device_field(s, key, value, where);
     STRATA_CHECK(known, where, ": unknown key \"", key, "\" (a device_spec field, \"base\" or \"name\")");
   }
   STRATA_CHECK(s.memory_bytes > 0 && s.peak_flops_16bit > 0 && s.peak_flops_fp32 > 0 && s.memory_bandwidth > 0 &&

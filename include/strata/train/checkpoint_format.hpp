@@ -92,17 +92,21 @@ inline std::string hex32(std::uint32_t v) {
   return buf;
 }
 
-// Every manifest value strata uses, checked before use: a manifest edited and re-checksummed,
-// or written by a buggy or foreign writer, is refused naming the file and the field, never
-// narrowed (a step of 2^32 + 2 would read as 2) nor trusted (a loss scale of 0 divides by zero).
-inline void check_manifest_values(const nlohmann::json& m, const std::string& path, const std::string& step_dir) {
+namespace detail {
+
+// check_manifest_values' checks of one manifest m, read from `path`: each failure names the file
+// and the field.
+struct manifest_checker {
   using json = nlohmann::json;
-  const auto shown = [](const json& v) {
+  const json& m;
+  const std::string& path;
+
+  static std::string shown(const json& v) {
     std::string s = v.dump();
     return s.size() > 60 ? s.substr(0, 57) + "..." : s;
-  };
+  }
   // The field at `keys` ("loss_scaler", "scale"), which must be there.
-  const auto field = [&](std::initializer_list<const char*> keys, std::string& name) -> const json& {
+  const json& field(std::initializer_list<const char*> keys, std::string& name) const {
     const json* v = &m;
     name.clear();
     for (const char* k : keys) {
@@ -112,9 +116,9 @@ inline void check_manifest_values(const nlohmann::json& m, const std::string& pa
       v = &(*v)[k];
     }
     return *v;
-  };
+  }
   // An integer field in [lo, hi]: not 2.5, not "2", not a value that would wrap.
-  const auto integer = [&](std::initializer_list<const char*> keys, long long lo, long long hi) {
+  long long integer(std::initializer_list<const char*> keys, long long lo, long long hi) const {
     std::string name;
     const json& v = field(keys, name);
     long long x = 0;
@@ -129,46 +133,33 @@ inline void check_manifest_values(const nlohmann::json& m, const std::string& pa
     STRATA_CHECK(ok && x >= lo && x <= hi, "checkpoint manifest '", path, "': ", name, " is ", shown(v),
                  "; expected a whole number from ", lo, " to ", hi);
     return x;
-  };
-  const auto unsigned64 = [&](std::initializer_list<const char*> keys) {
+  }
+  void unsigned64(std::initializer_list<const char*> keys) const {
     std::string name;
     const json& v = field(keys, name);
     STRATA_CHECK(v.is_number_unsigned(), "checkpoint manifest '", path, "': ", name, " is ", shown(v),
                  "; expected a whole number from 0 to 2^64 - 1");
-  };
-  const auto object = [&](std::initializer_list<const char*> keys) {
+  }
+  void object(std::initializer_list<const char*> keys) const {
     std::string name;
     const json& v = field(keys, name);
     STRATA_CHECK(v.is_object(), "checkpoint manifest '", path, "': ", name, " is ", shown(v), "; expected an object");
-  };
-
-  const long long step = integer({"step"}, 0, INT_MAX);
-  const auto dir_step = step_of_name(std::filesystem::path(step_dir).filename().string());
-  STRATA_CHECK(!dir_step || step == *dir_step, "checkpoint manifest '", path, "': step is ", step,
-               ", but its directory is that of step ", dir_step.value_or(-1));
-  object({"layout"});
-  object({"model"});
-  object({"precision"});
-  integer({"optimizer", "steps"}, 0, step);  // AdamW counts applied steps only
-  {
+  }
+  void loss_scale() const {
     std::string name;
     const json& scale = field({"loss_scaler", "scale"}, name);
     STRATA_CHECK(scale.is_number() && std::isfinite(scale.get<double>()) && scale.get<double>() > 0,
                  "checkpoint manifest '", path, "': ", name, " is ", shown(scale),
                  "; expected a positive finite number (every gradient is divided by it)");
   }
-  integer({"loss_scaler", "clean_steps"}, 0, INT_MAX);
-  integer({"loss_scaler", "skipped"}, 0, step);
-  unsigned64({"data", "seed"});
-  unsigned64({"data", "position"});
-  if (m.contains("run")) {
+  void run_id() const {
     std::string name;
     const json& run = field({"run"}, name);
     STRATA_CHECK(run.is_string() && !run.get<std::string>().empty() && run.get<std::string>().size() <= 64,
                  "checkpoint manifest '", path, "': run is ", shown(run), "; expected a run id");
   }
   // The training settings: names to numbers, strings or booleans, shown in messages as they are.
-  if (m.contains("settings")) {
+  void settings() const {
     std::string name;
     const json& settings = field({"settings"}, name);
     STRATA_CHECK(settings.is_object() && settings.size() <= 1024, "checkpoint manifest '", path, "': settings is ",
@@ -183,12 +174,14 @@ inline void check_manifest_values(const nlohmann::json& m, const std::string& pa
   }
   // One entry per world rank, in order, each naming that rank's file: a name is never a path
   // elsewhere ("../x"), and the loader can trust sizes and CRCs to be what they claim.
-  std::string name;
-  const json& files = field({"files"}, name);
-  STRATA_CHECK(files.is_array() && !files.empty() && files.size() <= (1u << 20), "checkpoint manifest '", path,
-               "': files is ", shown(files), "; expected one entry per rank");
-  for (std::size_t r = 0; r < files.size(); ++r) {
-    const json& e = files[r];
+  void files() const {
+    std::string name;
+    const json& files = field({"files"}, name);
+    STRATA_CHECK(files.is_array() && !files.empty() && files.size() <= (1u << 20), "checkpoint manifest '", path,
+                 "': files is ", shown(files), "; expected one entry per rank");
+    for (std::size_t r = 0; r < files.size(); ++r) file_entry(files[r], r);
+  }
+  void file_entry(const json& e, std::size_t r) const {
     const std::string at = "files[" + std::to_string(r) + "]";
     STRATA_CHECK(e.is_object(), "checkpoint manifest '", path, "': ", at, " is ", shown(e), "; expected an object");
     const auto entry = [&](const char* key) -> const json& {
@@ -206,6 +199,31 @@ inline void check_manifest_values(const nlohmann::json& m, const std::string& pa
                      crc.get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos,
                  "checkpoint manifest '", path, "': ", at, ".crc32 is ", shown(crc), "; expected 8 hex digits");
   }
+};
+
+}  // namespace detail
+
+// Every manifest value strata uses, checked before use: a manifest edited and re-checksummed,
+// or written by a buggy or foreign writer, is refused naming the file and the field, never
+// narrowed (a step of 2^32 + 2 would read as 2) nor trusted (a loss scale of 0 divides by zero).
+inline void check_manifest_values(const nlohmann::json& m, const std::string& path, const std::string& step_dir) {
+  const detail::manifest_checker check{m, path};
+  const long long step = check.integer({"step"}, 0, INT_MAX);
+  const auto dir_step = step_of_name(std::filesystem::path(step_dir).filename().string());
+  STRATA_CHECK(!dir_step || step == *dir_step, "checkpoint manifest '", path, "': step is ", step,
+               ", but its directory is that of step ", dir_step.value_or(-1));
+  check.object({"layout"});
+  check.object({"model"});
+  check.object({"precision"});
+  check.integer({"optimizer", "steps"}, 0, step);  // AdamW counts applied steps only
+  check.loss_scale();
+  check.integer({"loss_scaler", "clean_steps"}, 0, INT_MAX);
+  check.integer({"loss_scaler", "skipped"}, 0, step);
+  check.unsigned64({"data", "seed"});
+  check.unsigned64({"data", "position"});
+  if (m.contains("run")) check.run_id();
+  if (m.contains("settings")) check.settings();
+  check.files();
 }
 
 // The manifest of a step directory, after checking it against COMPLETE.

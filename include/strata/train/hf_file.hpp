@@ -38,42 +38,80 @@ inline std::string hf_shape_text(const std::vector<std::int64_t>& s) {
   return r + "]";
 }
 
+namespace detail {
+
+// Names that differ only in their one number, with the numbers and dtypes met.
+struct hf_name_group {
+  std::string head, tail;  // the name around its number ("h.", ".attn.bias"), or the whole name in head
+  std::set<long long> numbers;
+  std::set<std::string> dtypes;
+  bool numbered = false;
+};
+
+// Adds a name to its group, keyed by the name with its number as '#' (by the name itself when it
+// has no number or several).
+inline void hf_add_to_groups(std::map<std::string, hf_name_group>& groups, const std::string& name,
+                             const std::string& dtype) {
+  // The dot-separated parts that are whole numbers: exactly one makes the name groupable.
+  std::size_t begin = 0, number_at = std::string::npos, number_len = 0, numbers = 0;
+  while (begin <= name.size()) {
+    std::size_t end = name.find('.', begin);
+    if (end == std::string::npos) end = name.size();
+    const bool digits = end > begin && end - begin < 12 && name.find_first_not_of("0123456789", begin) >= end;
+    if (digits) {
+      ++numbers;
+      number_at = begin;
+      number_len = end - begin;
+    }
+    begin = end + 1;
+  }
+  std::string key = name;
+  hf_name_group g;
+  if (numbers == 1) {
+    key = name.substr(0, number_at) + "#" + name.substr(number_at + number_len);
+    g = {name.substr(0, number_at), name.substr(number_at + number_len), {}, {}, true};
+  } else {
+    g = {name, "", {}, {}, false};
+  }
+  auto& into = groups.emplace(key, g).first->second;
+  if (into.numbered) into.numbers.insert(std::stoll(name.substr(number_at, number_len)));
+  into.dtypes.insert(dtype);
+}
+
+// A group's names as one: "h.3.x", "h.{0..11}.x" for a run of numbers, "h.{0,2,5}.x" otherwise.
+inline std::string hf_group_name(const hf_name_group& g) {
+  std::string name = g.head;
+  if (g.numbered) {
+    if (g.numbers.size() == 1) {
+      name += std::to_string(*g.numbers.begin());
+    } else if (*g.numbers.rbegin() - *g.numbers.begin() + 1 == static_cast<long long>(g.numbers.size())) {
+      name += '{';
+      name += std::to_string(*g.numbers.begin());
+      name += "..";
+      name += std::to_string(*g.numbers.rbegin());
+      name += '}';
+    } else {
+      std::string list;
+      for (auto n : g.numbers) {
+        if (!list.empty()) list += ',';
+        list += std::to_string(n);
+      }
+      name += '{';
+      name += list;
+      name += '}';
+    }
+    name += g.tail;
+  }
+  return name;
+}
+
+}  // namespace detail
+
 // Names that differ only in one number (a layer index) as one: "h.{0..11}.attn.bias"; the rest
 // as they are. Each group with its dtype unless every group has the same one, said once at the end.
 inline std::string hf_name_groups(const std::vector<std::pair<std::string, std::string>>& names_and_dtypes) {
-  struct group {
-    std::string head, tail;  // the name around its number ("h.", ".attn.bias"), or the whole name in head
-    std::set<long long> numbers;
-    std::set<std::string> dtypes;
-    bool numbered = false;
-  };
-  std::map<std::string, group> groups;  // by the name with its number as '#'
-  for (const auto& [name, dtype] : names_and_dtypes) {
-    // The dot-separated parts that are whole numbers: exactly one makes the name groupable.
-    std::size_t begin = 0, number_at = std::string::npos, number_len = 0, numbers = 0;
-    while (begin <= name.size()) {
-      std::size_t end = name.find('.', begin);
-      if (end == std::string::npos) end = name.size();
-      const bool digits = end > begin && end - begin < 12 && name.find_first_not_of("0123456789", begin) >= end;
-      if (digits) {
-        ++numbers;
-        number_at = begin;
-        number_len = end - begin;
-      }
-      begin = end + 1;
-    }
-    std::string key = name;
-    group g;
-    if (numbers == 1) {
-      key = name.substr(0, number_at) + "#" + name.substr(number_at + number_len);
-      g = {name.substr(0, number_at), name.substr(number_at + number_len), {}, {}, true};
-    } else {
-      g = {name, "", {}, {}, false};
-    }
-    auto& into = groups.emplace(key, g).first->second;
-    if (into.numbered) into.numbers.insert(std::stoll(name.substr(number_at, number_len)));
-    into.dtypes.insert(dtype);
-  }
+  std::map<std::string, detail::hf_name_group> groups;  // by the name with its number as '#'
+  for (const auto& [name, dtype] : names_and_dtypes) detail::hf_add_to_groups(groups, name, dtype);
   std::set<std::string> all_dtypes;
   for (const auto& [key, g] : groups) all_dtypes.insert(g.dtypes.begin(), g.dtypes.end());
   const auto dtype_text = [](const std::set<std::string>& d) {
@@ -86,28 +124,7 @@ inline std::string hf_name_groups(const std::vector<std::pair<std::string, std::
   };
   std::string out;
   for (const auto& [key, g] : groups) {
-    std::string name = g.head;
-    if (g.numbered) {
-      if (g.numbers.size() == 1) {
-        name += std::to_string(*g.numbers.begin());
-      } else if (*g.numbers.rbegin() - *g.numbers.begin() + 1 == static_cast<long long>(g.numbers.size())) {
-        name += '{';
-        name += std::to_string(*g.numbers.begin());
-        name += "..";
-        name += std::to_string(*g.numbers.rbegin());
-        name += '}';
-      } else {
-        std::string list;
-        for (auto n : g.numbers) {
-          if (!list.empty()) list += ',';
-          list += std::to_string(n);
-        }
-        name += '{';
-        name += list;
-        name += '}';
-      }
-      name += g.tail;
-    }
+    const std::string name = detail::hf_group_name(g);
     if (!out.empty()) out += ", ";
     out += name;
     if (all_dtypes.size() > 1) {

@@ -203,81 +203,82 @@ inline std::uint64_t safetensors_header_length(const unsigned char* first8, std:
   return n;
 }
 
-// Checks a header (the n bytes after the length) of a file of file_size bytes: the JSON (nesting,
-// no key twice), and for every entry exactly the fields dtype (a string), shape (integers >= 0)
-// and data_offsets (two integers, begin <= end, within the data), the bytes the dtype and shape
-// need, and that the tensors tile the data: no overlap, no gap, nothing after the last.
-// __metadata__, when present, maps strings to strings. strict: only the dtypes strata converts
-// are accepted; otherwise any safetensors dtype is, and entries strata cannot convert are kept
-// (their sizes checked all the same) for the caller to skip.
-inline std::vector<safetensors_entry> parse_safetensors_header(const unsigned char* text, std::uint64_t n,
-                                                               std::uint64_t file_size, const std::string& path,
-                                                               bool strict,
-                                                               std::map<std::string, std::string>* metadata) {
-  const nlohmann::json header = parse_untrusted_json(
-      text, text + n, "safetensors: '" + path + "': the header (bytes 8 to " + std::to_string(8 + n) + ")");
-  STRATA_CHECK(header.is_object(), "safetensors: '", path, "': the header is not a JSON object");
-  const std::uint64_t data_begin = 8 + n, data_size = file_size - data_begin;
-  std::vector<safetensors_entry> out;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      const std::string where = "safetensors: '" + path + "': __metadata__";
-      STRATA_CHECK(it.value().is_object(), where, " is ", json_shown(it.value()), ", expected an object of strings");
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        STRATA_CHECK(m.value().is_string(), where, ": field '", m.key(), "' is ", json_shown(m.value()),
-                     ", expected a string");
-        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
-      }
+// __metadata__: an object of strings, copied into `metadata` when the caller asks for it.
+inline void read_safetensors_metadata(const nlohmann::json& value, const std::string& path,
+                                      std::map<std::string, std::string>* metadata) {
+  const std::string where = "safetensors: '" + path + "': __metadata__";
+  STRATA_CHECK(value.is_object(), where, " is ", json_shown(value), ", expected an object of strings");
+  for (auto m = value.begin(); m != value.end(); ++m) {
+    STRATA_CHECK(m.value().is_string(), where, ": field '", m.key(), "' is ", json_shown(m.value()),
+                 ", expected a string");
+    if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
+  }
+}
+
+// The bytes a tensor of `shape` holds at `bits` an element, its element count bounded so that
+// count * bits cannot overflow, whatever the order of the dimensions (a zero does not excuse the
+// others: [0, 2^62, 2^62] is refused too). e: the entry, shown in messages.
+inline std::uint64_t safetensors_tensor_bytes(const std::vector<std::int64_t>& shape, std::size_t bits,
+                                              const nlohmann::json& e, const std::string& where) {
+  std::uint64_t count = 1;
+  bool empty = false;
+  for (auto d : shape) {
+    if (d == 0) {
+      empty = true;
       continue;
     }
-    const auto& e = it.value();
-    const std::string where = "safetensors: '" + path + "': tensor '" + it.key() + "'";
-    STRATA_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), where,
-                 " needs dtype, shape and data_offsets");
-    for (auto f = e.begin(); f != e.end(); ++f)
-      STRATA_CHECK(f.key() == "dtype" || f.key() == "shape" || f.key() == "data_offsets", where, " has the field '",
-                   f.key(), "' (only dtype, shape and data_offsets belong to a tensor)");
-    safetensors_entry t;
-    t.name = it.key();
-    t.dtype = json_string_field(e, "dtype", where);
-    const std::size_t bits = strict ? 8 * safetensors_dtype_bytes(t.dtype) : safetensors_dtype_bits(t.dtype);
-    if (strict) STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, " (F32, F64, BF16 or F16 expected)");
-    else STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, ", which is not a safetensors dtype");
-    t.shape = json_integer_array_field(e, "shape", 0, INT64_MAX, 8, where);
-    const auto& off_json = e.at("data_offsets");
-    STRATA_CHECK(off_json.is_array() && off_json.size() == 2, where, ": field 'data_offsets' is ", json_shown(off_json),
-                 ", expected [begin, end]");
-    const auto begin = json_integer(off_json[0], 0, INT64_MAX, where, "data_offsets[0]");
-    const auto end = json_integer(off_json[1], 0, INT64_MAX, where, "data_offsets[1]");
-    STRATA_CHECK(begin <= end && std::uint64_t(end) <= data_size, where, " has data_offsets [", begin, ", ", end,
-                 "] outside the ", data_size, " data bytes (file offset ", data_begin, " on)");
-    // The element count, bounded so that count * bits cannot overflow, whatever the order of the
-    // dimensions (a zero does not excuse the others: [0, 2^62, 2^62] is refused too).
-    std::uint64_t count = 1;
-    bool empty = false;
-    for (auto d : t.shape) {
-      if (d == 0) {
-        empty = true;
-        continue;
-      }
-      STRATA_CHECK(count <= (std::uint64_t(1) << 56) / std::uint64_t(d), where, ": field 'shape' ",
-                   json_shown(e.at("shape")), " has more than 2^56 elements");
-      count *= std::uint64_t(d);
-    }
-    if (empty) count = 0;
-    const std::uint64_t need = (count * bits + 7) / 8;
-    STRATA_CHECK(count * bits % 8 == 0, where, " has ", count, " elements of ", bits,
-                 " bits, not a whole number of bytes");
-    STRATA_CHECK(std::uint64_t(end - begin) == need, where, " spans ", end - begin, " bytes at file offset ",
-                 data_begin + std::uint64_t(begin), ", its dtype and shape need ", need);
-    t.offset = data_begin + std::uint64_t(begin);
-    t.size = std::uint64_t(end - begin);
-    out.push_back(std::move(t));
+    STRATA_CHECK(count <= (std::uint64_t(1) << 56) / std::uint64_t(d), where, ": field 'shape' ",
+                 json_shown(e.at("shape")), " has more than 2^56 elements");
+    count *= std::uint64_t(d);
   }
-  // The tensors tile the data section: sorted by where they start, each begins where the one
-  // before ended. Anything else is bytes read as two tensors, or bytes that belong to none.
+  if (empty) count = 0;
+  const std::uint64_t need = (count * bits + 7) / 8;
+  STRATA_CHECK(count * bits % 8 == 0, where, " has ", count, " elements of ", bits,
+               " bits, not a whole number of bytes");
+  return need;
+}
+
+// One tensor's entry `e` under `name`, its fields checked (see parse_safetensors_header); data
+// starts at file offset data_begin and holds data_size bytes.
+inline safetensors_entry parse_safetensors_entry(const std::string& name, const nlohmann::json& e,
+                                                 const std::string& path, bool strict, std::uint64_t data_begin,
+                                                 std::uint64_t data_size) {
+  const std::string where = "safetensors: '" + path + "': tensor '" + name + "'";
+  STRATA_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), where,
+               " needs dtype, shape and data_offsets");
+  for (auto f = e.begin(); f != e.end(); ++f)
+    STRATA_CHECK(f.key() == "dtype" || f.key() == "shape" || f.key() == "data_offsets", where, " has the field '",
+                 f.key(), "' (only dtype, shape and data_offsets belong to a tensor)");
+  safetensors_entry t;
+  t.name = name;
+  t.dtype = json_string_field(e, "dtype", where);
+  const std::size_t bits = strict ? 8 * safetensors_dtype_bytes(t.dtype) : safetensors_dtype_bits(t.dtype);
+  if (strict) STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, " (F32, F64, BF16 or F16 expected)");
+  else STRATA_CHECK(bits > 0, where, " has dtype ", t.dtype, ", which is not a safetensors dtype");
+  t.shape = json_integer_array_field(e, "shape", 0, INT64_MAX, 8, where);
+  const auto& off_json = e.at("data_offsets");
+  STRATA_CHECK(off_json.is_array() && off_json.size() == 2, where, ": field 'data_offsets' is ", json_shown(off_json),
+               ", expected [begin, end]");
+  const auto begin = json_integer(off_json[0], 0, INT64_MAX, where, "data_offsets[0]");
+  const auto end = json_integer(off_json[1], 0, INT64_MAX, where, "data_offsets[1]");
+  STRATA_CHECK(begin <= end && std::uint64_t(end) <= data_size, where, " has data_offsets [", begin, ", ", end,
+               "] outside the ", data_size, " data bytes (file offset ", data_begin, " on)");
+  const std::uint64_t need = safetensors_tensor_bytes(t.shape, bits, e, where);
+  STRATA_CHECK(std::uint64_t(end - begin) == need, where, " spans ", end - begin, " bytes at file offset ",
+               data_begin + std::uint64_t(begin), ", its dtype and shape need ", need);
+  t.offset = data_begin + std::uint64_t(begin);
+  t.size = std::uint64_t(end - begin);
+  return t;
+}
+
+// The tensors tile the data section (file offsets data_begin .. file_size): sorted by where they
+// start, each begins where the one before ended. Anything else is bytes read as two tensors, or
+// bytes that belong to none.
+inline void check_safetensors_tiling(const std::vector<safetensors_entry>& tensors, std::uint64_t data_begin,
+                                     std::uint64_t file_size, const std::string& path) {
+  const std::uint64_t data_size = file_size - data_begin;
   std::vector<const safetensors_entry*> by_offset;
-  for (const auto& t : out) by_offset.push_back(&t);
+  for (const auto& t : tensors) by_offset.push_back(&t);
   std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) {
     if (a->offset != b->offset) return a->offset < b->offset;
     return a->size != b->size ? a->size < b->size : a->name < b->name;  // one order, one message
@@ -298,6 +299,29 @@ inline std::vector<safetensors_entry> parse_safetensors_header(const unsigned ch
   STRATA_CHECK(at == file_size, "safetensors: '", path, "': the data bytes [", at - data_begin, ", ", data_size,
                ") (file offset ", at, " on) belong to no tensor",
                before ? " (after tensor '" + before->name + "')" : "");
+}
+
+// Checks a header (the n bytes after the length) of a file of file_size bytes: the JSON (nesting,
+// no key twice), and for every entry exactly the fields dtype (a string), shape (integers >= 0)
+// and data_offsets (two integers, begin <= end, within the data), the bytes the dtype and shape
+// need, and that the tensors tile the data: no overlap, no gap, nothing after the last.
+// __metadata__, when present, maps strings to strings. strict: only the dtypes strata converts
+// are accepted; otherwise any safetensors dtype is, and entries strata cannot convert are kept
+// (their sizes checked all the same) for the caller to skip.
+inline std::vector<safetensors_entry> parse_safetensors_header(const unsigned char* text, std::uint64_t n,
+                                                               std::uint64_t file_size, const std::string& path,
+                                                               bool strict,
+                                                               std::map<std::string, std::string>* metadata) {
+  const nlohmann::json header = parse_untrusted_json(
+      text, text + n, "safetensors: '" + path + "': the header (bytes 8 to " + std::to_string(8 + n) + ")");
+  STRATA_CHECK(header.is_object(), "safetensors: '", path, "': the header is not a JSON object");
+  const std::uint64_t data_begin = 8 + n, data_size = file_size - data_begin;
+  std::vector<safetensors_entry> out;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") read_safetensors_metadata(it.value(), path, metadata);
+    else out.push_back(parse_safetensors_entry(it.key(), it.value(), path, strict, data_begin, data_size));
+  }
+  check_safetensors_tiling(out, data_begin, file_size, path);
   return out;
 }
 

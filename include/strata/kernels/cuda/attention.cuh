@@ -158,6 +158,60 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, std::int
   }
 }
 
+// The online softmax's step for one key tile (k0 on), one warp per query row (q0 on): S masked and
+// scaled, the running max sM and sum sL updated, P into sP (the PV product's operand) and the
+// output accumulated so far (sO) rescaled by exp(m_old - m_new).
+template <class T, bool TC, class PT>
+__device__ __forceinline__ void online_softmax_rows(float* sS, PT* sP, float* sO, float* sM, float* sL,
+                                                    attention_geometry g, int q0, int k0, int T_, int hs, float scale,
+                                                    int warp, int lane, int warps) {
+  const int br = g.br, bc = g.bc;
+  for (int r = warp; r < br; r += warps) {
+    const int i = q0 + r;
+    const float m_old = sM[r];
+    float mx = -INFINITY;
+    for (int c = lane; c < bc; c += 32) {
+      const int j = k0 + c;
+      const float s = (j <= i && i < T_) ? sS[r * g.ld_s + c] * scale : -INFINITY;
+      sS[r * g.ld_s + c] = s;
+      mx = fmaxf(mx, s);
+    }
+    mx = warp_max(mx);
+    const float m_new = fmaxf(m_old, mx);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row so far
+    float sum = 0.0f;
+    for (int c = lane; c < bc; c += 32) {
+      const float p = expf(sS[r * g.ld_s + c] - m_use);
+      if constexpr (TC) sP[r * g.ld_p + c] = narrow<T>(p);
+      else sP[r * g.ld_p + c] = p;
+      sum += p;
+    }
+    sum = warp_sum(sum);
+    const float alpha = expf(m_old - m_use);
+    for (int d = lane; d < hs; d += 32) sO[r * g.ld_o + d] *= alpha;
+    __syncwarp();
+    if (lane == 0) {
+      sM[r] = m_new;
+      sL[r] = sL[r] * alpha + sum;
+    }
+  }
+}
+
+// out = O / l and lse = m + log l for the query tile's rows (q0 on) of query head h.
+template <class T>
+__device__ __forceinline__ void store_forward_tile(T* out, float* lse, const float* sO, const float* sM,
+                                                   const float* sL, attention_dims a, attention_geometry g, int T_,
+                                                   int b, int h, int bh, int q0) {
+  const int hs = a.hd, br = g.br;
+  for (int idx = int(threadIdx.x); idx < br * hs; idx += int(blockDim.x)) {
+    const int r = idx / hs, d = idx % hs, i = q0 + r;
+    if (i < T_)
+      out[(std::int64_t(b) * T_ + i) * a.q_width + std::int64_t(h) * hs + d] = narrow<T>(sO[r * g.ld_o + d] / sL[r]);
+  }
+  for (int r = int(threadIdx.x); r < br; r += int(blockDim.x))
+    if (q0 + r < T_) lse[std::int64_t(bh) * T_ + q0 + r] = sM[r] + logf(sL[r]);
+}
+
 // grid (query tiles, B*heads). out [B, T, heads*hd], lse [B, heads, T], qkv [B, T, row].
 template <class T, bool TC>
 __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, attention_dims a, attention_geometry g,
@@ -199,47 +253,12 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, atten
     __syncthreads();
     block_mm<mm_kind::nt, TC>(sS, g.ld_s, sQ, g.ld_t, sK, g.ld_t, br, bc, hs, false);  // S = Q K^T
     __syncthreads();
-    // Online softmax, one warp per row.
-    for (int r = warp; r < br; r += warps) {
-      const int i = q0 + r;
-      const float m_old = sM[r];
-      float mx = -INFINITY;
-      for (int c = lane; c < bc; c += 32) {
-        const int j = k0 + c;
-        const float s = (j <= i && i < T_) ? sS[r * g.ld_s + c] * scale : -INFINITY;
-        sS[r * g.ld_s + c] = s;
-        mx = fmaxf(mx, s);
-      }
-      mx = warp_max(mx);
-      const float m_new = fmaxf(m_old, mx);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row so far
-      float sum = 0.0f;
-      for (int c = lane; c < bc; c += 32) {
-        const float p = expf(sS[r * g.ld_s + c] - m_use);
-        if constexpr (TC) sP[r * g.ld_p + c] = narrow<T>(p);
-        else sP[r * g.ld_p + c] = p;
-        sum += p;
-      }
-      sum = warp_sum(sum);
-      const float alpha = expf(m_old - m_use);
-      for (int d = lane; d < hs; d += 32) sO[r * g.ld_o + d] *= alpha;
-      __syncwarp();
-      if (lane == 0) {
-        sM[r] = m_new;
-        sL[r] = sL[r] * alpha + sum;
-      }
-    }
+    online_softmax_rows<T, TC>(sS, sP, sO, sM, sL, g, q0, k0, T_, hs, scale, warp, lane, warps);
     __syncthreads();
     block_mm<mm_kind::nn, TC>(sO, g.ld_o, sP, g.ld_p, sV, g.ld_t, br, hs, bc, true);  // O += P V
   }
   __syncthreads();
-  for (int idx = int(threadIdx.x); idx < br * hs; idx += int(blockDim.x)) {
-    const int r = idx / hs, d = idx % hs, i = q0 + r;
-    if (i < T_)
-      out[(std::int64_t(b) * T_ + i) * a.q_width + std::int64_t(h) * hs + d] = narrow<T>(sO[r * g.ld_o + d] / sL[r]);
-  }
-  for (int r = int(threadIdx.x); r < br; r += int(blockDim.x))
-    if (q0 + r < T_) lse[std::int64_t(bh) * T_ + q0 + r] = sM[r] + logf(sL[r]);
+  store_forward_tile(out, lse, sO, sM, sL, a, g, T_, b, h, bh, q0);
 }
 
 // D[b, h, t] = sum_i dout[b, t, h*hd + i] * out[b, t, h*hd + i]; one warp per (b, h, t).
@@ -255,6 +274,51 @@ __global__ void attention_delta_kernel(float* D, const T* dout, const T* out, st
   for (int d = lane; d < hs; d += 32) s += widen(dout[off + d]) * widen(out[off + d]);
   s = warp_sum(s);
   if (lane == 0) D[row] = s;  // row = (b*heads + h)*T + t
+}
+
+// The dK/dV kernel's P = exp(S scale - lse) of a (query tile q0, key tile k0) pair, 0 where a row
+// does not see the key: kept in sS (fp32, for dS) and in sP (the dV product's operand).
+template <class T, bool TC, class PT>
+__device__ __forceinline__ void tile_probabilities(float* sS, PT* sP, const float* sLse, attention_geometry g, int q0,
+                                                   int k0, int T_, float scale) {
+  const int br = g.br, bc = g.bc;
+  for (int idx = int(threadIdx.x); idx < br * bc; idx += int(blockDim.x)) {
+    const int r = idx / bc, c = idx % bc, i = q0 + r, j = k0 + c;
+    const float p = (j <= i && i < T_) ? expf(sS[r * g.ld_s + c] * scale - sLse[r]) : 0.0f;
+    sS[r * g.ld_s + c] = p;
+    if constexpr (TC) sP[r * g.ld_p + c] = narrow<T>(p);
+    else sP[r * g.ld_p + c] = p;
+  }
+}
+
+// dS = P (dP - D) scale into sdS, the dK product's operand.
+template <class T, bool TC, class PT>
+__device__ __forceinline__ void tile_score_gradients(PT* sdS, const float* sS, const float* sdP, const float* sD,
+                                                     attention_geometry g, float scale) {
+  const int br = g.br, bc = g.bc;
+  for (int idx = int(threadIdx.x); idx < br * bc; idx += int(blockDim.x)) {
+    const int r = idx / bc, c = idx % bc;
+    const float ds = sS[r * g.ld_s + c] * (sdP[r * g.ld_s + c] - sD[r]) * scale;
+    if constexpr (TC) sdS[r * g.ld_p + c] = narrow<T>(ds);
+    else sdS[r * g.ld_p + c] = ds;
+  }
+}
+
+// dK and dV of the key tile (k0 on) of key/value head kvh into dqkv, rounded once.
+template <class T>
+__device__ __forceinline__ void store_key_tile(T* dqkv, const float* sdK, const float* sdV, attention_dims a,
+                                               attention_geometry g, int T_, int b, int kvh, int k0) {
+  const int hs = a.hd, bc = g.bc;
+  T* dbatch = dqkv + std::int64_t(b) * T_ * a.row;
+  for (int idx = int(threadIdx.x); idx < bc * hs; idx += int(blockDim.x)) {
+    const int r = idx / hs, d = idx % hs, j = k0 + r;
+    if (j >= T_) continue;
+    T* row = dbatch + std::int64_t(j) * a.row + std::int64_t(kvh) * hs + d;
+    T* dk = row + a.q_width;
+    T* dv = row + a.v_off;
+    *dk = narrow<T>(sdK[r * g.ld_o + d]);
+    *dv = narrow<T>(sdV[r * g.ld_o + d]);
+  }
 }
 
 // grid (key tiles, B*kv_heads): dK, dV of one key tile of one key/value head, summed over the
@@ -309,38 +373,18 @@ __global__ void attention_backward_kv_kernel(T* dqkv, const T* dout, const T* qk
       __syncthreads();
       block_mm<mm_kind::nt, TC>(sS, g.ld_s, sQ, g.ld_t, sK, g.ld_t, br, bc, hs, false);  // S = Q K^T
       __syncthreads();
-      for (int idx = int(threadIdx.x); idx < br * bc; idx += int(blockDim.x)) {
-        const int r = idx / bc, c = idx % bc, i = q0 + r, j = k0 + c;
-        const float p = (j <= i && i < T_) ? expf(sS[r * g.ld_s + c] * scale - sLse[r]) : 0.0f;
-        sS[r * g.ld_s + c] = p;
-        if constexpr (TC) sP[r * g.ld_p + c] = narrow<T>(p);
-        else sP[r * g.ld_p + c] = p;
-      }
+      tile_probabilities<T, TC>(sS, sP, sLse, g, q0, k0, T_, scale);
       __syncthreads();
       block_mm<mm_kind::tn, TC>(sdV, g.ld_o, sP, g.ld_p, sdO, g.ld_t, bc, hs, br, true);   // dV += P^T dO
       block_mm<mm_kind::nt, TC>(sdP, g.ld_s, sdO, g.ld_t, sV, g.ld_t, br, bc, hs, false);  // dP = dO V^T
       __syncthreads();
-      for (int idx = int(threadIdx.x); idx < br * bc; idx += int(blockDim.x)) {
-        const int r = idx / bc, c = idx % bc;
-        const float ds = sS[r * g.ld_s + c] * (sdP[r * g.ld_s + c] - sD[r]) * scale;
-        if constexpr (TC) sdS[r * g.ld_p + c] = narrow<T>(ds);
-        else sdS[r * g.ld_p + c] = ds;
-      }
+      tile_score_gradients<T, TC>(sdS, sS, sdP, sD, g, scale);
       __syncthreads();
       block_mm<mm_kind::tn, TC>(sdK, g.ld_o, sdS, g.ld_p, sQ, g.ld_t, bc, hs, br, true);  // dK += dS^T Q
     }
   }
   __syncthreads();
-  T* dbatch = dqkv + std::int64_t(b) * T_ * a.row;
-  for (int idx = int(threadIdx.x); idx < bc * hs; idx += int(blockDim.x)) {
-    const int r = idx / hs, d = idx % hs, j = k0 + r;
-    if (j >= T_) continue;
-    T* row = dbatch + std::int64_t(j) * a.row + std::int64_t(kvh) * hs + d;
-    T* dk = row + a.q_width;
-    T* dv = row + a.v_off;
-    *dk = narrow<T>(sdK[r * g.ld_o + d]);
-    *dv = narrow<T>(sdV[r * g.ld_o + d]);
-  }
+  store_key_tile(dqkv, sdK, sdV, a, g, T_, b, kvh, k0);
 }
 
 // grid (query tiles, B*heads): dQ of one query tile of one query head; written into dqkv.

@@ -180,6 +180,258 @@ struct plan {
   static_assert(2 * q_keys >= q_rows, "the dQ kernel stages Q and dO through its K and V tiles");
 };
 
+// The A fragments of a warp's 16 rows (from r0) over the whole head size, k-slice by k-slice.
+template <int KS>
+__device__ __forceinline__ void load_a_fragments(std::uint32_t (&f)[KS][4], const std::uint16_t* tile, int ld, int r0,
+                                                 int g, int c) {
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) load_a(f[kk], tile, ld, r0, kk * 16, g, c);
+}
+
+// acc (16 x 8 DT) += A . B, A the accumulators p (16 x 8 NB) rounded to T as operands and B held
+// transposed in shared memory (bt [8 DT][ld]): each kernel's second product (P V, P^T dO,
+// dS^T Q, dS K), its first product's result never leaving registers.
+template <class T, int DT, int NB>
+__device__ __forceinline__ void mma_accumulators(float (&acc)[DT][4], const float (&p)[NB][4], const std::uint16_t* bt,
+                                                 int ld, int g, int c) {
+#pragma unroll
+  for (int t = 0; t < NB / 2; ++t) {
+    std::uint32_t pa[4];
+    accumulators_as_a<T>(pa, p[2 * t], p[2 * t + 1]);
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      const std::uint16_t* col = bt + (d * 8 + g) * ld + t * 16 + c;
+      mma<T>(acc[d], pa, load32(col), load32(col + 8));
+    }
+  }
+}
+
+// acc (16 x 8 NB) = A . B^T with both operands row-major in shared memory: the warp's 16 rows of
+// sa (from r0) against the NB * 8 rows of sb, over the head size (KS slices of 16).
+template <class T, int KS, int NB>
+__device__ __forceinline__ void mma_shared_rows(float (&acc)[NB][4], const std::uint16_t* sa, const std::uint16_t* sb,
+                                                int ld, int r0, int g, int c) {
+#pragma unroll
+  for (int n = 0; n < NB; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {
+    std::uint32_t fa[4];
+    load_a(fa, sa, ld, r0, kk * 16, g, c);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+      const std::uint16_t* brow = sb + (n * 8 + g) * ld + kk * 16 + c;
+      mma<T>(acc[n], fa, load32(brow), load32(brow + 8));
+    }
+  }
+}
+
+// --- Forward ---
+
+// S = Q K^T of one key tile: the warp's Q fragments against the NB * 8 keys of sK.
+template <class T, int KS, int NB>
+__device__ __forceinline__ void forward_scores(float (&s)[NB][4], const std::uint32_t (&qf)[KS][4],
+                                               const std::uint16_t* sK, int ld, int g, int c) {
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const std::uint16_t* krow = sK + (j * 8 + g) * ld + kk * 16 + c;
+      mma<T>(s[j], qf[kk], load32(krow), load32(krow + 8));
+    }
+  }
+}
+
+// The scores of one key tile (k0 on) of rows i0 and i1 masked and scaled to log2 units; mx: the
+// largest of each row among this thread's columns.
+template <int NB>
+__device__ __forceinline__ void mask_scores(float (&s)[NB][4], float (&mx)[2], int i0, int i1, int k0, int T_,
+                                            float sl2, int c) {
+#pragma unroll
+  for (int j = 0; j < NB; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = e < 2 ? i0 : i1, key = k0 + j * 8 + c + (e & 1);
+      const float v = key <= row && key < T_ ? s[j][e] * sl2 : -INFINITY;
+      s[j][e] = v;
+      mx[e / 2] = fmaxf(mx[e / 2], v);
+    }
+}
+
+// The masked scores replaced by P = 2^(s - use), each row's sum added to l.
+template <int NB>
+__device__ __forceinline__ void exponentiate_scores(float (&s)[NB][4], float (&l)[2], const float (&use)[2]) {
+#pragma unroll
+  for (int j = 0; j < NB; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[j][e] - use[e / 2]);
+      s[j][e] = p;
+      l[e / 2] += p;
+    }
+}
+
+// The output accumulated so far, each row scaled by its alpha (the running max grew).
+template <int DT>
+__device__ __forceinline__ void rescale_accumulators(float (&o)[DT][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int d = 0; d < DT; ++d) {
+    o[d][0] *= alpha[0];
+    o[d][1] *= alpha[0];
+    o[d][2] *= alpha[1];
+    o[d][3] *= alpha[1];
+  }
+}
+
+// out = O / l and lse = m ln 2 + log l for this thread's rows i0 and i1 of query head h.
+template <class T, int HD>
+__device__ __forceinline__ void store_forward_rows(T* out, float* lse, const float (&o)[HD / 8][4], const float (&m)[2],
+                                                   const float (&l)[2], attention_dims a, int T_, int b, int h, int bh,
+                                                   int i0, int i1, int lane, int c) {
+  const float sum[2] = {quad_sum(l[0]), quad_sum(l[1])};
+  auto* outw = reinterpret_cast<std::uint32_t*>(out);
+#pragma unroll
+  for (int d = 0; d < HD / 8; ++d) {
+    const std::int64_t col = std::int64_t(h) * HD + d * 8 + c;
+    if (i0 < T_)
+      outw[((std::int64_t(b) * T_ + i0) * a.q_width + col) / 2] = pack2<T>(o[d][0] / sum[0], o[d][1] / sum[0]);
+    if (i1 < T_)
+      outw[((std::int64_t(b) * T_ + i1) * a.q_width + col) / 2] = pack2<T>(o[d][2] / sum[1], o[d][3] / sum[1]);
+  }
+  if (lane % 4 == 0) {
+    if (i0 < T_) lse[std::int64_t(bh) * T_ + i0] = m[0] * ln2 + logf(sum[0]);
+    if (i1 < T_) lse[std::int64_t(bh) * T_ + i1] = m[1] * ln2 + logf(sum[1]);
+  }
+}
+
+// --- dK, dV ---
+
+// A query tile (q0 on) of one query head into shared memory: Q and dO row-major and transposed,
+// its lse in log2 units and D (zeros past T). rows: the head's first row of lse and D.
+template <int BQ, int HD>
+__device__ __forceinline__ void stage_query_tile(std::uint16_t* sQ, std::uint16_t* sdO, std::uint16_t* sQt,
+                                                 std::uint16_t* sdOt, float* sLse, float* sD,
+                                                 const std::uint16_t* qbase, const std::uint16_t* dbase,
+                                                 const float* lse, const float* D, std::int64_t rows, int q0,
+                                                 attention_dims a) {
+  constexpr int LDR = HD + 8, LDT = BQ + 8;
+  const int T_ = a.T;
+  load_rows<BQ, HD>(sQ, LDR, qbase, a.row, q0, T_);
+  load_rows_transposed<BQ, HD>(sQt, LDT, qbase, a.row, q0, T_);
+  load_rows<BQ, HD>(sdO, LDR, dbase, a.q_width, q0, T_);
+  load_rows_transposed<BQ, HD>(sdOt, LDT, dbase, a.q_width, q0, T_);
+  for (int r = int(threadIdx.x); r < BQ; r += int(blockDim.x)) {
+    const bool ok = q0 + r < T_;
+    sLse[r] = ok ? lse[rows + q0 + r] * log2e : 0.0f;
+    sD[r] = ok ? D[rows + q0 + r] : 0.0f;
+  }
+}
+
+// S^T (keys j0 and j1 by the tile's queries, q0 on) replaced by P^T, 0 where a key is not seen.
+template <int QT>
+__device__ __forceinline__ void probabilities_transposed(float (&st)[QT][4], const float* sLse, int q0, int j0, int j1,
+                                                         int T_, float sl2, int c) {
+#pragma unroll
+  for (int n = 0; n < QT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n * 8 + c + (e & 1), query = q0 + col, key = e < 2 ? j0 : j1;
+      st[n][e] = key <= query && query < T_ ? exp2f(st[n][e] * sl2 - sLse[col]) : 0.0f;
+    }
+}
+
+// dP^T replaced by dS^T = P^T (dP^T - D) scale.
+template <int QT>
+__device__ __forceinline__ void score_gradients_transposed(float (&dpt)[QT][4], const float (&st)[QT][4],
+                                                           const float* sD, float scale, int c) {
+#pragma unroll
+  for (int n = 0; n < QT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n * 8 + c + (e & 1);
+      dpt[n][e] = st[n][e] * (dpt[n][e] - sD[col]) * scale;
+    }
+}
+
+// dK and dV of this thread's keys j0 and j1 of key/value head kvh into dqkv.
+template <class T, int HD>
+__device__ __forceinline__ void store_key_gradients(T* dqkv, const float (&dk)[HD / 8][4], const float (&dv)[HD / 8][4],
+                                                    attention_dims a, int T_, int b, int kvh, int j0, int j1, int c) {
+  auto* dw = reinterpret_cast<std::uint32_t*>(dqkv);
+  const std::int64_t base = std::int64_t(b) * T_ * a.row + std::int64_t(kvh) * HD + c;
+#pragma unroll
+  for (int d = 0; d < HD / 8; ++d) {
+    if (j0 < T_) {
+      dw[(base + std::int64_t(j0) * a.row + a.q_width + d * 8) / 2] = pack2<T>(dk[d][0], dk[d][1]);
+      dw[(base + std::int64_t(j0) * a.row + a.v_off + d * 8) / 2] = pack2<T>(dv[d][0], dv[d][1]);
+    }
+    if (j1 < T_) {
+      dw[(base + std::int64_t(j1) * a.row + a.q_width + d * 8) / 2] = pack2<T>(dk[d][2], dk[d][3]);
+      dw[(base + std::int64_t(j1) * a.row + a.v_off + d * 8) / 2] = pack2<T>(dv[d][2], dv[d][3]);
+    }
+  }
+}
+
+// --- dQ ---
+
+// S = Q K^T and dP = dO V^T of one key tile, the two products interleaved over the head size.
+template <class T, int KS, int KT>
+__device__ __forceinline__ void scores_and_output_gradients(float (&s)[KT][4], float (&dp)[KT][4],
+                                                            const std::uint32_t (&qf)[KS][4],
+                                                            const std::uint32_t (&of)[KS][4], const std::uint16_t* sK,
+                                                            const std::uint16_t* sV, int ld, int g, int c) {
+#pragma unroll
+  for (int n = 0; n < KT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+    for (int n = 0; n < KT; ++n) {
+      const std::uint16_t* krow = sK + (n * 8 + g) * ld + kk * 16 + c;
+      mma<T>(s[n], qf[kk], load32(krow), load32(krow + 8));  // S = Q K^T
+      const std::uint16_t* vrow = sV + (n * 8 + g) * ld + kk * 16 + c;
+      mma<T>(dp[n], of[kk], load32(vrow), load32(vrow + 8));  // dP = dO V^T
+    }
+}
+
+// The per-row values the dQ kernel's rows i0 and i1 recompute P and dS from (0 past T).
+struct query_row_stats {
+  float lse0, lse1;  // log2 units
+  float D0, D1;
+};
+
+// S replaced by dS = P (dP - D) scale, 0 where a row does not see the key (k0 on).
+template <int KT>
+__device__ __forceinline__ void score_gradients(float (&s)[KT][4], const float (&dp)[KT][4], query_row_stats r, int i0,
+                                                int i1, int k0, int T_, float sl2, float scale, int c) {
+#pragma unroll
+  for (int n = 0; n < KT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = e < 2 ? i0 : i1, key = k0 + n * 8 + c + (e & 1);
+      float ds = 0.0f;
+      if (key <= row && row < T_) {
+        const float p = exp2f(s[n][e] * sl2 - (e < 2 ? r.lse0 : r.lse1));
+        ds = p * (dp[n][e] - (e < 2 ? r.D0 : r.D1)) * scale;
+      }
+      s[n][e] = ds;
+    }
+}
+
+// dQ of this thread's rows i0 and i1 of query head h into dqkv.
+template <class T, int HD>
+__device__ __forceinline__ void store_query_gradients(T* dqkv, const float (&dq)[HD / 8][4], attention_dims a, int T_,
+                                                      int b, int h, int i0, int i1, int c) {
+  auto* dw = reinterpret_cast<std::uint32_t*>(dqkv);
+  const std::int64_t base = std::int64_t(b) * T_ * a.row + std::int64_t(h) * HD + c;
+#pragma unroll
+  for (int d = 0; d < HD / 8; ++d) {
+    if (i0 < T_) dw[(base + std::int64_t(i0) * a.row + d * 8) / 2] = pack2<T>(dq[d][0], dq[d][1]);
+    if (i1 < T_) dw[(base + std::int64_t(i1) * a.row + d * 8) / 2] = pack2<T>(dq[d][2], dq[d][3]);
+  }
+}
+
 }  // namespace fragments
 
 // out [B, T, heads*hd], lse [B, heads, T] (natural log), qkv [B, T, row]: attention.cuh's forward.
@@ -205,8 +457,7 @@ __global__ void __launch_bounds__(128) attention_forward_fragments(T* out, float
   load_rows<BR, HD>(sK, LDK, qbase, a.row, q0, T_);  // Q, staged through K's tile (BR == BC)
   __syncthreads();
   std::uint32_t qf[KS][4];
-#pragma unroll
-  for (int kk = 0; kk < KS; ++kk) load_a(qf[kk], sK, LDK, r0, kk * 16, g, c);
+  load_a_fragments(qf, sK, LDK, r0, g, c);
 
   float o[DT][4];
 #pragma unroll
@@ -222,25 +473,10 @@ __global__ void __launch_bounds__(128) attention_forward_fragments(T* out, float
     load_rows_transposed<BC, HD>(sVt, LDV, vbase, a.row, k0, T_);
     __syncthreads();
     float s[BC / 8][4];
-#pragma unroll
-    for (int j = 0; j < BC / 8; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        const std::uint16_t* krow = sK + (j * 8 + g) * LDK + kk * 16 + c;
-        mma<T>(s[j], qf[kk], load32(krow), load32(krow + 8));
-      }
-    }
+    forward_scores<T>(s, qf, sK, LDK, g, c);
     float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < BC / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = e < 2 ? i0 : i1, key = k0 + j * 8 + c + (e & 1);
-        const float v = key <= row && key < T_ ? s[j][e] * sl2 : -INFINITY;
-        s[j][e] = v;
-        mx[e / 2] = fmaxf(mx[e / 2], v);
-      }
+    mask_scores(s, mx, i0, i1, k0, T_, sl2, c);
+    // Online softmax: a larger running max rescales the sums and the output accumulated so far.
     float use[2], alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -250,46 +486,11 @@ __global__ void __launch_bounds__(128) attention_forward_fragments(T* out, float
       m[r] = m_new;
       l[r] *= alpha[r];
     }
-#pragma unroll
-    for (int j = 0; j < BC / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[j][e] - use[e / 2]);
-        s[j][e] = p;
-        l[e / 2] += p;
-      }
-#pragma unroll
-    for (int d = 0; d < DT; ++d) {
-      o[d][0] *= alpha[0];
-      o[d][1] *= alpha[0];
-      o[d][2] *= alpha[1];
-      o[d][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int t = 0; t < BC / 16; ++t) {  // O += P V, P from the score accumulators
-      std::uint32_t pa[4];
-      accumulators_as_a<T>(pa, s[2 * t], s[2 * t + 1]);
-#pragma unroll
-      for (int d = 0; d < DT; ++d) {
-        const std::uint16_t* vcol = sVt + (d * 8 + g) * LDV + t * 16 + c;
-        mma<T>(o[d], pa, load32(vcol), load32(vcol + 8));
-      }
-    }
+    exponentiate_scores(s, l, use);
+    rescale_accumulators(o, alpha);
+    mma_accumulators<T>(o, s, sVt, LDV, g, c);  // O += P V, P from the score accumulators
   }
-  const float sum[2] = {quad_sum(l[0]), quad_sum(l[1])};
-  auto* outw = reinterpret_cast<std::uint32_t*>(out);
-#pragma unroll
-  for (int d = 0; d < DT; ++d) {
-    const std::int64_t col = std::int64_t(h) * HD + d * 8 + c;
-    if (i0 < T_)
-      outw[((std::int64_t(b) * T_ + i0) * a.q_width + col) / 2] = pack2<T>(o[d][0] / sum[0], o[d][1] / sum[0]);
-    if (i1 < T_)
-      outw[((std::int64_t(b) * T_ + i1) * a.q_width + col) / 2] = pack2<T>(o[d][2] / sum[1], o[d][3] / sum[1]);
-  }
-  if (lane % 4 == 0) {
-    if (i0 < T_) lse[std::int64_t(bh) * T_ + i0] = m[0] * ln2 + logf(sum[0]);
-    if (i1 < T_) lse[std::int64_t(bh) * T_ + i1] = m[1] * ln2 + logf(sum[1]);
-  }
+  store_forward_rows<T, HD>(out, lse, o, m, l, a, T_, b, h, bh, i0, i1, lane, c);
 }
 
 // dK and dV of one key tile of one key/value head, summed over the group's query heads; written
@@ -334,91 +535,19 @@ __global__ void __launch_bounds__(128)
     const std::int64_t rows = (std::int64_t(b) * a.heads + h) * T_;  // this head's rows of lse and D
     for (int q0 = (k0 / BQ) * BQ; q0 < T_; q0 += BQ) {
       __syncthreads();  // the previous query tile consumed
-      load_rows<BQ, HD>(sQ, LDR, qbase, a.row, q0, T_);
-      load_rows_transposed<BQ, HD>(sQt, LDT, qbase, a.row, q0, T_);
-      load_rows<BQ, HD>(sdO, LDR, dbase, a.q_width, q0, T_);
-      load_rows_transposed<BQ, HD>(sdOt, LDT, dbase, a.q_width, q0, T_);
-      for (int r = int(threadIdx.x); r < BQ; r += int(blockDim.x)) {
-        const bool ok = q0 + r < T_;
-        sLse[r] = ok ? lse[rows + q0 + r] * log2e : 0.0f;
-        sD[r] = ok ? D[rows + q0 + r] : 0.0f;
-      }
+      stage_query_tile<BQ, HD>(sQ, sdO, sQt, sdOt, sLse, sD, qbase, dbase, lse, D, rows, q0, a);
       __syncthreads();
       float st[QT][4];  // S^T = K Q^T: this warp's 16 keys by the tile's queries
-#pragma unroll
-      for (int n = 0; n < QT; ++n) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        std::uint32_t ka[4];
-        load_a(ka, sK, LDR, kr, kk * 16, g, c);
-#pragma unroll
-        for (int n = 0; n < QT; ++n) {
-          const std::uint16_t* qrow = sQ + (n * 8 + g) * LDR + kk * 16 + c;
-          mma<T>(st[n], ka, load32(qrow), load32(qrow + 8));
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < QT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // P^T
-          const int col = n * 8 + c + (e & 1), query = q0 + col, key = e < 2 ? j0 : j1;
-          st[n][e] = key <= query && query < T_ ? exp2f(st[n][e] * sl2 - sLse[col]) : 0.0f;
-        }
-#pragma unroll
-      for (int t = 0; t < BQ / 16; ++t) {  // dV += P^T dO
-        std::uint32_t pa[4];
-        accumulators_as_a<T>(pa, st[2 * t], st[2 * t + 1]);
-#pragma unroll
-        for (int d = 0; d < DT; ++d) {
-          const std::uint16_t* dcol = sdOt + (d * 8 + g) * LDT + t * 16 + c;
-          mma<T>(dv[d], pa, load32(dcol), load32(dcol + 8));
-        }
-      }
-      float dpt[QT][4];  // dP^T = V dO^T
-#pragma unroll
-      for (int n = 0; n < QT; ++n) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        std::uint32_t va[4];
-        load_a(va, sV, LDR, kr, kk * 16, g, c);
-#pragma unroll
-        for (int n = 0; n < QT; ++n) {
-          const std::uint16_t* drow = sdO + (n * 8 + g) * LDR + kk * 16 + c;
-          mma<T>(dpt[n], va, load32(drow), load32(drow + 8));
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < QT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // dS^T = P^T (dP^T - D) scale
-          const int col = n * 8 + c + (e & 1);
-          dpt[n][e] = st[n][e] * (dpt[n][e] - sD[col]) * a.scale;
-        }
-#pragma unroll
-      for (int t = 0; t < BQ / 16; ++t) {  // dK += dS^T Q
-        std::uint32_t da[4];
-        accumulators_as_a<T>(da, dpt[2 * t], dpt[2 * t + 1]);
-#pragma unroll
-        for (int d = 0; d < DT; ++d) {
-          const std::uint16_t* qcol = sQt + (d * 8 + g) * LDT + t * 16 + c;
-          mma<T>(dk[d], da, load32(qcol), load32(qcol + 8));
-        }
-      }
+      mma_shared_rows<T, KS>(st, sK, sQ, LDR, kr, g, c);
+      probabilities_transposed(st, sLse, q0, j0, j1, T_, sl2, c);
+      mma_accumulators<T>(dv, st, sdOt, LDT, g, c);  // dV += P^T dO
+      float dpt[QT][4];                              // dP^T = V dO^T
+      mma_shared_rows<T, KS>(dpt, sV, sdO, LDR, kr, g, c);
+      score_gradients_transposed(dpt, st, sD, a.scale, c);
+      mma_accumulators<T>(dk, dpt, sQt, LDT, g, c);  // dK += dS^T Q
     }
   }
-  auto* dw = reinterpret_cast<std::uint32_t*>(dqkv);
-  const std::int64_t base = std::int64_t(b) * T_ * a.row + std::int64_t(kvh) * HD + c;
-#pragma unroll
-  for (int d = 0; d < DT; ++d) {
-    if (j0 < T_) {
-      dw[(base + std::int64_t(j0) * a.row + a.q_width + d * 8) / 2] = pack2<T>(dk[d][0], dk[d][1]);
-      dw[(base + std::int64_t(j0) * a.row + a.v_off + d * 8) / 2] = pack2<T>(dv[d][0], dv[d][1]);
-    }
-    if (j1 < T_) {
-      dw[(base + std::int64_t(j1) * a.row + a.q_width + d * 8) / 2] = pack2<T>(dk[d][2], dk[d][3]);
-      dw[(base + std::int64_t(j1) * a.row + a.v_off + d * 8) / 2] = pack2<T>(dv[d][2], dv[d][3]);
-    }
-  }
+  store_key_gradients<T, HD>(dqkv, dk, dv, a, T_, b, kvh, j0, j1, c);
 }
 
 // dQ of one query tile of one query head; written into dqkv.
@@ -446,15 +575,13 @@ __global__ void __launch_bounds__(128)
   std::uint32_t qf[KS][4], of[KS][4];
   load_rows<BR, HD>(sK, LDR, batch + std::int64_t(h) * HD, a.row, q0, T_);
   __syncthreads();
-#pragma unroll
-  for (int kk = 0; kk < KS; ++kk) load_a(qf[kk], sK, LDR, r0, kk * 16, g, c);
+  load_a_fragments(qf, sK, LDR, r0, g, c);
   __syncthreads();
   load_rows<BR, HD>(
       sK, LDR, reinterpret_cast<const std::uint16_t*>(dout) + std::int64_t(b) * T_ * a.q_width + std::int64_t(h) * HD,
       a.q_width, q0, T_);
   __syncthreads();
-#pragma unroll
-  for (int kk = 0; kk < KS; ++kk) load_a(of[kk], sK, LDR, r0, kk * 16, g, c);
+  load_a_fragments(of, sK, LDR, r0, g, c);
   const std::int64_t rows = std::int64_t(bh) * T_;
   const float lse0 = i0 < T_ ? lse[rows + i0] * log2e : 0.0f, lse1 = i1 < T_ ? lse[rows + i1] * log2e : 0.0f;
   const float D0 = i0 < T_ ? D[rows + i0] : 0.0f, D1 = i1 < T_ ? D[rows + i1] : 0.0f;
@@ -472,49 +599,11 @@ __global__ void __launch_bounds__(128)
     load_rows_transposed<BK, HD>(sKt, LDT, kbase, a.row, k0, T_);
     __syncthreads();
     float s[KT][4], dp[KT][4];
-#pragma unroll
-    for (int n = 0; n < KT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-      for (int n = 0; n < KT; ++n) {
-        const std::uint16_t* krow = sK + (n * 8 + g) * LDR + kk * 16 + c;
-        mma<T>(s[n], qf[kk], load32(krow), load32(krow + 8));  // S = Q K^T
-        const std::uint16_t* vrow = sV + (n * 8 + g) * LDR + kk * 16 + c;
-        mma<T>(dp[n], of[kk], load32(vrow), load32(vrow + 8));  // dP = dO V^T
-      }
-#pragma unroll
-    for (int n = 0; n < KT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {  // dS = P (dP - D) scale
-        const int row = e < 2 ? i0 : i1, key = k0 + n * 8 + c + (e & 1);
-        float ds = 0.0f;
-        if (key <= row && row < T_) {
-          const float p = exp2f(s[n][e] * sl2 - (e < 2 ? lse0 : lse1));
-          ds = p * (dp[n][e] - (e < 2 ? D0 : D1)) * a.scale;
-        }
-        s[n][e] = ds;
-      }
-#pragma unroll
-    for (int t = 0; t < BK / 16; ++t) {  // dQ += dS K
-      std::uint32_t da[4];
-      accumulators_as_a<T>(da, s[2 * t], s[2 * t + 1]);
-#pragma unroll
-      for (int d = 0; d < DT; ++d) {
-        const std::uint16_t* kcol = sKt + (d * 8 + g) * LDT + t * 16 + c;
-        mma<T>(dq[d], da, load32(kcol), load32(kcol + 8));
-      }
-    }
+    scores_and_output_gradients<T>(s, dp, qf, of, sK, sV, LDR, g, c);
+    score_gradients(s, dp, {lse0, lse1, D0, D1}, i0, i1, k0, T_, sl2, a.scale, c);
+    mma_accumulators<T>(dq, s, sKt, LDT, g, c);  // dQ += dS K
   }
-  auto* dw = reinterpret_cast<std::uint32_t*>(dqkv);
-  const std::int64_t base = std::int64_t(b) * T_ * a.row + std::int64_t(h) * HD + c;
-#pragma unroll
-  for (int d = 0; d < DT; ++d) {
-    if (i0 < T_) dw[(base + std::int64_t(i0) * a.row + d * 8) / 2] = pack2<T>(dq[d][0], dq[d][1]);
-    if (i1 < T_) dw[(base + std::int64_t(i1) * a.row + d * 8) / 2] = pack2<T>(dq[d][2], dq[d][3]);
-  }
+  store_query_gradients<T, HD>(dqkv, dq, a, T_, b, h, i0, i1, c);
 }
 
 }  // namespace cuda_detail

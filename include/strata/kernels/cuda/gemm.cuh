@@ -90,33 +90,27 @@ __global__ void gemm_k0_kernel(T* C, std::int64_t M, std::int64_t N, std::int64_
   }
 }
 
-// The one cuBLASLt call behind gemm, linear_forward/backward and the benchmarks.
+// A K = 0 product: C = beta * C (+ bias), which cuBLASLt does not take; refused for fp64 and
+// with the GELU epilogue.
 template <class T>
-void lt_matmul(const char* who, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
-               acc_t<T> alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, acc_t<T> beta, T* C,
-               std::int64_t ldc, const lt_epilogue& ep = {}) {
-  check_gemm_args(who, M, N, K, trans_a, trans_b, lda, ldb, ldc);
-  if (M == 0 || N == 0) return;
-  gpu::context& ctx = gpu::this_context();
-  const cudaStream_t stream = ctx.stream();
-  if (K == 0) {
-    if constexpr (std::is_same_v<T, double>) {
-      fail(who, ": K = 0 is not supported for fp64 on the GPU");
-    } else {
-      STRATA_CHECK(ep.kind != gpu::epilogue_kind::gelu_aux_bias, who, ": K = 0 with the GELU epilogue");
-      const auto d = gpu::elementwise_launch(M * N, 1);
-      gemm_k0_kernel<T><<<d.grid, d.block, 0, stream>>>(
-          C, M, N, ldc, float(beta), static_cast<const T*>(ep.kind == gpu::epilogue_kind::bias ? ep.bias : nullptr));
-      STRATA_CUDA_CHECK_LAUNCH(who);
-      return;
-    }
+void lt_k0_product(const char* who, std::int64_t M, std::int64_t N, acc_t<T> beta, T* C, std::int64_t ldc,
+                   const lt_epilogue& ep, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, double>) {
+    fail(who, ": K = 0 is not supported for fp64 on the GPU");
+  } else {
+    STRATA_CHECK(ep.kind != gpu::epilogue_kind::gelu_aux_bias, who, ": K = 0 with the GELU epilogue");
+    const auto d = gpu::elementwise_launch(M * N, 1);
+    gemm_k0_kernel<T><<<d.grid, d.block, 0, stream>>>(
+        C, M, N, ldc, float(beta), static_cast<const T*>(ep.kind == gpu::epilogue_kind::bias ? ep.bias : nullptr));
+    STRATA_CUDA_CHECK_LAUNCH(who);
   }
+}
 
-  const gpu::colmajor_gemm g = gpu::to_colmajor(trans_a, trans_b, M, N, K, lda, ldb, ldc);
-  const gpu::gemm_types types = gpu::gemm_types_for<T>(ctx.allow_tf32);
+// The operation (transposes, compute and scale types, epilogue) and the three operand layouts of
+// the column-major call g.
+inline void lt_describe(lt_descriptors& d, const gpu::colmajor_gemm& g, const gpu::gemm_types& types,
+                        const lt_epilogue& ep) {
   const cudaDataType_t dt = lt_type(types.storage), st = lt_type(types.scale);
-
-  lt_descriptors d;
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, lt_compute(types.compute), st));
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -138,6 +132,26 @@ void lt_matmul(const char* who, bool trans_a, bool trans_b, std::int64_t M, std:
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, dt, std::uint64_t(g.a_rows), std::uint64_t(g.a_cols), g.lda));
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, dt, std::uint64_t(g.b_rows), std::uint64_t(g.b_cols), g.ldb));
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, dt, std::uint64_t(g.c_rows), std::uint64_t(g.c_cols), g.ldc));
+}
+
+// The one cuBLASLt call behind gemm, linear_forward/backward and the benchmarks.
+template <class T>
+void lt_matmul(const char* who, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+               acc_t<T> alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, acc_t<T> beta, T* C,
+               std::int64_t ldc, const lt_epilogue& ep = {}) {
+  check_gemm_args(who, M, N, K, trans_a, trans_b, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  gpu::context& ctx = gpu::this_context();
+  const cudaStream_t stream = ctx.stream();
+  if (K == 0) {
+    lt_k0_product<T>(who, M, N, beta, C, ldc, ep, stream);
+    return;
+  }
+
+  const gpu::colmajor_gemm g = gpu::to_colmajor(trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  const gpu::gemm_types types = gpu::gemm_types_for<T>(ctx.allow_tf32);
+  lt_descriptors d;
+  lt_describe(d, g, types, ep);
 
   const std::uint64_t ws_bytes = ctx.gemm_workspace_bytes();
   void* ws = ctx.gemm_workspace(stream);

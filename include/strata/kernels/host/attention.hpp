@@ -398,6 +398,101 @@ struct backward_block_scratch {
   }
 };
 
+// What backward's pieces share of the shape: W the row width of qkv, k_off and v_off its key and
+// value heads' offsets in a row, dp and lp the head size and sequence padded for the block GEMMs.
+template <class A>
+struct backward_geometry {
+  std::int64_t T_, H, d, W, k_off, v_off, dp, lp;
+  A scale;
+};
+
+// One pair of blocks, query rows t0 .. t0 + m - 1 against keys kb .. kb + block - 1: P and dS
+// recomputed from the block's q, dout, D and lse in w, dQ added to w.dq, dK and dV to the head's.
+template <class A>
+void backward_key_block(const backward_block_scratch<A>& w, const backward_geometry<A>& g, std::int64_t t0,
+                        std::int64_t m, std::int64_t kb) {
+  constexpr std::int64_t L = width<A>;
+  const std::int64_t d = g.d, dp = g.dp, lp = g.lp, mp = round_up(m, tile_rows);
+  const A scale = g.scale;
+  A *kt = w.kt, *vt = w.vt, *k = w.k, *dk = w.dk, *dv = w.dv, *q = w.q, *dy = w.dy, *dq = w.dq, *p = w.p, *ds = w.ds,
+    *D = w.D, *lse_r = w.lse;
+  const std::int64_t nk = std::min(block, g.T_ - kb);
+  // S = Q K_blkᵀ · scale then P = exp(S - lse); dP = dO V_blkᵀ.
+  for (std::int64_t i = 0; i < mp; i += tile_rows) {
+    const std::int64_t e = round_up(seen(t0 + i + tile_rows - 1, kb, nk), L);
+    if (e == 0) continue;
+    row_tile<false>(p + i * block, block, q + i * dp, dp, 1, kt + kb, lp, e, d, scale);
+    row_tile<false>(ds + i * block, block, dy + i * dp, dp, 1, vt + kb, lp, e, d, A(1));
+  }
+  // dS = P (dP - D) · scale; both 0 where the row does not see the key.
+  for (std::int64_t r = 0; r < mp; ++r) {
+    const std::int64_t e = seen(t0 + r, kb, nk);
+    A* pr = p + r * block;
+    A* dsr = ds + r * block;
+    const A Lr = lse_r[r], Dr = D[r];
+    for (std::int64_t j = 0; j < block; ++j) {
+      const A pj = j < e ? exp_fast(pr[j] - Lr) : A(0);
+      pr[j] = pj;
+      dsr[j] = j < e ? pj * (dsr[j] - Dr) * scale : A(0);
+    }
+  }
+  // dQ += dS K_blk over the keys each tile sees.
+  for (std::int64_t i = 0; i < mp; i += tile_rows) {
+    const std::int64_t e = seen(t0 + i + tile_rows - 1, kb, nk);
+    if (e > 0) row_tile<true>(dq + i * dp, dp, ds + i * block, block, 1, k + kb * dp, dp, dp, e, A(1));
+  }
+  // dK_blk += dSᵀ Q and dV_blk += Pᵀ dO, over the query rows that see the tile's keys.
+  for (std::int64_t j = 0; j < nk; j += tile_rows) {
+    const std::int64_t r0 = std::clamp<std::int64_t>(kb + j - t0, 0, mp);
+    if (r0 == mp) break;
+    row_tile<true>(dk + (kb + j) * dp, dp, ds + r0 * block + j, 1, block, q + r0 * dp, dp, dp, mp - r0, A(1));
+    row_tile<true>(dv + (kb + j) * dp, dp, p + r0 * block + j, 1, block, dy + r0 * dp, dp, dp, mp - r0, A(1));
+  }
+}
+
+// Query block t0 of query head h of sequence b (base, dbase: the sequence's rows of qkv and dqkv)
+// against every key block it sees; writes the block's dQ rows.
+template <class T, class O, class A>
+void backward_query_block(const backward_block_scratch<A>& w, const backward_geometry<A>& g, const T* base, T* dbase,
+                          const T* dout, const A* lse, const O* out, std::int64_t b, std::int64_t h, std::int64_t t0) {
+  const std::int64_t T_ = g.T_, H = g.H, d = g.d, W = g.W, dp = g.dp;
+  A *q = w.q, *dy = w.dy, *dq = w.dq, *D = w.D, *lse_r = w.lse;
+  const std::int64_t m = std::min(block, T_ - t0), mp = round_up(m, tile_rows);
+  load_rows(q, base + t0 * W + h * d, W, m, d, dp);
+  load_rows(dy, dout + (b * T_ + t0) * H * d + h * d, H * d, m, d, dp);
+  for (std::int64_t r = 0; r < mp; ++r) {
+    const bool row = r < m;  // the tile's padding rows: P = 0 (lse = inf), dout = 0
+    D[r] = row ? dot<A>(dy + r * dp, out + (b * T_ + t0 + r) * H * d + h * d, d) : A(0);
+    lse_r[r] = row ? lse[(b * H + h) * T_ + t0 + r] : A(INFINITY);
+  }
+  for (std::int64_t i = 0; i < mp * dp; ++i) dq[i] = 0;
+
+  for (std::int64_t kb = 0; kb < t0 + m; kb += block) backward_key_block(w, g, t0, m, kb);
+  for (std::int64_t r = 0; r < m; ++r) {
+    if (r + ahead < m) prefetch_row<true>(dbase + (t0 + r + ahead) * W + h * d, d);
+    T* dq_out = dbase + (t0 + r) * W + h * d;
+    for (std::int64_t i = 0; i < d; ++i) dq_out[i] = convert<T>(dq[r * dp + i]);
+  }
+}
+
+// The head's dK and dV sums, rounded once, into its rows of dqkv.
+template <class T, class A>
+void store_head_gradients(T* dbase, const A* dk, const A* dv, const backward_geometry<A>& g, std::int64_t kvh) {
+  const std::int64_t T_ = g.T_, d = g.d, W = g.W, dp = g.dp, k_off = g.k_off, v_off = g.v_off;
+  for (std::int64_t t2 = 0; t2 < T_; ++t2) {
+    if (t2 + ahead < T_) {
+      prefetch_row<true>(dbase + (t2 + ahead) * W + k_off + kvh * d, d);
+      prefetch_row<true>(dbase + (t2 + ahead) * W + v_off + kvh * d, d);
+    }
+    T* dk_out = dbase + t2 * W + k_off + kvh * d;
+    T* dv_out = dbase + t2 * W + v_off + kvh * d;
+    for (std::int64_t i = 0; i < d; ++i) {
+      dk_out[i] = convert<T>(dk[t2 * dp + i]);
+      dv_out[i] = convert<T>(dv[t2 * dp + i]);
+    }
+  }
+}
+
 // Writes every element of dqkv. For query row t of head h, with P[t2] = exp(score - lse[t]):
 //   dP[t2] = dout[t] . v[t2],  D = dout[t] . out[t]  (= sum_t2 P[t2] dP[t2])
 //   dS[t2] = P[t2] (dP[t2] - D) · scale
@@ -410,92 +505,30 @@ void backward(T* dqkv, const T* dout, const T* qkv, const acc_t<T>* lse, const O
   const std::int64_t W = s.row_width(), k_off = s.q_width(), v_off = s.q_width() + s.kv_width();
   const std::int64_t dp = round_up(d, L), lp = round_up(T_, block);
   const A scale = A(s.softmax_scale());
+  const backward_geometry<A> geometry{T_, H, d, W, k_off, v_off, dp, lp, scale};
   const int threads = openmp::max_threads();
   scratch_space<A> scratch(threads, backward_block_scratch<A>::size(lp, dp));
   const std::int64_t tasks = B * KV;
 
 #pragma omp parallel num_threads(threads) if (tasks > 1 && B * H * T_ * T_ * d > 65536)
   {
-    // Plain pointers: OpenMP regions do not take structured bindings under every compiler.
     const auto w = backward_block_scratch<A>::carve(scratch.slice(openmp::thread_id()), lp, dp);
-    A *kt = w.kt, *vt = w.vt, *k = w.k, *dk = w.dk, *dv = w.dv, *q = w.q, *dy = w.dy, *dq = w.dq, *p = w.p, *ds = w.ds,
-      *D = w.D, *lse_r = w.lse;
 #pragma omp for schedule(static)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / KV, kvh = task % KV;
       const T* base = qkv + b * T_ * W;
       T* dbase = dqkv + b * T_ * W;
-      load_head(kt, k, static_cast<A*>(nullptr), base + k_off + kvh * d, base, W, T_, d, dp, lp);
-      load_head(vt, static_cast<A*>(nullptr), static_cast<A*>(nullptr), base + v_off + kvh * d, base, W, T_, d, dp, lp);
-      for (std::int64_t i = 0; i < 2 * lp * dp; ++i) dk[i] = 0;  // dk and dv
+      load_head(w.kt, w.k, static_cast<A*>(nullptr), base + k_off + kvh * d, base, W, T_, d, dp, lp);
+      load_head(w.vt, static_cast<A*>(nullptr), static_cast<A*>(nullptr), base + v_off + kvh * d, base, W, T_, d, dp,
+                lp);
+      for (std::int64_t i = 0; i < 2 * lp * dp; ++i) w.dk[i] = 0;  // dk and dv
 
       // Query heads of the group in order, query blocks in order, key blocks in order: every dK,
       // dV and dQ element is summed in an order fixed by the shape.
       for (std::int64_t h = kvh * G; h < (kvh + 1) * G; ++h)
-        for (std::int64_t t0 = 0; t0 < T_; t0 += block) {
-          const std::int64_t m = std::min(block, T_ - t0), mp = round_up(m, tile_rows);
-          load_rows(q, base + t0 * W + h * d, W, m, d, dp);
-          load_rows(dy, dout + (b * T_ + t0) * H * d + h * d, H * d, m, d, dp);
-          for (std::int64_t r = 0; r < mp; ++r) {
-            const bool row = r < m;  // the tile's padding rows: P = 0 (lse = inf), dout = 0
-            D[r] = row ? dot<A>(dy + r * dp, out + (b * T_ + t0 + r) * H * d + h * d, d) : A(0);
-            lse_r[r] = row ? lse[(b * H + h) * T_ + t0 + r] : A(INFINITY);
-          }
-          for (std::int64_t i = 0; i < mp * dp; ++i) dq[i] = 0;
-
-          for (std::int64_t kb = 0; kb < t0 + m; kb += block) {
-            const std::int64_t nk = std::min(block, T_ - kb);
-            // S = Q K_blkᵀ · scale then P = exp(S - lse); dP = dO V_blkᵀ.
-            for (std::int64_t i = 0; i < mp; i += tile_rows) {
-              const std::int64_t e = round_up(seen(t0 + i + tile_rows - 1, kb, nk), L);
-              if (e == 0) continue;
-              row_tile<false>(p + i * block, block, q + i * dp, dp, 1, kt + kb, lp, e, d, scale);
-              row_tile<false>(ds + i * block, block, dy + i * dp, dp, 1, vt + kb, lp, e, d, A(1));
-            }
-            // dS = P (dP - D) · scale; both 0 where the row does not see the key.
-            for (std::int64_t r = 0; r < mp; ++r) {
-              const std::int64_t e = seen(t0 + r, kb, nk);
-              A* pr = p + r * block;
-              A* dsr = ds + r * block;
-              const A Lr = lse_r[r], Dr = D[r];
-              for (std::int64_t j = 0; j < block; ++j) {
-                const A pj = j < e ? exp_fast(pr[j] - Lr) : A(0);
-                pr[j] = pj;
-                dsr[j] = j < e ? pj * (dsr[j] - Dr) * scale : A(0);
-              }
-            }
-            // dQ += dS K_blk over the keys each tile sees.
-            for (std::int64_t i = 0; i < mp; i += tile_rows) {
-              const std::int64_t e = seen(t0 + i + tile_rows - 1, kb, nk);
-              if (e > 0) row_tile<true>(dq + i * dp, dp, ds + i * block, block, 1, k + kb * dp, dp, dp, e, A(1));
-            }
-            // dK_blk += dSᵀ Q and dV_blk += Pᵀ dO, over the query rows that see the tile's keys.
-            for (std::int64_t j = 0; j < nk; j += tile_rows) {
-              const std::int64_t r0 = std::clamp<std::int64_t>(kb + j - t0, 0, mp);
-              if (r0 == mp) break;
-              row_tile<true>(dk + (kb + j) * dp, dp, ds + r0 * block + j, 1, block, q + r0 * dp, dp, dp, mp - r0, A(1));
-              row_tile<true>(dv + (kb + j) * dp, dp, p + r0 * block + j, 1, block, dy + r0 * dp, dp, dp, mp - r0, A(1));
-            }
-          }
-          for (std::int64_t r = 0; r < m; ++r) {
-            if (r + ahead < m) prefetch_row<true>(dbase + (t0 + r + ahead) * W + h * d, d);
-            T* dq_out = dbase + (t0 + r) * W + h * d;
-            for (std::int64_t i = 0; i < d; ++i) dq_out[i] = convert<T>(dq[r * dp + i]);
-          }
-        }
-
-      for (std::int64_t t2 = 0; t2 < T_; ++t2) {
-        if (t2 + ahead < T_) {
-          prefetch_row<true>(dbase + (t2 + ahead) * W + k_off + kvh * d, d);
-          prefetch_row<true>(dbase + (t2 + ahead) * W + v_off + kvh * d, d);
-        }
-        T* dk_out = dbase + t2 * W + k_off + kvh * d;
-        T* dv_out = dbase + t2 * W + v_off + kvh * d;
-        for (std::int64_t i = 0; i < d; ++i) {
-          dk_out[i] = convert<T>(dk[t2 * dp + i]);
-          dv_out[i] = convert<T>(dv[t2 * dp + i]);
-        }
-      }
+        for (std::int64_t t0 = 0; t0 < T_; t0 += block)
+          backward_query_block(w, geometry, base, dbase, dout, lse, out, b, h, t0);
+      store_head_gradients(dbase, w.dk, w.dv, geometry, kvh);
     }
   }
 }

@@ -221,6 +221,93 @@ void attention_delta(host, acc_t<T>* D, const T* dout, const T* out, const atten
       }
 }
 
+namespace positioned_detail {
+
+// What backward's pieces share of the shape: m query rows and n keys, W the row width of qkv, dp
+// and lp the head size and key count padded for the block GEMMs.
+template <class A>
+struct backward_geometry {
+  std::int64_t m, n, H, d, W, dp, lp;
+  A scale;
+};
+
+// Query rows t0 .. t0 + mp - 1 (padded) against keys kb .. kb + nk - 1: P and dS recomputed where
+// a row sees the key by position, dQ added to w.dq, dK and dV to the head's. Returns the score
+// entries computed.
+template <class A>
+std::int64_t backward_key_block(const attention_detail::backward_block_scratch<A>& w, const backward_geometry<A>& g,
+                                const std::int64_t* q_pos, const std::int64_t* k_pos, std::int64_t t0, std::int64_t mp,
+                                std::int64_t kb, std::int64_t nk) {
+  using namespace attention_detail;
+  const std::int64_t d = g.d, dp = g.dp, lp = g.lp, ne = round_up(nk, width<A>);
+  const A scale = g.scale;
+  A *kt = w.kt, *vt = w.vt, *k = w.k, *dk = w.dk, *dv = w.dv, *q = w.q, *dy = w.dy, *dq_blk = w.dq, *p = w.p,
+    *ds = w.ds, *D_r = w.D, *lse_r = w.lse;
+  std::int64_t work = 0;
+  for (std::int64_t i = 0; i < mp; i += tile_rows) {  // S = Q K_blkᵀ · scale; dP = dO V_blkᵀ
+    row_tile<false>(p + i * block, block, q + i * dp, dp, 1, kt + kb, lp, ne, d, scale);
+    row_tile<false>(ds + i * block, block, dy + i * dp, dp, 1, vt + kb, lp, ne, d, A(1));
+  }
+  // P = exp(S - lse) and dS = P (dP - D) · scale where the row sees the key, else 0.
+  for (std::int64_t r = 0; r < mp; ++r) {
+    A* pr = p + r * block;
+    A* dsr = ds + r * block;
+    const A Lr = lse_r[r], Dr = D_r[r];
+    const bool row = Lr != A(INFINITY);
+    for (std::int64_t j = 0; j < block; ++j) {
+      const bool seen = row && j < nk && k_pos[kb + j] <= q_pos[t0 + r];
+      const A pj = seen ? exp_fast(pr[j] - Lr) : A(0);
+      pr[j] = pj;
+      dsr[j] = seen ? pj * (dsr[j] - Dr) * scale : A(0);
+      work += seen;
+    }
+  }
+  for (std::int64_t i = 0; i < mp; i += tile_rows)  // dQ += dS K_blk
+    row_tile<true>(dq_blk + i * dp, dp, ds + i * block, block, 1, k + kb * dp, dp, dp, nk, A(1));
+  for (std::int64_t j = 0; j < nk; j += tile_rows) {  // dK_blk += dSᵀ Q, dV_blk += Pᵀ dO
+    row_tile<true>(dk + (kb + j) * dp, dp, ds + j, 1, block, q, dp, dp, mp, A(1));
+    row_tile<true>(dv + (kb + j) * dp, dp, p + j, 1, block, dy, dp, dp, mp, A(1));
+  }
+  return work;
+}
+
+// Query block t0 of query head h of sequence b against every key block any of its rows sees;
+// adds the block's dQ rows into dq. Returns the score entries computed.
+template <class T, class A>
+std::int64_t backward_query_block(const attention_detail::backward_block_scratch<A>& w, const backward_geometry<A>& g,
+                                  A* dq, const T* dout, const A* lse, const A* D, const T* qkv,
+                                  const std::int64_t* q_pos, const std::int64_t* k_pos, std::int64_t b, std::int64_t h,
+                                  std::int64_t t0) {
+  using namespace attention_detail;
+  const std::int64_t m = g.m, n = g.n, H = g.H, d = g.d, W = g.W, dp = g.dp;
+  A *q = w.q, *dy = w.dy, *dq_blk = w.dq, *D_r = w.D, *lse_r = w.lse;
+  std::int64_t work = 0;
+  const std::int64_t mb = std::min(block, m - t0), mp = round_up(mb, tile_rows);
+  load_rows(q, qkv + (b * m + t0) * W + h * d, W, mb, d, dp);
+  load_rows(dy, dout + (b * m + t0) * H * d + h * d, H * d, mb, d, dp);
+  for (std::int64_t r = 0; r < mp; ++r) {
+    // Padding rows, and rows that see no key anywhere (lse -inf), take no part: lse = inf.
+    const A L = r < mb ? lse[(b * H + h) * m + t0 + r] : A(-INFINITY);
+    lse_r[r] = L == -INFINITY ? A(INFINITY) : L;
+    D_r[r] = L == -INFINITY ? A(0) : D[(b * H + h) * m + t0 + r];
+  }
+  for (std::int64_t i = 0; i < mp * dp; ++i) dq_blk[i] = 0;
+  const std::int64_t last = *std::max_element(q_pos + t0, q_pos + t0 + mb);  // the latest query position
+
+  for (std::int64_t kb = 0; kb < n; kb += block) {
+    const std::int64_t nk = std::min(block, n - kb);
+    if (*std::min_element(k_pos + kb, k_pos + kb + nk) > last) continue;  // no row sees a key of the block
+    work += backward_key_block(w, g, q_pos, k_pos, t0, mp, kb, nk);
+  }
+  for (std::int64_t r = 0; r < mb; ++r) {
+    A* dq_out = dq + (b * m + t0 + r) * H * d + h * d;
+    for (std::int64_t i = 0; i < d; ++i) dq_out[i] += dq_blk[r * dp + i];
+  }
+  return work;
+}
+
+}  // namespace positioned_detail
+
 // Accumulates one block's gradients (see the top of this file); lse and D are the rows' final
 // ones. Returns the score entries computed. Rows whose lse is -inf (no visible key anywhere)
 // contribute nothing.
@@ -235,6 +322,7 @@ std::int64_t positioned_attention_backward(host, acc_t<T>* dq, acc_t<T>* dkv, co
   const std::int64_t W = s.row_width(), KVW = 2 * s.kv_width();
   const std::int64_t dp = round_up(d, width<A>), lp = round_up(n, block);
   const A scale = A(s.softmax_scale());
+  const positioned_detail::backward_geometry<A> geometry{m, n, H, d, W, dp, lp, scale};
   const int threads = openmp::max_threads();
   scratch_space<A> scratch(threads, backward_block_scratch<A>::size(lp, dp));
   const std::int64_t tasks = B * KV;
@@ -242,74 +330,27 @@ std::int64_t positioned_attention_backward(host, acc_t<T>* dq, acc_t<T>* dkv, co
 
 #pragma omp parallel num_threads(threads) if (positioned_detail::parallel_worth(tasks, s, n)) reduction(+ : work)
   {
-    // Plain pointers: OpenMP regions do not take structured bindings under every compiler.
     const auto w = backward_block_scratch<A>::carve(scratch.slice(openmp::thread_id()), lp, dp);
-    A *kt = w.kt, *vt = w.vt, *k = w.k, *dk = w.dk, *dv = w.dv, *q = w.q, *dy = w.dy, *dq_blk = w.dq, *p = w.p,
-      *ds = w.ds, *D_r = w.D, *lse_r = w.lse;
 #pragma omp for schedule(static)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / KV, kvh = task % KV;
       const T* kv_b = kv + b * n * KVW;
-      load_head(kt, k, static_cast<A*>(nullptr), kv_b + kvh * d, kv_b, KVW, n, d, dp, lp);
-      load_head(vt, static_cast<A*>(nullptr), static_cast<A*>(nullptr), kv_b + s.kv_width() + kvh * d, kv_b, KVW, n, d,
-                dp, lp);
-      for (std::int64_t i = 0; i < 2 * lp * dp; ++i) dk[i] = 0;  // dk and dv
+      load_head(w.kt, w.k, static_cast<A*>(nullptr), kv_b + kvh * d, kv_b, KVW, n, d, dp, lp);
+      load_head(w.vt, static_cast<A*>(nullptr), static_cast<A*>(nullptr), kv_b + s.kv_width() + kvh * d, kv_b, KVW, n,
+                d, dp, lp);
+      for (std::int64_t i = 0; i < 2 * lp * dp; ++i) w.dk[i] = 0;  // dk and dv
 
       // Query heads of the group in order, query blocks in order, key blocks in order: every sum
       // runs in an order fixed by the shape.
       for (std::int64_t h = kvh * G; h < (kvh + 1) * G; ++h)
-        for (std::int64_t t0 = 0; t0 < m; t0 += block) {
-          const std::int64_t mb = std::min(block, m - t0), mp = round_up(mb, tile_rows);
-          load_rows(q, qkv + (b * m + t0) * W + h * d, W, mb, d, dp);
-          load_rows(dy, dout + (b * m + t0) * H * d + h * d, H * d, mb, d, dp);
-          for (std::int64_t r = 0; r < mp; ++r) {
-            // Padding rows, and rows that see no key anywhere (lse -inf), take no part: lse = inf.
-            const A L = r < mb ? lse[(b * H + h) * m + t0 + r] : A(-INFINITY);
-            lse_r[r] = L == -INFINITY ? A(INFINITY) : L;
-            D_r[r] = L == -INFINITY ? A(0) : D[(b * H + h) * m + t0 + r];
-          }
-          for (std::int64_t i = 0; i < mp * dp; ++i) dq_blk[i] = 0;
-          const std::int64_t last = *std::max_element(q_pos + t0, q_pos + t0 + mb);  // the latest query position
-
-          for (std::int64_t kb = 0; kb < n; kb += block) {
-            const std::int64_t nk = std::min(block, n - kb), ne = round_up(nk, width<A>);
-            if (*std::min_element(k_pos + kb, k_pos + kb + nk) > last) continue;  // no row sees a key of the block
-            for (std::int64_t i = 0; i < mp; i += tile_rows) {  // S = Q K_blkᵀ · scale; dP = dO V_blkᵀ
-              row_tile<false>(p + i * block, block, q + i * dp, dp, 1, kt + kb, lp, ne, d, scale);
-              row_tile<false>(ds + i * block, block, dy + i * dp, dp, 1, vt + kb, lp, ne, d, A(1));
-            }
-            // P = exp(S - lse) and dS = P (dP - D) · scale where the row sees the key, else 0.
-            for (std::int64_t r = 0; r < mp; ++r) {
-              A* pr = p + r * block;
-              A* dsr = ds + r * block;
-              const A Lr = lse_r[r], Dr = D_r[r];
-              const bool row = Lr != A(INFINITY);
-              for (std::int64_t j = 0; j < block; ++j) {
-                const bool seen = row && j < nk && k_pos[kb + j] <= q_pos[t0 + r];
-                const A pj = seen ? exp_fast(pr[j] - Lr) : A(0);
-                pr[j] = pj;
-                dsr[j] = seen ? pj * (dsr[j] - Dr) * scale : A(0);
-                work += seen;
-              }
-            }
-            for (std::int64_t i = 0; i < mp; i += tile_rows)  // dQ += dS K_blk
-              row_tile<true>(dq_blk + i * dp, dp, ds + i * block, block, 1, k + kb * dp, dp, dp, nk, A(1));
-            for (std::int64_t j = 0; j < nk; j += tile_rows) {  // dK_blk += dSᵀ Q, dV_blk += Pᵀ dO
-              row_tile<true>(dk + (kb + j) * dp, dp, ds + j, 1, block, q, dp, dp, mp, A(1));
-              row_tile<true>(dv + (kb + j) * dp, dp, p + j, 1, block, dy, dp, dp, mp, A(1));
-            }
-          }
-          for (std::int64_t r = 0; r < mb; ++r) {
-            A* dq_out = dq + (b * m + t0 + r) * H * d + h * d;
-            for (std::int64_t i = 0; i < d; ++i) dq_out[i] += dq_blk[r * dp + i];
-          }
-        }
+        for (std::int64_t t0 = 0; t0 < m; t0 += block)
+          work += positioned_detail::backward_query_block(w, geometry, dq, dout, lse, D, qkv, q_pos, k_pos, b, h, t0);
       for (std::int64_t j = 0; j < n; ++j) {
         A* dk_out = dkv + (b * n + j) * KVW + kvh * d;
         A* dv_out = dk_out + s.kv_width();
         for (std::int64_t i = 0; i < d; ++i) {
-          dk_out[i] += dk[j * dp + i];
-          dv_out[i] += dv[j * dp + i];
+          dk_out[i] += w.dk[j * dp + i];
+          dv_out[i] += w.dv[j * dp + i];
         }
       }
     }
