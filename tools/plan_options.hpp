@@ -100,6 +100,8 @@ struct options {
   std::vector<int> rank_layout;  // tp, pp, dp: where that layout ranks, and how much faster the first is
   // calibration
   std::string calibrate;
+  // the table of supported combinations
+  bool supported = false;
 };
 
 // The flags the rules between flags name: those a mode refuses, and those whose being given
@@ -113,7 +115,7 @@ struct plan_flags {
   CLI::Option *dp = nullptr, *zero = nullptr, *context = nullptr, *sequence = nullptr, *recompute = nullptr,
               *schedule = nullptr;
   CLI::Option *hw_file = nullptr, *explain = nullptr, *explain_svg = nullptr;
-  CLI::Option *params = nullptr, *calibrate = nullptr, *search = nullptr;
+  CLI::Option *params = nullptr, *calibrate = nullptr, *search = nullptr, *supported = nullptr;
 };
 
 // Model shape, the family's own flags among them, and the global batch.
@@ -248,6 +250,10 @@ inline void add_mode_flags(CLI::App& app, options& o, plan_flags& f) {
       ->check(positive)
       ->needs(f.search)
       ->capture_default_str();
+
+  f.supported = app.add_flag("--supported", o.supported,
+                             "print the table of the combinations strata refuses (device, axis, layer kind, "
+                             "precision, schedule: policy/support.hpp) as docs/supported-combinations.md holds it");
 }
 
 // What each mode refuses: --params and --calibrate take no shape or layout, --search no layout
@@ -270,6 +276,7 @@ inline void exclude_across_modes(const plan_flags& f) {
   f.search->excludes(f.explain);
   f.search->excludes(f.explain_svg);
   f.search->excludes(f.dp);
+  for (auto* mode : {f.params, f.calibrate, f.search}) f.supported->excludes(mode);
 }
 
 // Every flag, bound to o, in the order --help lists them.

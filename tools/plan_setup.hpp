@@ -82,12 +82,10 @@ std::int64_t kv_heads_of(const Dims& m) {
 template <class Dims>
 std::string context_problem(const Dims& m, int tp, int cp, const std::string& form) {
   if (cp == 1) return {};
-  if constexpr (requires { m.experts; })
-    return printf_string(
-        "--cp %d: a mixture of experts under context parallelism is not supported yet (its "
-        "per-sequence router statistics would be split over the context group); the trainer "
-        "refuses it too",
-        cp);
+  if constexpr (requires { m.experts; }) {  // the table's row, as the trainer refuses it
+    const auto c = strata::combination{}.with(strata::layer_kind::experts).with(strata::run_axis::cp);
+    if (const auto* u = strata::refusal_of(c)) return printf_string("--cp %d: ", cp) + strata::refusal_text(*u, c);
+  }
   if (m.seq % (2 * cp) != 0)
     return printf_string("--cp %d cuts each sequence into 2 x %d = %d chunks, which do not divide --seq %lld", cp, cp,
                          2 * cp, (long long)m.seq);

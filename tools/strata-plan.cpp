@@ -33,6 +33,7 @@
 #include <strata/core/error.hpp>
 #include <strata/plan/hardware.hpp>
 #include <strata/plan/hardware_json.hpp>
+#include <strata/policy/support.hpp>
 
 #include "plan_calibration.hpp"
 #include "plan_estimate.hpp"
@@ -74,8 +75,8 @@ int run_family(const options& o, const st::hw::device_spec& device) {
 int main(int argc, char** argv) {
   options o;
   CLI::App app{
-      "strata-plan: memory, compute and communication per rank of a training layout of the example GPT-2, Llama or\n"
-      "Mixtral (--model), before anything runs.\n"
+      "strata-plan: memory, compute and communication per rank of a training layout of a model of strata/models\n"
+      "(--model: GPT-2, Llama, Mixtral or GPT-NeoX), before anything runs.\n"
       "Plan one layout (shape flags), estimate the model state of N parameters (--params), or rank every\n"
       "layout of --gpus devices that fits (--search). Exit codes: 0 done, 1 no plan, 2 bad flags."};
   app.footer(search_model_help);
@@ -88,6 +89,10 @@ int main(int argc, char** argv) {
   }
 
   note_search_pins(flags, o);
+  if (o.supported) {
+    std::fputs(st::unsupported_combinations_markdown().c_str(), stdout);
+    return 0;
+  }
   try {
     st::hw::named_device from_file;
     const st::hw::device_spec& device = chosen_device(o, from_file);

@@ -22,6 +22,7 @@
 #include "strata/policy/precision.hpp"
 #include "strata/policy/recompute.hpp"
 #include "strata/policy/schedule.hpp"
+#include "strata/policy/support.hpp"
 
 #include "strata/comm/collectives.hpp"
 #include "strata/comm/communicator.hpp"

@@ -1,6 +1,6 @@
-// Data parallelism under mpiexec: every (dp, ZeRO stage) trains the example GPT-2, assembled by
-// strata::training from its declaration and a policy, to the same per-step losses and final
-// weights as the serial model with the same global batch, which each rank also runs itself as
+// Data parallelism under mpiexec: every (dp, ZeRO stage) trains the library's GPT-2, assembled by
+// strata::training from its declaration and a policy, to the same per-step losses, gradient
+// norms and final weights as the serial model with the same global batch, which each rank also runs itself as
 // the reference; and the allocator's books and the byte counters equal the ZeRO formulas. ZeRO
 // 0-3 in a memory space that is not host memory (a GPU's stand-in) give the host run bit for bit,
 // with only the batches and losses crossing it (tests/mpi/counting_space_run.hpp); so does ZeRO-3
@@ -50,7 +50,14 @@ st::trainer_options options() {
 struct run_result {
   std::vector<double> losses;
   std::vector<double> weights;
+  std::vector<double> grad_norms;  // each step's, before clipping
 };
+// One step's loss and gradient norm: a gradient reduced over the wrong group can leave the
+// losses within tolerance and not the norm.
+void record(run_result& r, const st::step_result& step) {
+  r.losses.push_back(step.loss);
+  r.grad_norms.push_back(step.grad_norm);
+}
 
 template <class P>
 run_result serial_run() {
@@ -60,7 +67,7 @@ run_result serial_run() {
   st::trainer train(model, opt, options());
   st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
   run_result r;
-  for (int s = 0; s < steps; ++s) r.losses.push_back(train.step(data.next_batch(global_batch, tiny.seq)).loss);
+  for (int s = 0; s < steps; ++s) record(r, train.step(data.next_batch(global_batch, tiny.seq)));
   auto& p = model.parameters();
   for (std::int64_t i = 0; i < p.size(); ++i) r.weights.push_back(st::convert<double>(p.weights_data()[i]));
   return r;
@@ -82,7 +89,7 @@ run_result dp_run(st::mpi_communicator& world, int zero, std::int64_t bucket_ele
   gpt2_run<dp_policy<Precision>> run(world, tiny, dp_options(zero, bucket_elems, micro));
   st::token_stream data(st::byte_tokens(st::generate_corpus(30000)), 5);
   run_result r;
-  for (int s = 0; s < steps; ++s) r.losses.push_back(run.step(data.next_batch(global_batch, tiny.seq)).loss);
+  for (int s = 0; s < steps; ++s) record(r, run.step(data.next_batch(global_batch, tiny.seq)));
   r.weights = run.serial_weights();
   return r;
 }
@@ -123,9 +130,12 @@ TEST_CASE("dp x ZeRO 0/1/2/3 in fp32 match the serial run after 5 steps (rel. er
       for (int s = 0; s < steps; ++s)
         CHECK(std::abs(got.losses[std::size_t(s)] - ref.losses[std::size_t(s)]) <= 1e-5 * ref.losses[std::size_t(s)]);
       const double err = weight_error(got, ref);
+      const double gerr = strata_test::elementwise_relative_error(got.grad_norms, ref.grad_norms);
       if (world.rank() == 0)
-        MESSAGE("dp=" << world.size() << " zero=" << zero << " bucket=" << bucket << ": weight rel. error " << err);
+        MESSAGE("dp=" << world.size() << " zero=" << zero << " bucket=" << bucket << ": weight rel. error " << err
+                      << ", gradient norm rel. error " << gerr);
       CHECK(err <= 1e-5);
+      CHECK(gerr <= 1e-5);
     }
   }
 }
@@ -180,6 +190,7 @@ TEST_CASE("micro-batches within each data-parallel rank accumulate to the same s
     const auto got = dp_run<st::fp32>(world, zero, 1000, global_batch / world.size() / 2);
     CAPTURE(zero);
     CHECK(weight_error(got, ref) <= 1e-5);
+    CHECK(strata_test::elementwise_relative_error(got.grad_norms, ref.grad_norms) <= 1e-5);
   }
 }
 

@@ -1,8 +1,9 @@
-// Pipeline parallelism under mpiexec (2, 4 and 8 ranks), the example GPT-2's stages derived by
+// Pipeline parallelism under mpiexec (2, 4 and 8 ranks), the library GPT-2's stages derived by
 // strata from its declaration and assembled by strata::training:
 //   - p = world size (2 or 4) x M in {1, p, 2p, 4p} x every schedule (interleaved where M is
-//     divisible by p, with 2 chunks per stage): per-step losses and the weights gathered from
-//     the stages match the single-rank run (relative error <= 1e-5 after 5 steps);
+//     divisible by p, with 2 chunks per stage): per-step losses and gradient norms and the
+//     weights gathered from the stages match the single-rank run (relative error <= 1e-5 after
+//     5 steps);
 //   - 8 ranks: dp 2 x tp 2 x pp 2 with ZeRO-1 and sequence parallelism, the same;
 //   - 2 ranks: dp 2 x one stage of 2 chunks (interleaved), whose chunks message themselves;
 //   - every schedule, the 8-rank layout and the one-stage one, in a memory space that is not host
@@ -50,8 +51,15 @@ st::token_stream corpus() { return strata_test::folded_corpus(tiny.vocab); }
 
 struct run_result {
   std::vector<double> losses, weights;
-  st::pipeline_step_stats stats;  // the last step's, on this stage
+  std::vector<double> grad_norms;  // each step's, before clipping
+  st::pipeline_step_stats stats;   // the last step's, on this stage
 };
+// One step's loss and gradient norm (before clipping): a gradient summed over the wrong group
+// can leave the losses within tolerance and not the norm.
+void record(run_result& out, const st::step_result& r) {
+  out.losses.push_back(r.loss);
+  out.grad_norms.push_back(r.grad_norm);
+}
 
 // The serial reference with the same micro-batches (so the same accumulation).
 run_result serial_run(std::int64_t batch, std::int64_t micro,
@@ -64,7 +72,7 @@ run_result serial_run(std::int64_t batch, std::int64_t micro,
   st::trainer train(model, opt, o);
   auto data = corpus();
   run_result out;
-  for (int s = 0; s < steps; ++s) out.losses.push_back(train.step(data.next_batch(batch, tiny.seq)).loss);
+  for (int s = 0; s < steps; ++s) record(out, train.step(data.next_batch(batch, tiny.seq)));
   auto& p = model.parameters();
   for (std::int64_t i = 0; i < p.size(); ++i) out.weights.push_back(p.weights_data()[i]);
   if (names)
@@ -99,7 +107,7 @@ run_result run(const pipeline_run& c) {
   st::training<strata::models::gpt2::model<PL>> run(strata_test::world().comm(), tiny, launch(c));
   auto data = corpus();
   run_result out;
-  for (int s = 0; s < steps; ++s) out.losses.push_back(run.step(data.next_batch(c.batch, tiny.seq)).loss);
+  for (int s = 0; s < steps; ++s) record(out, run.step(data.next_batch(c.batch, tiny.seq)));
   out.stats = run.model().last_step();
   out.weights = run.serial_weights();
   return out;
@@ -110,6 +118,9 @@ double weight_error(const run_result& a, const run_result& ref) {
 }
 double loss_error(const run_result& a, const run_result& ref) {
   return strata_test::elementwise_relative_error(a.losses, ref.losses);
+}
+double norm_error(const run_result& a, const run_result& ref) {
+  return strata_test::elementwise_relative_error(a.grad_norms, ref.grad_norms);
 }
 
 }  // namespace
@@ -128,7 +139,7 @@ TEST_CASE("every schedule at p = world size and M in {1, p, 2p, 4p} matches the 
       CAPTURE(M);
       CAPTURE(std::string(st::schedule_label(k)));
       const auto got = run(c);
-      const double lerr = loss_error(got, ref), werr = weight_error(got, ref);
+      const double lerr = loss_error(got, ref), gerr = norm_error(got, ref), werr = weight_error(got, ref);
       // In flight on this stage, from the allocator: the activation bytes held at the step's
       // peak over those of one chunk-micro-batch (exact where every chunk holds the same).
       const auto sim = st::simulate({k, p, M, c.chunks});
@@ -147,10 +158,11 @@ TEST_CASE("every schedule at p = world size and M in {1, p, 2p, 4p} matches the 
       if (lead)
         MESSAGE("p=" << p << " M=" << M << " " << std::string(st::schedule_label(k))
                      << std::string(c.chunks > 1 ? " V=2" : "") << ": loss rel. error " << lerr
-                     << ", weight rel. error " << werr << "; stage 0 holds " << got.stats.peak_in_flight
-                     << " chunk-micro-batches; idle " << idle << " (analytic bubble "
+                     << ", gradient norm rel. error " << gerr << ", weight rel. error " << werr << "; stage 0 holds "
+                     << got.stats.peak_in_flight << " chunk-micro-batches; idle " << idle << " (analytic bubble "
                      << st::analytic_bubble({k, p, M, c.chunks}) << ")");
       CHECK(lerr <= 1e-5);
+      CHECK(gerr <= 1e-5);
       CHECK(werr <= 1e-5);
     }
   }
@@ -169,11 +181,12 @@ TEST_CASE("dp 2 x tp 2 x pp 2 with ZeRO-1 and sequence parallelism matches the s
                    .sp = true,
                    .batch = 8};
     const auto got = run(c);
-    const double lerr = loss_error(got, ref), werr = weight_error(got, ref);
+    const double lerr = loss_error(got, ref), gerr = norm_error(got, ref), werr = weight_error(got, ref);
     if (strata_test::world().rank() == 0)
       MESSAGE("dp2 x tp2+sp x pp2 ZeRO-1 " << std::string(st::schedule_label(k)) << ": loss rel. error " << lerr
-                                           << ", weight rel. error " << werr);
+                                           << ", gradient norm rel. error " << gerr << ", weight rel. error " << werr);
     CHECK(lerr <= 1e-5);
+    CHECK(gerr <= 1e-5);
     CHECK(werr <= 1e-5);
     // The same layout in a memory space that is not host memory: bit for bit, only the batches cross.
     const auto other = strata_test::run_in_counting_space<strata::models::gpt2::model<PL>>(
@@ -208,6 +221,7 @@ TEST_CASE("one stage of 2 chunks (messages to itself) matches the serial run, an
   const auto host = run(c);
   CHECK(host.stats.peak_in_flight == st::simulate({kind::interleaved, 1, 2, 2}).peak_in_flight[0]);
   CHECK(loss_error(host, ref) <= 1e-5);
+  CHECK(norm_error(host, ref) <= 1e-5);
   CHECK(weight_error(host, ref) <= 1e-5);
   const auto other = strata_test::run_in_counting_space<strata::models::gpt2::model<PL>>(
       strata_test::world().comm(), tiny, launch(c), steps, c.batch, corpus());

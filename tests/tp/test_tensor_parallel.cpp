@@ -1,8 +1,8 @@
 // Tensor parallelism under mpiexec (1, 2 and 4 ranks):
 //   - every layout the world allows (tp 1/2/4, with and without sequence parallelism, and
-//     tp x dp with ZeRO 0-3) trains the example GPT-2, assembled by strata::training, to the
-//     serial run's per-step losses and weights (gathered from the pieces), with a vocabulary no
-//     degree divides (padding);
+//     tp x dp with ZeRO 0-3) trains the library's GPT-2, assembled by strata::training, to the
+//     serial run's per-step losses, gradient norms and weights (gathered from the pieces), with a
+//     vocabulary no degree divides (padding);
 //   - recomputation (selective, full) gives bit-identical losses and weights;
 //   - every degree with and without sequence parallelism in a memory space that is not host
 //     memory (a GPU's stand-in) gives the host run's losses and weights bit for bit, and only the
@@ -61,7 +61,14 @@ st::token_stream corpus() { return strata_test::folded_corpus(tiny.vocab); }
 
 struct run_result {
   std::vector<double> losses, weights;
+  std::vector<double> grad_norms;  // each step's, before clipping
 };
+// One step's loss and gradient norm (before clipping): a gradient summed over the wrong group
+// can leave the losses within tolerance and not the norm.
+void record(run_result& out, const st::step_result& r) {
+  out.losses.push_back(r.loss);
+  out.grad_norms.push_back(r.grad_norm);
+}
 
 template <class P = P32>
 run_result serial_run(st::recompute_mode r = st::recompute_mode::none) {
@@ -71,7 +78,7 @@ run_result serial_run(st::recompute_mode r = st::recompute_mode::none) {
   st::trainer train(model, opt, options());
   auto data = corpus();
   run_result out;
-  for (int s = 0; s < steps; ++s) out.losses.push_back(train.step(data.next_batch(global_batch, tiny.seq)).loss);
+  for (int s = 0; s < steps; ++s) record(out, train.step(data.next_batch(global_batch, tiny.seq)));
   auto& p = model.parameters();
   for (std::int64_t i = 0; i < p.size(); ++i) out.weights.push_back(st::convert<double>(p.weights_data()[i]));
   return out;
@@ -93,7 +100,7 @@ run_result tp_run(int tp, bool sp, int zero, st::recompute_mode r = st::recomput
   st::training<strata::models::gpt2::model<policy>> run(strata_test::world().comm(), tiny, tp_options(tp, sp, zero, r));
   auto data = corpus();
   run_result out;
-  for (int s = 0; s < steps; ++s) out.losses.push_back(run.step(data.next_batch(global_batch, tiny.seq)).loss);
+  for (int s = 0; s < steps; ++s) record(out, run.step(data.next_batch(global_batch, tiny.seq)));
   out.weights = run.serial_weights();
   return out;
 }
@@ -103,6 +110,9 @@ double weight_error(const run_result& a, const run_result& ref) {
 }
 double loss_error(const run_result& a, const run_result& ref) {
   return strata_test::elementwise_relative_error(a.losses, ref.losses);
+}
+double norm_error(const run_result& a, const run_result& ref) {
+  return strata_test::elementwise_relative_error(a.grad_norms, ref.grad_norms);
 }
 
 // The degrees this world can host: 1, 2, 4 where they divide the world size.
@@ -129,11 +139,13 @@ TEST_CASE("tp 1/2/4, with and without sequence parallelism, and tp x dp with ZeR
         CAPTURE(sp);
         CAPTURE(zero);
         const auto got = tp_run(tp, sp, zero);
-        const double lerr = loss_error(got, ref), werr = weight_error(got, ref);
+        const double lerr = loss_error(got, ref), gerr = norm_error(got, ref), werr = weight_error(got, ref);
         if (strata_test::world().rank() == 0)
           MESSAGE("tp=" << tp << " dp=" << world / tp << std::string(sp ? " +sp" : "") << " zero=" << zero
-                        << ": loss rel. error " << lerr << ", weight rel. error " << werr);
+                        << ": loss rel. error " << lerr << ", gradient norm rel. error " << gerr
+                        << ", weight rel. error " << werr);
         CHECK(lerr <= 1e-5);
+        CHECK(gerr <= 1e-5);
         CHECK(werr <= 1e-5);
       }
     }

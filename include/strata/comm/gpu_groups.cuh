@@ -54,6 +54,7 @@
 #include "strata/core/cuda_stream.cuh"
 #include "strata/core/error.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/policy/support.hpp"
 
 namespace strata {
 
@@ -139,8 +140,7 @@ class run_groups<Device> {
         dp_(mesh.gradients(), engine_, dp_stream_, compute_),
         pp_(mesh.pp(), gpu_comm_engine::mpi_staged, compute_, compute_) {
     if (mesh.embedding()) embedding_.emplace(*mesh.embedding(), engine_, compute_, compute_);
-    STRATA_CHECK(mesh.layout().ep == 1, "expert parallelism (ep=", mesh.layout().ep,
-                 ") runs on the host only so far: the mixture-of-experts kernels have no CUDA version yet");
+    check_supported(combination{.device = device_kind::cuda}.with(run_axis::ep, mesh.layout().ep), "the GPU groups");
   }
   run_groups(const run_groups&) = delete;
   run_groups& operator=(const run_groups&) = delete;

@@ -31,8 +31,9 @@
 // group of ep ranks): a rank holds experts [r·E/ep, (r+1)·E/ep), named as in the serial model. Each rank routes its own
 // tokens; the sorted pairs of each expert travel to its rank (an all-to-all of the per-expert counts, then an
 // all_to_all_v of the rows), are regrouped there expert by expert for the grouped GEMMs, and go
-// back the same way; backward sends the output gradients along the same path. Refused, by name,
-// at start-up: context parallelism, the CUDA device.
+// back the same way; backward sends the output gradients along the same path. Refused by the table
+// of supported combinations (policy/support.hpp), at compile time where the policy fixes it and
+// at start-up otherwise: context parallelism, the CUDA device.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -57,6 +58,7 @@
 #include "strata/layers/moe_statistics.hpp"
 #include "strata/layers/tensor_parallel.hpp"
 #include "strata/layers/swiglu.hpp"
+#include "strata/policy/support.hpp"
 
 namespace strata {
 
@@ -407,7 +409,10 @@ class moe {
  private:
   using device = typename P::device;
 
+  // Built, not planned (the planner reads cost() under any policy): the table of supported
+  // combinations at compile time where P fixes the combination, at start-up otherwise.
   static const config& validated(const module_scope<P>& scope, const config& c) {
+    static_assert(check_static_support<P, layer_kind::experts>());
     const auto& o = c.options;
     STRATA_CHECK(c.channels > 0 && c.hidden > 0, scope.qualify_layer(), ": channels (", c.channels, ") and hidden (",
                  c.hidden, ") must be positive");
@@ -419,11 +424,9 @@ class moe {
                  ") must not be negative");
     STRATA_CHECK(o.experts % scope.experts().size() == 0, scope.qualify_layer(),
                  ": expert parallelism ep=", scope.experts().size(), " does not divide the experts (", o.experts, ")");
-    STRATA_CHECK(scope.cp().degree() == 1, scope.qualify_layer(),
-                 ": a mixture of experts under context parallelism (cp=", scope.cp().degree(),
-                 ") is not supported yet (its per-sequence statistics would be split over the context group)");
-    if constexpr (!std::is_same_v<typename P::device, host>)
-      fail(scope.qualify_layer(), ": the mixture-of-experts kernels run on the host only so far");
+    combination here{.device = device_kind_of<device>(), .precision = precision_kind_of<typename P::precision>()};
+    here.with(layer_kind::experts).with(run_axis::cp, scope.cp().degree()).with(run_axis::ep, scope.experts().size());
+    check_supported(here, scope.qualify_layer());
     scope.check_tensor_extents(tensor_extents(c));
     return c;
   }

@@ -26,7 +26,7 @@
 // takes this rank's chunks of each (layers/context_split.hpp) before the first layer, inputs and
 // targets alike, so the trainer, the data and the pipeline executor see [B, T] batches and the
 // layers [B, T/cp]; evaluate() averages the loss over the cp group. Generation and logits() are
-// refused under cp, naming why.
+// refused under cp, a row of the table of supported combinations (policy/support.hpp).
 //
 // Generation with a key/value cache (train/generate.hpp drives it): forward_cached feeds the new
 // positions through the layers' cached forwards (layers/cached_forward.hpp) with any sequence
@@ -61,6 +61,7 @@
 #include "strata/layers/context_split.hpp"
 #include "strata/parallel/pipeline.hpp"
 #include "strata/parallel/pipeline_schedule.hpp"
+#include "strata/policy/support.hpp"
 
 namespace strata {
 
@@ -378,10 +379,11 @@ class sequential_model {
     return {storage.data(), {batch, cs.local_seq()}};
   }
   // Generation feeds positions one at a time: no chunk split of the sequence holds them.
+  // A row of the table of supported combinations (policy/support.hpp), at compile time too.
   void refuse_under_context(const char* what) const {
-    STRATA_CHECK(ctx_.cp().degree() == 1, "model: ", what, " under context parallelism (cp=", ctx_.cp().degree(),
-                 ") is not supported: each rank holds chunks of a sequence, and decoding adds one position at a "
-                 "time; load the checkpoint into a layout without cp (checkpoints resume under any layout)");
+    static_assert(check_static_support<policy, layer_kind::output_logits>());
+    check_supported(combination{}.with(layer_kind::output_logits).with(run_axis::cp, ctx_.cp().degree()),
+                    std::string("model: ") + what);
   }
 
   // The same checks on every rank before any stage runs (the first stage alone would see a bad

@@ -28,7 +28,8 @@
 //             order (interleaved chunks too); the last stage's logits decide the token
 // The uncached reference needs the whole model on each rank: refused under pp. There is no
 // CUDA kernel for attention over a cache yet: under a cuda policy the cache is refused at the
-// first step (every rank alike); the uncached reference runs there.
+// first step (every rank alike); the uncached reference runs there. Both refusals are rows of
+// the table of supported combinations (policy/support.hpp).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -44,6 +45,7 @@
 #include "strata/layers/cached_forward.hpp"
 #include "strata/parallel/sequential_model.hpp"
 #include "strata/policy/device.hpp"
+#include "strata/policy/support.hpp"
 #include "strata/train/sampling.hpp"
 
 namespace strata {
@@ -114,10 +116,9 @@ class generator {
   // The prompt through the model, every cache started with room for `capacity` positions; the
   // logits of its last position (empty on ranks without the head).
   std::vector<double> prefill(std::span<const std::int32_t> prompt, std::int64_t capacity) {
-    constexpr bool on_host = std::is_base_of_v<host, typename Model::policy::device>;
-    STRATA_CHECK(on_host,
-                 "generate: the key/value cache has no CUDA kernel yet (kernels/cached_attention.hpp); "
-                 "under a cuda policy generate with generation::cache = false");
+    check_supported(
+        combination{.device = device_kind_of<typename Model::policy::device>()}.with(layer_kind::cached_attention),
+        "generate");
     const auto n = static_cast<std::int64_t>(prompt.size());
     capacity_ = capacity;
     pos_ = n;
@@ -135,9 +136,8 @@ class generator {
   }
   // The reference without a cache: a whole forward over `window`; its last position's logits.
   std::vector<double> window_logits(std::span<const std::int32_t> window) {
-    STRATA_CHECK(!model_->pipelined(),
-                 "generate: the reference without a cache runs the whole model on each rank; "
-                 "this one is split over pipeline stages (generate with the cache)");
+    check_supported(combination{}.with(layer_kind::whole_model).with(run_axis::pp, model_->pipelined() ? 0 : 1),
+                    "generate");
     const auto len = static_cast<std::int64_t>(window.size());
     // Sequence parallelism splits the window: pad it at the end (attention is causal, so the
     // padding changes no logit before it).

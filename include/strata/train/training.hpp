@@ -47,6 +47,7 @@
 #include "strata/layers/tensor_checks.hpp"
 #include "strata/plan/plan.hpp"
 #include "strata/policy/layout.hpp"
+#include "strata/policy/support.hpp"
 #include "strata/train/checkpoint.hpp"
 #include "strata/train/token_data.hpp"
 #include "strata/train/trainer.hpp"
@@ -102,7 +103,7 @@ class training {
                .context_degree = mesh_.layout().cp}),
         optimizer_(sync_, options_.optimizer),
         trainer_(model_, optimizer_, options_.trainer, sync_) {
-    check_experts_to_shard(world_comm);
+    check_combination(world_comm);
   }
   training(const training&) = delete;
   training& operator=(const training&) = delete;
@@ -237,16 +238,20 @@ class training {
     }
     return p;
   }
-  // Expert parallelism needs experts: a model without a mixture-of-experts layer would run every
-  // rank alike under ep and waste the layout. Agreed over the world, so every rank says it.
-  void check_experts_to_shard(mpi_communicator& world_comm) {
-    const int ep = mesh_.layout().ep;
-    if (ep == 1) return;
+  // The run against the table of supported combinations (policy/support.hpp), with the layer
+  // kinds the model holds on any rank; and expert parallelism needs experts: a model without a
+  // mixture-of-experts layer would run every rank alike under ep and waste the layout. Agreed
+  // over the world, so every rank says it.
+  void check_combination(mpi_communicator& world_comm) {
     double experts = 0;
     for (const auto& e : model_.parameters().entries()) experts += e.expert ? 1 : 0;
     world_comm.all_reduce(std::span<double>(&experts, 1), reduce_op::sum);
-    STRATA_CHECK(experts > 0, "layout ep=", ep,
+    const int ep = mesh_.layout().ep;
+    STRATA_CHECK(ep == 1 || experts > 0, "layout ep=", ep,
                  ": the model has no mixture-of-experts layer whose experts expert parallelism could share out");
+    auto run = combination_of<policy>(mesh_.layout());
+    if (experts > 0) run.with(layer_kind::experts);
+    check_supported(run, "training");
   }
   model_placement placement() {
     const auto& l = mesh_.layout();
