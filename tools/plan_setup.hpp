@@ -83,7 +83,7 @@ template <class Dims>
 std::string context_problem(const Dims& m, int tp, int cp, const std::string& form) {
   if (cp == 1) return {};
   if constexpr (requires { m.experts; }) {  // the table's row, as the trainer refuses it
-    const auto c = strata::combination{}.with(strata::layer_kind::experts).with(strata::run_axis::cp);
+    const auto c = strata::combination{}.with(strata::layer_kind::experts).with(strata::mesh_axis::cp);
     if (const auto* u = strata::refusal_of(c)) return printf_string("--cp %d: ", cp) + strata::refusal_text(*u, c);
   }
   if (m.seq % (2 * cp) != 0)

@@ -78,7 +78,7 @@ int train_on_cuda(const cuda_run& o) {
   const auto in = [&]<class Precision>(Precision) {
     using P = st::policy<st::cuda, st::serial, Precision>;
     return o.llama ? train_with<strata::models::llama::model<P>>(o, *o.llama, prop)
-                   : train_with<model<P>>(o, o.shape, prop);
+                   : train_with<strata::models::gpt2::model<P>>(o, o.shape, prop);
   };
   if (o.precision == "fp32") return in(st::fp32{});
   if (o.precision == "bf16") return in(st::mixed<st::bf16, float>{});

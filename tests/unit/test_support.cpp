@@ -52,7 +52,7 @@ constexpr const st::unsupported_combination& row = st::unsupported_combinations[
 template <std::size_t I>
 constexpr int degree(st::run_axis a, int split) {
   if (!row<I>.axis.any && row<I>.axis.value == a) return split;
-  return a == st::run_axis::dp && !row<I>.axis.any && row<I>.axis.value == st::run_axis::ep ? 2 : 1;
+  return a == st::mesh_axis::dp && !row<I>.axis.any && row<I>.axis.value == st::expert_parallel ? 2 : 1;
 }
 template <std::size_t I>
 using device_of =
@@ -74,10 +74,10 @@ using schedule_of = schedule_named<row<I>.schedule.any ? st::schedule_kind::one_
 template <std::size_t I, int Split>
 using policy_of = st::policy<
     device_of<I>,
-    st::parallel<st::data<degree<I>(st::run_axis::dp, Split)>, st::context<degree<I>(st::run_axis::cp, Split)>,
-                 st::tensor<degree<I>(st::run_axis::tp, Split)>,
-                 st::pipeline<degree<I>(st::run_axis::pp, Split), schedule_of<I>, 4>,
-                 st::expert<degree<I>(st::run_axis::ep, Split)>>,
+    st::parallel<st::data<degree<I>(st::mesh_axis::dp, Split)>, st::context<degree<I>(st::mesh_axis::cp, Split)>,
+                 st::tensor<degree<I>(st::mesh_axis::tp, Split)>,
+                 st::pipeline<degree<I>(st::mesh_axis::pp, Split), schedule_of<I>, 4>,
+                 st::expert<degree<I>(st::expert_parallel, Split)>>,
     precision_of<I>>;
 
 template <std::size_t I>
@@ -110,7 +110,7 @@ TEST_CASE("each row of the table refuses the combination it names, in its words 
     REQUIRE(found != nullptr);
     CHECK(found->row == u.row);
     std::string words = std::string(u.subject) + " " + std::string(u.condition);
-    if (!u.axis.any) words += " (" + std::string(st::run_axis_names[std::size_t(u.axis.value)]) + "=2)";
+    if (!u.axis.any) words += " (" + std::string(u.axis.value.name()) + "=2)";
     words += " is not supported yet (" + std::string(u.why) + ") [unsupported combination '" + std::string(u.name) +
              "', policy/support.hpp]";
     CHECK(st::refusal_text(u, c) == words);
@@ -139,13 +139,13 @@ TEST_CASE("no row refuses a combination that differs from it in a column it name
 
 TEST_CASE("what no row names is supported, and the table prints one line per row") {
   st::combination everything_split;
-  for (const auto a : {st::run_axis::dp, st::run_axis::cp, st::run_axis::tp, st::run_axis::pp, st::run_axis::ep})
-    everything_split.with(a, 2);
+  for (const auto& a : st::mesh_axes) everything_split.with(a.axis, 2);
+  everything_split.with(st::expert_parallel, 2);
   everything_split.precision = st::precision_kind::bf16;
   everything_split.schedule = st::schedule_kind::interleaved_1f1b;
   CHECK(st::refusal_of(everything_split) == nullptr);  // dense layers, the host, every axis
   CHECK_NOTHROW(
-      st::check_supported(st::combination{.device = st::device_kind::cuda}.with(st::run_axis::tp, 8), "start-up"));
+      st::check_supported(st::combination{.device = st::device_kind::cuda}.with(st::mesh_axis::tp, 8), "start-up"));
   const std::string table = st::unsupported_combinations_markdown();
   std::size_t rows = 0;
   for (std::size_t at = table.find("\n| `"); at != std::string::npos; at = table.find("\n| `", at + 1)) ++rows;
@@ -164,8 +164,10 @@ TEST_CASE("a combination from a policy and a resolved layout") {
   CHECK(c.device == st::device_kind::host);
   CHECK(c.precision == st::precision_kind::bf16);
   CHECK(c.schedule == st::schedule_kind::gpipe);
-  CHECK(c.splits(st::run_axis::cp));
-  CHECK_FALSE(c.splits(st::run_axis::tp));
+  CHECK(c.splits(st::mesh_axis::cp));
+  CHECK_FALSE(c.splits(st::mesh_axis::tp));
+  CHECK(c.splits(st::mesh_axis::pp));
+  CHECK_FALSE(c.splits(st::expert_parallel));
   const auto* u = st::refusal_of(c);
   REQUIRE(u != nullptr);
   CHECK(u->row == st::support_row::experts_under_context);

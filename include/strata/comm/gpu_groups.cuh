@@ -140,7 +140,7 @@ class run_groups<Device> {
         dp_(mesh.gradients(), engine_, dp_stream_, compute_),
         pp_(mesh.pp(), gpu_comm_engine::mpi_staged, compute_, compute_) {
     if (mesh.embedding()) embedding_.emplace(*mesh.embedding(), engine_, compute_, compute_);
-    check_supported(combination{.device = device_kind::cuda}.with(run_axis::ep, mesh.layout().ep), "the GPU groups");
+    check_supported(combination{.device = device_kind::cuda}.with(expert_parallel, mesh.layout().ep), "the GPU groups");
   }
   run_groups(const run_groups&) = delete;
   run_groups& operator=(const run_groups&) = delete;

@@ -425,7 +425,9 @@ class moe {
     STRATA_CHECK(o.experts % scope.experts().size() == 0, scope.qualify_layer(),
                  ": expert parallelism ep=", scope.experts().size(), " does not divide the experts (", o.experts, ")");
     combination here{.device = device_kind_of<device>(), .precision = precision_kind_of<typename P::precision>()};
-    here.with(layer_kind::experts).with(run_axis::cp, scope.cp().degree()).with(run_axis::ep, scope.experts().size());
+    here.with(layer_kind::experts)
+        .with(mesh_axis::cp, scope.cp().degree())
+        .with(expert_parallel, scope.experts().size());
     check_supported(here, scope.qualify_layer());
     scope.check_tensor_extents(tensor_extents(c));
     return c;

@@ -382,7 +382,7 @@ class sequential_model {
   // A row of the table of supported combinations (policy/support.hpp), at compile time too.
   void refuse_under_context(const char* what) const {
     static_assert(check_static_support<policy, layer_kind::output_logits>());
-    check_supported(combination{}.with(layer_kind::output_logits).with(run_axis::cp, ctx_.cp().degree()),
+    check_supported(combination{}.with(layer_kind::output_logits).with(mesh_axis::cp, ctx_.cp().degree()),
                     std::string("model: ") + what);
   }
 

@@ -14,6 +14,7 @@
 
 #include "strata/core/extents.hpp"
 #include "strata/policy/axes.hpp"
+#include "strata/policy/mesh_axes.hpp"
 #include "strata/policy/schedule.hpp"
 
 namespace strata {
@@ -65,6 +66,16 @@ struct parallel {
   static constexpr int tp = tensor_axis::degree;
   static constexpr int pp = pipeline_axis::degree;
   static constexpr int ep = expert_axis::degree;  // inside dp x cp: not a factor of the world size
+  // The degree of a mesh axis (policy/mesh_axes.hpp), for code that walks the axis table.
+  static constexpr int degree_of(mesh_axis a) {
+    switch (a) {
+      case mesh_axis::tp: return tp;
+      case mesh_axis::cp: return cp;
+      case mesh_axis::dp: return dp;
+      case mesh_axis::pp: return pp;
+    }
+    return 1;
+  }
 
   // Each may be left to the launch: strata::dynamic, or dynamic_schedule.
   static constexpr int zero_stage = data_axis::zero_stage;

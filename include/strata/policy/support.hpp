@@ -30,6 +30,7 @@
 #include "strata/core/extents.hpp"
 #include "strata/policy/device.hpp"
 #include "strata/policy/layout.hpp"
+#include "strata/policy/mesh_axes.hpp"
 #include "strata/policy/parallel.hpp"
 #include "strata/policy/precision.hpp"
 #include "strata/policy/schedule.hpp"
@@ -37,8 +38,23 @@
 namespace strata {
 
 enum class device_kind : int { host, cuda };
-// The mesh axes and expert parallelism (ep, inside dp x cp).
-enum class run_axis : int { dp, cp, tp, pp, ep };
+// An axis a row may name: one of the mesh's (policy/mesh_axes.hpp), or expert parallelism, which
+// shares experts out inside the gradient group and is no dimension of the mesh.
+struct run_axis {
+  std::size_t index = 0;  // into mesh_axes; mesh_axis_count for expert parallelism
+  constexpr run_axis() = default;
+  constexpr run_axis(mesh_axis a) : index(index_of(a)) {}
+  static constexpr run_axis experts() {
+    run_axis a;
+    a.index = mesh_axis_count;
+    return a;
+  }
+  constexpr bool operator==(const run_axis&) const = default;
+  constexpr bool is_mesh_axis() const { return index < mesh_axis_count; }
+  constexpr std::string_view name() const { return is_mesh_axis() ? mesh_axes[index].name : "ep"; }
+};
+inline constexpr std::size_t run_axis_count = mesh_axis_count + 1;
+inline constexpr run_axis expert_parallel = run_axis::experts();
 enum class layer_kind : int {
   experts,           // a mixture of experts (st::moe)
   cached_attention,  // attention over a key/value cache (generation with the cache)
@@ -49,7 +65,6 @@ enum class precision_kind : int { fp32, fp64, bf16, fp16 };
 enum class schedule_kind : int { gpipe, one_f_one_b, interleaved_1f1b };
 
 inline constexpr std::array<std::string_view, 2> device_kind_names{"host", "cuda"};
-inline constexpr std::array<std::string_view, 5> run_axis_names{"dp", "cp", "tp", "pp", "ep"};
 inline constexpr std::array<std::string_view, 4> layer_kind_names{"experts", "cached_attention", "output_logits",
                                                                   "whole_model"};
 inline constexpr std::array<std::string_view, 4> precision_kind_names{"fp32", "fp64", "bf16", "fp16"};
@@ -63,7 +78,9 @@ struct support_column {
   bool any = true;
   E value{};
   constexpr support_column(any_kind_t) {}
-  constexpr support_column(E v) : any(false), value(v) {}
+  template <class V>
+  requires std::is_convertible_v<V, E>
+  constexpr support_column(V v) : any(false), value(v) {}
 };
 
 // clang-format off
@@ -72,21 +89,21 @@ struct support_column {
   ROW(experts_on_cuda, device_kind::cuda, any_kind, layer_kind::experts, any_kind, any_kind,                   \
       "a mixture of experts", "on the CUDA device",                                                             \
       "the mixture-of-experts kernels run on the host only so far")                                            \
-  ROW(expert_parallel_on_cuda, device_kind::cuda, run_axis::ep, any_kind, any_kind, any_kind,                  \
+  ROW(expert_parallel_on_cuda, device_kind::cuda, expert_parallel, any_kind, any_kind, any_kind,               \
       "expert parallelism", "on the CUDA device",                                                               \
       "the mixture-of-experts kernels run on the host only so far")                                            \
-  ROW(experts_under_context, any_kind, run_axis::cp, layer_kind::experts, any_kind, any_kind,                  \
+  ROW(experts_under_context, any_kind, mesh_axis::cp, layer_kind::experts, any_kind, any_kind,                 \
       "a mixture of experts", "under context parallelism",                                                      \
       "its per-sequence statistics would be split over the context group")                                     \
   ROW(cached_attention_on_cuda, device_kind::cuda, any_kind, layer_kind::cached_attention, any_kind, any_kind, \
       "generation with the key/value cache", "on the CUDA device",                                              \
       "attention over a cache has no CUDA kernel yet (kernels/cached_attention.hpp); under a cuda policy "      \
       "generate with generation::cache = false")                                                                \
-  ROW(logits_under_context, any_kind, run_axis::cp, layer_kind::output_logits, any_kind, any_kind,             \
+  ROW(logits_under_context, any_kind, mesh_axis::cp, layer_kind::output_logits, any_kind, any_kind,            \
       "logits and generation", "under context parallelism",                                                     \
       "each rank holds chunks of a sequence, and decoding adds one position at a time; load the checkpoint "   \
       "into a layout without cp (checkpoints resume under any layout)")                                         \
-  ROW(whole_model_under_pipeline, any_kind, run_axis::pp, layer_kind::whole_model, any_kind, any_kind,         \
+  ROW(whole_model_under_pipeline, any_kind, mesh_axis::pp, layer_kind::whole_model, any_kind, any_kind,        \
       "generation without the key/value cache", "under pipeline parallelism",                                   \
       "the reference runs the whole model on each rank; this one is split over pipeline stages (generate "     \
       "with the cache)")
@@ -144,19 +161,23 @@ constexpr const unsupported_combination& describe(support_row r) {
 // no number: the caller's words already do).
 struct combination {
   device_kind device = device_kind::host;
-  std::array<int, run_axis_names.size()> degrees{1, 1, 1, 1, 1};
+  std::array<int, run_axis_count> degrees = [] {
+    std::array<int, run_axis_count> d{};
+    d.fill(1);
+    return d;
+  }();
   unsigned layers = 0;  // bits by layer_kind
   precision_kind precision = precision_kind::fp32;
   schedule_kind schedule = schedule_kind::one_f_one_b;
 
-  constexpr bool splits(run_axis a) const { return degrees[std::size_t(a)] != 1; }
+  constexpr bool splits(run_axis a) const { return degrees[a.index] != 1; }
   constexpr bool holds(layer_kind k) const { return (layers >> unsigned(k)) & 1u; }
   constexpr combination& with(layer_kind k) {
     layers |= 1u << unsigned(k);
     return *this;
   }
   constexpr combination& with(run_axis a, int degree = 0) {
-    degrees[std::size_t(a)] = degree;
+    degrees[a.index] = degree;
     return *this;
   }
 };
@@ -176,9 +197,8 @@ constexpr const unsupported_combination* refusal_of(const combination& c) {
 // The refusal's words for `c`: the row's, with the refused axis's degree when `c` says it.
 inline std::string refusal_text(const unsupported_combination& u, const combination& c) {
   std::string s = std::string(u.subject) + " " + std::string(u.condition);
-  if (!u.axis.any && c.degrees[std::size_t(u.axis.value)] > 1)
-    s += " (" + std::string(run_axis_names[std::size_t(u.axis.value)]) + "=" +
-         std::to_string(c.degrees[std::size_t(u.axis.value)]) + ")";
+  if (!u.axis.any && c.degrees[u.axis.value.index] > 1)
+    s += " (" + std::string(u.axis.value.name()) + "=" + std::to_string(c.degrees[u.axis.value.index]) + ")";
   return s + std::string(u.text.substr(u.subject.size() + 1 + u.condition.size()));
 }
 
@@ -211,9 +231,10 @@ inline schedule_kind schedule_kind_of(std::string_view name) {
 template <class P>
 combination combination_of(const layout_config& l, std::initializer_list<layer_kind> layers = {}) {
   combination c{.device = device_kind_of<typename P::device>(),
-                .degrees = {l.dp, l.cp, l.tp, l.pp, l.ep},
                 .precision = precision_kind_of<typename P::precision>(),
                 .schedule = schedule_kind_of(l.schedule)};
+  for (const auto& a : mesh_axes) c.with(a.axis, l.degree(a.axis));
+  c.with(expert_parallel, l.ep);
   for (const auto k : layers) c.with(k);
   return c;
 }
@@ -221,14 +242,7 @@ combination combination_of(const layout_config& l, std::initializer_list<layer_k
 namespace detail {
 template <class Layout>
 constexpr int static_degree(run_axis a) {
-  switch (a) {
-    case run_axis::dp: return Layout::dp;
-    case run_axis::cp: return Layout::cp;
-    case run_axis::tp: return Layout::tp;
-    case run_axis::pp: return Layout::pp;
-    case run_axis::ep: return Layout::ep;
-  }
-  return 1;
+  return a.is_mesh_axis() ? Layout::degree_of(mesh_axes[a.index].axis) : Layout::ep;
 }
 template <class Schedule>
 constexpr bool static_schedule_is(schedule_kind k) {
@@ -269,14 +283,17 @@ inline std::string unsupported_combinations_markdown() {
   const auto cell = [](const auto& column, const auto& names) {
     return column.any ? std::string("any") : "`" + std::string(names[std::size_t(column.value)]) + "`";
   };
+  const auto axis_cell = [](const support_column<run_axis>& column) {
+    return column.any ? std::string("any") : "`" + std::string(column.value.name()) + "`";
+  };
   std::string s =
       "| row | device | axis | layer kind | precision | schedule | refused because |\n"
       "|---|---|---|---|---|---|---|\n";
   for (const auto& u : unsupported_combinations)
-    s += "| `" + std::string(u.name) + "` | " + cell(u.device, device_kind_names) + " | " +
-         cell(u.axis, run_axis_names) + " | " + cell(u.layer, layer_kind_names) + " | " +
-         cell(u.precision, precision_kind_names) + " | " + cell(u.schedule, schedule_kind_names) + " | " +
-         std::string(u.subject) + " " + std::string(u.condition) + ": " + std::string(u.why) + " |\n";
+    s += "| `" + std::string(u.name) + "` | " + cell(u.device, device_kind_names) + " | " + axis_cell(u.axis) + " | " +
+         cell(u.layer, layer_kind_names) + " | " + cell(u.precision, precision_kind_names) + " | " +
+         cell(u.schedule, schedule_kind_names) + " | " + std::string(u.subject) + " " + std::string(u.condition) +
+         ": " + std::string(u.why) + " |\n";
   return s;
 }
 

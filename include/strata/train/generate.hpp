@@ -136,7 +136,7 @@ class generator {
   }
   // The reference without a cache: a whole forward over `window`; its last position's logits.
   std::vector<double> window_logits(std::span<const std::int32_t> window) {
-    check_supported(combination{}.with(layer_kind::whole_model).with(run_axis::pp, model_->pipelined() ? 0 : 1),
+    check_supported(combination{}.with(layer_kind::whole_model).with(mesh_axis::pp, model_->pipelined() ? 0 : 1),
                     "generate");
     const auto len = static_cast<std::int64_t>(window.size());
     // Sequence parallelism splits the window: pad it at the end (attention is causal, so the
